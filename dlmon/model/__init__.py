@@ -1,0 +1,37 @@
+"""Frozen dataclasses describing what dlmon measured. No I/O here."""
+
+from dlmon.model.history import History
+from dlmon.model.snapshot import (
+    SCHEMA_VERSION,
+    CgroupMemory,
+    DiskSample,
+    GpuDevice,
+    GpuProcess,
+    GpuStatus,
+    LoaderSample,
+    MemorySummary,
+    PinnedMemory,
+    Pressure,
+    ProcessSample,
+    ShmSample,
+    Snapshot,
+    TargetInfo,
+)
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "CgroupMemory",
+    "DiskSample",
+    "GpuDevice",
+    "GpuProcess",
+    "GpuStatus",
+    "History",
+    "LoaderSample",
+    "MemorySummary",
+    "PinnedMemory",
+    "Pressure",
+    "ProcessSample",
+    "ShmSample",
+    "Snapshot",
+    "TargetInfo",
+]

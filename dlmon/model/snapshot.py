@@ -1,0 +1,206 @@
+"""The Snapshot: one immutable reading of a training job and the machine around it.
+
+Every field that could not be measured is ``None`` (JSON ``null``), never 0: a zero is a
+measurement. Where a whole group of fields is missing for a known reason (permission denied,
+a zombie has no address space) the reason is kept in ``unavailable``.
+
+The JSON form (``dlmon.model.serialize``) uses exactly these field names; see docs/snapshot.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+SCHEMA_VERSION = 1
+
+_EMPTY: Mapping[str, str] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessSample:
+    """One process of the target's tree.
+
+    A process is identified by ``(pid, start_time)``: ``start_time`` is field 22 of
+    /proc/PID/stat (clock ticks after boot), so a reused pid is a different process.
+    """
+
+    pid: int
+    start_time: int
+    ppid: int | None
+    role: str  # "main" | "worker" | "child"
+    comm: str
+    state: str  # one letter as in /proc/PID/stat: R S D Z T t X I ...
+    worker_id: int | None = None
+    cpu_percent: float | None = None
+    num_threads: int | None = None
+    rss_bytes: int | None = None
+    rss_anon_bytes: int | None = None
+    rss_file_bytes: int | None = None
+    shmem_bytes: int | None = None  # RssShmem: resident shared memory (/dev/shm, torch shared tensors)
+    uss_bytes: int | None = None  # Private_Clean + Private_Dirty (+ Private_Hugetlb)
+    pss_bytes: int | None = None
+    pss_shmem_bytes: int | None = None
+    swap_bytes: int | None = None
+    pss_age_s: float | None = None  # how old uss/pss/swap are: smaps_rollup is read on a budget
+    locked_bytes: int | None = None  # VmLck
+    pinned_bytes: int | None = None  # VmPin
+    read_bytes: int | None = None  # /proc/PID/io read_bytes: bytes that reached the block layer
+    write_bytes: int | None = None
+    read_bytes_per_s: float | None = None
+    write_bytes_per_s: float | None = None
+    voluntary_ctxt_switches: int | None = None
+    nonvoluntary_ctxt_switches: int | None = None
+    nonvoluntary_ctxt_switches_per_s: float | None = None
+    num_fds: int | None = None
+    gpu_memory_bytes: int | None = None
+    unavailable: Mapping[str, str] = field(default_factory=lambda: _EMPTY)  # group ("io", "smaps", ...) -> reason
+
+
+@dataclass(frozen=True, slots=True)
+class TargetInfo:
+    pid: int
+    start_time: int | None
+    cmdline: str
+    alive: bool
+    exit_code: int | None = None  # known only when dlmon started the target
+
+
+@dataclass(frozen=True, slots=True)
+class Pressure:
+    """PSI averages over 10 s, in percent of wall time (``/proc/pressure/*`` or a cgroup's)."""
+
+    io_some_avg10: float | None = None
+    io_full_avg10: float | None = None
+    memory_some_avg10: float | None = None
+    memory_full_avg10: float | None = None
+    cpu_some_avg10: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupMemory:
+    """The memory cgroup the target lives in; its limit is the one that kills in a container."""
+
+    version: int  # 1 or 2
+    path: str
+    limit_bytes: int | None  # effective: the smallest limit on the way to the root; None = unlimited
+    current_bytes: int | None
+    oom_kill_count: int | None
+    pressure: Pressure | None = None  # v2 only
+
+
+@dataclass(frozen=True, slots=True)
+class MemorySummary:
+    total_bytes: int | None
+    available_bytes: int | None
+    used_bytes: int | None  # total - available, as `free` computes it
+    shmem_bytes: int | None  # system-wide Shmem
+    dirty_bytes: int | None
+    swap_total_bytes: int | None
+    swap_used_bytes: int | None
+    cgroup_limit_bytes: int | None
+    cgroup_current_bytes: int | None
+    rss_sum_bytes: int | None  # double-counts pages shared by forked workers
+    pss_sum_bytes: int | None  # the job's true total; None until at least one PSS was read
+    uss_sum_bytes: int | None
+    pss_missing: int = 0  # processes in the tree whose PSS is not known (yet)
+    oom_kill_count: int | None = None  # /proc/vmstat oom_kill, machine-wide
+
+
+@dataclass(frozen=True, slots=True)
+class ShmSample:
+    path: str  # as seen from the target's mount namespace when readable
+    total_bytes: int | None
+    used_bytes: int | None
+    available_bytes: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class DiskSample:
+    """One whole disk, with the figures of ``iostat -x`` over the last interval."""
+
+    name: str
+    reads_per_s: float | None
+    writes_per_s: float | None
+    read_bytes_per_s: float | None
+    write_bytes_per_s: float | None
+    util_percent: float | None
+    r_await_ms: float | None
+    w_await_ms: float | None
+    queue_depth: float | None  # aqu-sz
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    pid: int
+    used_memory_bytes: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuDevice:
+    index: int
+    name: str | None
+    uuid: str | None
+    memory_used_bytes: int | None
+    memory_total_bytes: int | None
+    utilization_percent: float | None
+    processes: tuple[GpuProcess, ...] = ()
+    torch_allocated_bytes: int | None = None  # from the in-process agent
+    torch_reserved_bytes: int | None = None
+    torch_peak_allocated_bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuStatus:
+    available: bool
+    reason: str | None = None  # why not, when not available
+    driver_version: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LoaderSample:
+    """One DataLoader as the in-process agent sees it."""
+
+    id: str
+    name: str  # where it was constructed, file:line
+    pid: int  # the process that iterates it
+    num_workers: int | None = None
+    batch_size: int | None = None
+    pin_memory: bool | None = None
+    persistent_workers: bool | None = None
+    prefetch_factor: int | None = None
+    batches_total: int | None = None
+    batches_per_s: float | None = None
+    samples_per_s: float | None = None
+    data_wait_fraction: float | None = None
+    worker_pids: tuple[int, ...] = ()
+    batches_per_worker: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PinnedMemory:
+    bytes: int | None
+    source: str  # e.g. "torch.cuda.host_memory_stats" or "VmPin"
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    time: float  # Unix time of the sample
+    interval_s: float | None  # seconds since the previous sample; rates are over this interval
+    host: str
+    target: TargetInfo
+    processes: tuple[ProcessSample, ...]
+    memory: MemorySummary
+    shm: ShmSample | None
+    gpu: GpuStatus
+    gpus: tuple[GpuDevice, ...]
+    disks: tuple[DiskSample, ...]
+    pressure: Pressure | None
+    cgroup: CgroupMemory | None
+    loaders: tuple[LoaderSample, ...] = ()
+    pinned: PinnedMemory | None = None
+    schema: int = SCHEMA_VERSION
+
+    def workers(self) -> tuple[ProcessSample, ...]:
+        return tuple(p for p in self.processes if p.role == "worker")
