@@ -7,7 +7,7 @@ import types
 import typing
 from collections.abc import Mapping
 from functools import cache
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from dlmon.model.snapshot import SCHEMA_VERSION, Snapshot
 
@@ -47,14 +47,14 @@ def snapshot_from_dict(data: Mapping[str, Any]) -> Snapshot:
 
 
 @cache
-def _hints(cls: type) -> dict[str, Any]:
+def _hints(cls: Any) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
 def _build(cls: type[T], data: Mapping[str, Any]) -> T:
     if not isinstance(data, Mapping):
         raise TypeError(f"{cls.__name__} must be an object, not {type(data).__name__}")
-    hints = _hints(cls)
+    hints = _hints(cast(Any, cls))
     kwargs = {}
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         if f.name in data:
