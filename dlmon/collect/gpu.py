@@ -1,0 +1,449 @@
+"""GPU collector: device memory, utilisation and per-process VRAM through NVML.
+
+Every NVML call goes through one choke point, :meth:`GpuCollector._query`. It returns the
+sentinel :data:`NA` instead of raising when NVML says a value is not there (not supported, not
+found, no permission, GPU lost, unknown, function not found, library not found, driver not
+loaded, any other ``NVMLError``), and likewise when the installed ``pynvml`` is too old to have
+the function at all. Nothing here raises out of :meth:`GpuCollector.sample`; a value that could
+not be read is ``None`` in the returned dataclasses, never 0.
+
+``pynvml`` (the ``nvidia-ml-py`` package) is imported lazily on first use, so this module imports
+on machines without it. It never imports torch, rich or textual.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, Final
+
+from dlmon.model.snapshot import GpuDevice, GpuProcess, GpuStatus
+
+__all__ = ["NA", "GpuCollector", "NVMLErrorKind"]
+
+#: NVML's ``NVML_VALUE_NOT_AVAILABLE`` for unsigned long long fields (e.g. ``usedGpuMemory`` in
+#: containers or under WDDM).
+ULONGLONG_MAX: Final = (1 << 64) - 1
+
+#: How long a failed ``nvmlInit`` (or a missing ``pynvml``) is remembered before trying again.
+DEFAULT_RETRY_INTERVAL_S: Final = 60.0
+
+
+class _NAType(enum.Enum):
+    NA = "NA"
+
+    def __repr__(self) -> str:
+        return "NA"
+
+    def __bool__(self) -> bool:
+        return False
+
+
+#: "Not available": what the choke point returns instead of raising.
+NA: Final = _NAType.NA
+
+
+class NVMLErrorKind(enum.Enum):
+    """Why the last NVML query returned :data:`NA`."""
+
+    NOT_SUPPORTED = "not supported"
+    NOT_FOUND = "not found"
+    NO_PERMISSION = "no permission"
+    GPU_IS_LOST = "GPU is lost"
+    UNKNOWN = "unknown error"
+    FUNCTION_NOT_FOUND = "function not found"  # in the driver, or in an old pynvml
+    LIBRARY_NOT_FOUND = "NVML library not found"
+    DRIVER_NOT_LOADED = "driver not loaded"
+    OTHER = "other NVML error"
+
+
+# pynvml exception class name -> kind. Classes missing from a library are skipped.
+_ERROR_CLASSES: Final = (
+    ("NVMLError_NotSupported", NVMLErrorKind.NOT_SUPPORTED),
+    ("NVMLError_NotFound", NVMLErrorKind.NOT_FOUND),
+    ("NVMLError_NoPermission", NVMLErrorKind.NO_PERMISSION),
+    ("NVMLError_GpuIsLost", NVMLErrorKind.GPU_IS_LOST),
+    ("NVMLError_Unknown", NVMLErrorKind.UNKNOWN),
+    ("NVMLError_FunctionNotFound", NVMLErrorKind.FUNCTION_NOT_FOUND),
+    ("NVMLError_LibraryNotFound", NVMLErrorKind.LIBRARY_NOT_FOUND),
+    ("NVMLError_DriverNotLoaded", NVMLErrorKind.DRIVER_NOT_LOADED),
+)
+
+# Process listings, newest variant first. The plain name is v1 in old pynvml releases and a
+# dispatcher to the newest in recent ones (which raises NVMLLibraryMismatchError, not an
+# NVMLError, when the driver lacks that symbol).
+_PROCESS_LISTS: Final = (
+    (
+        "nvmlDeviceGetComputeRunningProcesses_v3",
+        "nvmlDeviceGetComputeRunningProcesses_v2",
+        "nvmlDeviceGetComputeRunningProcesses",
+    ),
+    (
+        "nvmlDeviceGetGraphicsRunningProcesses_v3",
+        "nvmlDeviceGetGraphicsRunningProcesses_v2",
+        "nvmlDeviceGetGraphicsRunningProcesses",
+    ),
+    (
+        "nvmlDeviceGetMPSComputeRunningProcesses_v3",
+        "nvmlDeviceGetMPSComputeRunningProcesses_v2",
+        "nvmlDeviceGetMPSComputeRunningProcesses",
+    ),
+)
+
+
+class _DeviceLost(Exception):
+    """Internal: a query on this device said NVML_ERROR_GPU_IS_LOST; stop reading it."""
+
+
+def _decode(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return value
+
+
+def _bytes_or_none(value: Any) -> int | None:
+    if value is None or value is NA or isinstance(value, bool):
+        return None
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        return None
+    if number < 0 or number >= ULONGLONG_MAX:
+        return None
+    return number
+
+
+def _str_or_none(value: Any) -> str | None:
+    value = _decode(value)
+    return value if isinstance(value, str) and value else None
+
+
+def _init_failure_reason(kind: NVMLErrorKind, error: BaseException) -> str:
+    if kind is NVMLErrorKind.LIBRARY_NOT_FOUND:
+        return "NVML library not found: the NVIDIA driver is not installed or not visible here."
+    if kind is NVMLErrorKind.DRIVER_NOT_LOADED:
+        return "NVIDIA driver not loaded: NVML could not talk to the GPU driver."
+    if kind is NVMLErrorKind.NO_PERMISSION:
+        return "No permission to use NVML on this machine."
+    text = str(error).strip().rstrip(".") or type(error).__name__
+    if "mismatch" in text.lower():
+        return f"NVML failed to start ({text}); the driver was likely upgraded without a reload."
+    return f"NVML failed to start: {text}."
+
+
+class GpuCollector:
+    """Reads NVIDIA GPUs through NVML, once per :meth:`sample`.
+
+    ``library`` is the ``pynvml`` module, or any object with the same names (tests pass a fake);
+    when ``None`` it is imported on first use. NVML is initialised lazily, once; when that fails
+    every :meth:`sample` returns ``GpuStatus(available=False, reason=...)`` and no devices, and
+    initialisation is retried at most once every ``retry_interval_s`` seconds.
+    """
+
+    def __init__(
+        self,
+        library: object | None = None,
+        *,
+        retry_interval_s: float = DEFAULT_RETRY_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._lib: Any = library
+        self._retry_interval_s = retry_interval_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._initialized = False
+        self._failure: GpuStatus | None = None
+        self._next_attempt = float("-inf")
+        self._driver_version: str | None = None
+        self._error_kinds: tuple[tuple[type[BaseException], NVMLErrorKind], ...] = ()
+        self._nvml_error: type[BaseException] | None = None
+        self._mismatch_error: type[BaseException] | None = None
+        # Per device index: NVML handle, and name/uuid that never change while the handle lives.
+        self._handles: dict[int, Any] = {}
+        self._static: dict[int, tuple[str | None, str | None]] = {}
+        # Function names found missing (in pynvml or in the driver): not tried again.
+        self._missing: set[str] = set()
+        self._memory_v2: bool | None = None  # None: not yet known
+        #: Why the last query returned NA (None after a successful one). For diagnostics.
+        self.last_error: NVMLErrorKind | None = None
+        #: The exception behind :attr:`last_error`, if any.
+        self.last_exception: BaseException | None = None
+
+    # -- public --------------------------------------------------------------------------------
+
+    def sample(self) -> tuple[GpuStatus, tuple[GpuDevice, ...]]:
+        """One reading of every GPU NVML sees. Never raises for NVML trouble."""
+        with self._lock:
+            failure = self._ensure_initialized()
+            if failure is not None:
+                return failure, ()
+            count = self._query("nvmlDeviceGetCount")
+            if count is NA:
+                kind = self.last_error.value if self.last_error else "unknown error"
+                return GpuStatus(
+                    available=False,
+                    reason=f"NVML could not count the GPUs ({kind}).",
+                    driver_version=self._driver_version,
+                ), ()
+            count = int(count)
+            for index in [i for i in self._handles if i >= count]:
+                self._forget(index)
+            if count == 0:
+                return GpuStatus(
+                    available=False,
+                    reason="NVML sees no NVIDIA GPU on this machine.",
+                    driver_version=self._driver_version,
+                ), ()
+            devices = tuple(self._sample_device(index) for index in range(count))
+            return GpuStatus(available=True, driver_version=self._driver_version), devices
+
+    def close(self) -> None:
+        """Shut NVML down if this collector started it. A later :meth:`sample` starts it again."""
+        with self._lock:
+            if self._initialized:
+                self._query("nvmlShutdown")
+            self._initialized = False
+            self._failure = None
+            self._next_attempt = float("-inf")
+            self._handles.clear()
+            self._static.clear()
+
+    def __enter__(self) -> GpuCollector:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- initialisation ------------------------------------------------------------------------
+
+    def _ensure_initialized(self) -> GpuStatus | None:
+        """None when NVML is up; else the (cached) status saying why not."""
+        if self._initialized:
+            return None
+        now = self._clock()
+        if self._failure is not None and now < self._next_attempt:
+            return self._failure
+        self._failure = self._try_initialize()
+        if self._failure is not None:
+            self._next_attempt = now + self._retry_interval_s
+            return self._failure
+        return None
+
+    def _try_initialize(self) -> GpuStatus | None:
+        if self._lib is None:
+            try:
+                import pynvml
+            except ImportError:
+                return GpuStatus(available=False, reason="NVML not available: nvidia-ml-py not installed")
+            except Exception as error:  # a broken install must not take the monitor down
+                return GpuStatus(
+                    available=False, reason=f"NVML not available: importing pynvml failed ({error!r})."
+                )
+            self._lib = pynvml
+        self._bind_error_classes()
+        init = getattr(self._lib, "nvmlInit", None)
+        if not callable(init):
+            return GpuStatus(
+                available=False, reason="NVML not available: the installed pynvml has no nvmlInit."
+            )
+        try:
+            init()
+        except Exception as error:  # init must never raise out of sample(); see the reasons
+            kind = self._classify(error) or NVMLErrorKind.OTHER
+            return GpuStatus(available=False, reason=_init_failure_reason(kind, error))
+        self._initialized = True
+        self._driver_version = _str_or_none(self._query("nvmlSystemGetDriverVersion"))
+        return None
+
+    def _bind_error_classes(self) -> None:
+        kinds: list[tuple[type[BaseException], NVMLErrorKind]] = []
+        for name, kind in _ERROR_CLASSES:
+            cls = getattr(self._lib, name, None)
+            if isinstance(cls, type) and issubclass(cls, BaseException):
+                kinds.append((cls, kind))
+        self._error_kinds = tuple(kinds)
+        base = getattr(self._lib, "NVMLError", None)
+        self._nvml_error = base if isinstance(base, type) and issubclass(base, BaseException) else None
+        mismatch = getattr(self._lib, "NVMLLibraryMismatchError", None)
+        is_exc = isinstance(mismatch, type) and issubclass(mismatch, BaseException)
+        self._mismatch_error = mismatch if is_exc else None
+
+    def _classify(self, error: BaseException) -> NVMLErrorKind | None:
+        """The kind of an NVML error, or None when ``error`` is not one."""
+        for cls, kind in self._error_kinds:
+            if isinstance(error, cls):
+                return kind
+        if self._mismatch_error is not None and isinstance(error, self._mismatch_error):
+            return NVMLErrorKind.FUNCTION_NOT_FOUND
+        if self._nvml_error is not None and isinstance(error, self._nvml_error):
+            return NVMLErrorKind.OTHER
+        return None
+
+    # -- the choke point -----------------------------------------------------------------------
+
+    def _query(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """Call ``library.<name>(*args)``; :data:`NA` instead of an NVML error or a missing name.
+
+        Bytes results are decoded. Exceptions that are not NVML's propagate: they are bugs.
+        """
+        self.last_error = None
+        self.last_exception = None
+        if name in self._missing:
+            self.last_error = NVMLErrorKind.FUNCTION_NOT_FOUND
+            return NA
+        function = getattr(self._lib, name, None)
+        if not callable(function):
+            self._missing.add(name)
+            self.last_error = NVMLErrorKind.FUNCTION_NOT_FOUND
+            return NA
+        try:
+            result = function(*args, **kwargs)
+        except UnicodeDecodeError as error:  # pynvml decodes C strings itself
+            self.last_error = NVMLErrorKind.UNKNOWN
+            self.last_exception = error
+            return NA
+        except Exception as error:
+            kind = self._classify(error)
+            if kind is None:
+                raise
+            if kind is NVMLErrorKind.FUNCTION_NOT_FOUND:
+                self._missing.add(name)
+            self.last_error = kind
+            self.last_exception = error
+            return NA
+        return _decode(result)
+
+    def _device_query(self, index: int, name: str, *args: Any, **kwargs: Any) -> Any:
+        """:meth:`_query` for one device: a lost GPU ends that device's reading."""
+        result = self._query(name, *args, **kwargs)
+        if self.last_error is NVMLErrorKind.GPU_IS_LOST:
+            self._forget(index)
+            raise _DeviceLost
+        return result
+
+    # -- per device ----------------------------------------------------------------------------
+
+    def _forget(self, index: int) -> None:
+        self._handles.pop(index, None)
+        self._static.pop(index, None)
+
+    def _sample_device(self, index: int) -> GpuDevice:
+        try:
+            handle = self._handles.get(index)
+            if handle is None:
+                handle = self._device_query(index, "nvmlDeviceGetHandleByIndex", index)
+                if handle is NA:
+                    return GpuDevice(index, None, None, None, None, None)
+                self._handles[index] = handle
+            static = self._static.get(index)
+            if static is None:
+                name = _str_or_none(self._device_query(index, "nvmlDeviceGetName", handle))
+                uuid = _str_or_none(self._device_query(index, "nvmlDeviceGetUUID", handle))
+                static = (name, uuid)
+                if name is not None and uuid is not None:
+                    self._static[index] = static
+            used, total = self._memory(index, handle)
+            utilization = self._utilization(index, handle)
+            processes = self._processes(index, handle)
+        except _DeviceLost:
+            return GpuDevice(index, None, None, None, None, None)
+        return GpuDevice(
+            index=index,
+            name=static[0],
+            uuid=static[1],
+            memory_used_bytes=used,
+            memory_total_bytes=total,
+            utilization_percent=utilization,
+            processes=processes,
+        )
+
+    def _memory(self, index: int, handle: Any) -> tuple[int | None, int | None]:
+        """(used, total) bytes. The v2 struct's ``used`` leaves out memory the driver reserves,
+        as recent nvidia-smi does; v1's ``used`` includes it."""
+        info: Any = NA
+        if self._memory_v2 is not False:
+            version = getattr(self._lib, "nvmlMemory_v2", None)
+            if version is None:
+                self._memory_v2 = False
+            else:
+                try:
+                    info = self._device_query(index, "nvmlDeviceGetMemoryInfo", handle, version=version)
+                except TypeError:  # a pynvml whose nvmlDeviceGetMemoryInfo takes no version
+                    info = NA
+                    self._memory_v2 = False
+                else:
+                    if self.last_error is NVMLErrorKind.FUNCTION_NOT_FOUND:
+                        # The driver has no nvmlDeviceGetMemoryInfo_v2; the v1 call may still work.
+                        self._missing.discard("nvmlDeviceGetMemoryInfo")
+                        self._memory_v2 = False
+                    elif info is not NA:
+                        self._memory_v2 = True
+        if info is NA and self._memory_v2 is not True:
+            # No v2, or v2 has not answered yet: v1 may. Once v2 has worked, v1 is not mixed in,
+            # as its ``used`` counts the reserved memory too and the series would jump.
+            info = self._device_query(index, "nvmlDeviceGetMemoryInfo", handle)
+        if info is NA:
+            return None, None
+        return _bytes_or_none(getattr(info, "used", None)), _bytes_or_none(getattr(info, "total", None))
+
+    def _utilization(self, index: int, handle: Any) -> float | None:
+        rates = self._device_query(index, "nvmlDeviceGetUtilizationRates", handle)
+        if rates is NA:
+            return None
+        gpu = getattr(rates, "gpu", None)
+        if gpu is None or isinstance(gpu, bool):
+            return None
+        try:
+            percent = float(gpu)
+        except (TypeError, ValueError):
+            return None
+        return percent if 0.0 <= percent <= 100.0 else None
+
+    def _processes(self, index: int, handle: Any) -> tuple[GpuProcess, ...]:
+        """Compute, graphics and MPS processes merged by pid.
+
+        Within one listing the same pid can appear once per MIG instance: those are summed.
+        Across listings a pid with both a compute and a graphics context is reported with the
+        same figure in each: the larger known one is kept.
+        """
+        merged: dict[int, int | None] = {}
+        for variants in _PROCESS_LISTS:
+            listing = self._process_listing(index, handle, variants)
+            per_pid: dict[int, int | None] = {}
+            for entry in listing:
+                pid = getattr(entry, "pid", None)
+                if pid is None or isinstance(pid, bool):
+                    continue
+                try:
+                    pid = int(pid)
+                except (TypeError, ValueError):
+                    continue
+                used = _bytes_or_none(getattr(entry, "usedGpuMemory", None))
+                if pid in per_pid:
+                    previous = per_pid[pid]
+                    per_pid[pid] = None if previous is None or used is None else previous + used
+                else:
+                    per_pid[pid] = used
+            for pid, used in per_pid.items():
+                if pid not in merged:
+                    merged[pid] = used
+                else:
+                    known = [v for v in (merged[pid], used) if v is not None]
+                    merged[pid] = max(known) if known else None
+        return tuple(GpuProcess(pid, merged[pid]) for pid in sorted(merged))
+
+    def _process_listing(self, index: int, handle: Any, variants: Iterable[str]) -> list[Any]:
+        """The first variant whose function exists; an empty list when none answers."""
+        for name in variants:
+            result = self._device_query(index, name, handle)
+            if result is NA:
+                if self.last_error is NVMLErrorKind.FUNCTION_NOT_FOUND:
+                    continue  # remembered in _missing: the next sample goes straight on
+                return []
+            try:
+                return list(result)
+            except TypeError:
+                return []
+        return []

@@ -1,0 +1,481 @@
+"""Tests for dlmon.collect.gpu: the real no-driver path, then a fake pynvml at the one seam."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from dlmon.collect.gpu import ULONGLONG_MAX, GpuCollector
+from dlmon.model.snapshot import GpuDevice, GpuProcess, GpuStatus
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+# -- the real library on a machine without an NVIDIA driver -----------------------------------
+
+
+def test_real_pynvml_without_driver_is_unavailable_and_cheap() -> None:
+    collector = GpuCollector()
+    status, devices = collector.sample()
+    if status.available:  # running on a real GPU machine: the other branch is what CI sees
+        assert devices and all(d.name for d in devices)
+        collector.close()
+        return
+    assert devices == ()
+    assert status.reason and status.reason.endswith(".")
+    assert "NVML" in status.reason or "NVIDIA" in status.reason
+    start = time.perf_counter()
+    for _ in range(2000):
+        assert collector.sample() == (status, ())
+    assert time.perf_counter() - start < 0.5
+    collector.close()
+
+
+def test_module_imports_without_pynvml_and_pulls_in_no_ui_or_torch() -> None:
+    code = textwrap.dedent(
+        """
+        import sys
+
+        class Block:
+            def find_spec(self, name, path=None, target=None):
+                if name == "pynvml":
+                    raise ImportError("blocked for the test")
+                return None
+
+        sys.meta_path.insert(0, Block())
+        import dlmon.collect.gpu as gpu
+        status, devices = gpu.GpuCollector().sample()
+        assert status.available is False, status
+        assert status.reason == "NVML not available: nvidia-ml-py not installed", status.reason
+        assert devices == ()
+        heavy = sorted(m for m in ("torch", "rich", "textual", "pynvml") if m in sys.modules)
+        assert not heavy, heavy
+        print("ok")
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
+
+
+# -- a fake pynvml ------------------------------------------------------------------------------
+
+
+class NVMLError(Exception):
+    value = 999
+
+    def __str__(self) -> str:
+        return type(self).__name__.removeprefix("NVMLError_")
+
+
+class NVMLError_NotSupported(NVMLError):
+    value = 3
+
+
+class NVMLError_NoPermission(NVMLError):
+    value = 4
+
+
+class NVMLError_NotFound(NVMLError):
+    value = 6
+
+
+class NVMLError_DriverNotLoaded(NVMLError):
+    value = 9
+
+
+class NVMLError_Timeout(NVMLError):
+    value = 10
+
+
+class NVMLError_LibraryNotFound(NVMLError):
+    value = 12
+
+
+class NVMLError_FunctionNotFound(NVMLError):
+    value = 13
+
+
+class NVMLError_GpuIsLost(NVMLError):
+    value = 15
+
+
+class NVMLError_Unknown(NVMLError):
+    value = 999
+
+
+class NVMLLibraryMismatchError(Exception):
+    """pynvml's unversioned dispatchers raise this (not an NVMLError) for a missing symbol."""
+
+
+ERRORS = {
+    cls.__name__: cls
+    for cls in (
+        NVMLError,
+        NVMLError_NotSupported,
+        NVMLError_NoPermission,
+        NVMLError_NotFound,
+        NVMLError_DriverNotLoaded,
+        NVMLError_Timeout,
+        NVMLError_LibraryNotFound,
+        NVMLError_FunctionNotFound,
+        NVMLError_GpuIsLost,
+        NVMLError_Unknown,
+        NVMLLibraryMismatchError,
+    )
+}
+CODES = {f"NVML_ERROR_{n}": c for n, c in [("NOT_SUPPORTED", 3), ("GPU_IS_LOST", 15), ("UNKNOWN", 999)]}
+
+MEMORY_V2 = 0x02000028
+COMPUTE = "nvmlDeviceGetComputeRunningProcesses"
+GRAPHICS = "nvmlDeviceGetGraphicsRunningProcesses"
+
+
+@dataclass
+class Dev:
+    name: str | bytes = "NVIDIA H200"
+    uuid: str | bytes = "GPU-0"
+    used: int = 10 * GiB  # as the v2 struct counts it: reserved memory left out
+    reserved: int = 512 * MiB
+    total: int = 140 * GiB
+    util: int = 37
+    compute: list[tuple[int, int | None]] = field(default_factory=list)
+    graphics: list[tuple[int, int | None]] = field(default_factory=list)
+    fail: dict[str, type[Exception]] = field(default_factory=dict)  # function name -> raised
+
+
+@dataclass(frozen=True)
+class Handle:
+    index: int
+
+
+class FakeNVML:
+    """Just enough of pynvml. ``absent`` names are not attributes (an old pynvml); ``no_symbol``
+    names are attributes that raise FunctionNotFound (a driver without that symbol)."""
+
+    def __init__(
+        self,
+        devices: list[Dev],
+        *,
+        absent: tuple[str, ...] = (),
+        no_symbol: tuple[str, ...] = (),
+        init_error: type[Exception] | None = None,
+        memory_v2_error: type[Exception] | None = None,
+        driver: str | bytes = "580.159.04",
+    ) -> None:
+        self.devices = devices
+        self.no_symbol = set(no_symbol)
+        self.init_error = init_error
+        self.memory_v2_error = memory_v2_error
+        self.driver = driver
+        self.calls: list[str] = []
+        for name, value in {**ERRORS, **CODES, "nvmlMemory_v2": MEMORY_V2}.items():
+            if name not in absent:
+                setattr(self, name, value)
+        functions = {
+            "nvmlInit": self._init,
+            "nvmlShutdown": lambda: None,
+            "nvmlSystemGetDriverVersion": lambda: self.driver,
+            "nvmlDeviceGetCount": lambda: len(self.devices),
+            "nvmlDeviceGetHandleByIndex": Handle,
+            "nvmlDeviceGetName": lambda h: self._dev(h).name,
+            "nvmlDeviceGetUUID": lambda h: self._dev(h).uuid,
+            "nvmlDeviceGetMemoryInfo": self._memory,
+            "nvmlDeviceGetUtilizationRates": lambda h: SimpleNamespace(gpu=self._dev(h).util, memory=5),
+        }
+        for kind in (COMPUTE, GRAPHICS):
+            for suffix in ("_v3", "_v2", ""):
+                functions[kind + suffix] = self._lister(kind, suffix)
+        for name, function in functions.items():
+            if name not in absent:
+                setattr(self, name, self._recorded(name, function))
+
+    def _recorded(self, name: str, function: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append(name)
+            if args and isinstance(args[0], Handle) and name in self._dev(args[0]).fail:
+                raise self._dev(args[0]).fail[name]()
+            return function(*args, **kwargs)
+
+        return call
+
+    def _dev(self, handle: Handle) -> Dev:
+        return self.devices[handle.index]
+
+    def _init(self) -> None:
+        if self.init_error is not None:
+            raise self.init_error()
+
+    def _memory(self, handle: Handle, version: int | None = None) -> SimpleNamespace:
+        d = self._dev(handle)
+        if version:
+            if "nvmlDeviceGetMemoryInfo_v2" in self.no_symbol:
+                raise NVMLError_FunctionNotFound()
+            if self.memory_v2_error is not None:
+                raise self.memory_v2_error()
+            assert version == MEMORY_V2
+            return SimpleNamespace(version=version, total=d.total, reserved=d.reserved, used=d.used)
+        return SimpleNamespace(total=d.total, free=d.total - d.used - d.reserved, used=d.used + d.reserved)
+
+    def _lister(self, kind: str, suffix: str) -> Any:
+        def listing(handle: Handle) -> list[SimpleNamespace]:
+            if kind + suffix in self.no_symbol:
+                if suffix == "":
+                    raise NVMLLibraryMismatchError()
+                raise NVMLError_FunctionNotFound()
+            entries = self._dev(handle).compute if kind == COMPUTE else self._dev(handle).graphics
+            return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in entries]
+
+        return listing
+
+    def count(self, name: str) -> int:
+        return self.calls.count(name)
+
+
+def two_devices() -> list[Dev]:
+    return [
+        Dev(
+            name="NVIDIA H200",
+            uuid="GPU-aaaa",
+            used=20 * GiB,
+            util=81,
+            compute=[(4242, 18 * GiB), (4300, 1 * GiB)],
+            graphics=[(4242, 18 * GiB), (77, 64 * MiB)],
+        ),
+        Dev(name="NVIDIA H200", uuid="GPU-bbbb", used=3 * GiB, util=0, compute=[(4343, 2 * GiB)]),
+    ]
+
+
+def sample(fake: FakeNVML) -> tuple[GpuStatus, tuple[GpuDevice, ...]]:
+    return GpuCollector(fake).sample()
+
+
+# -- the fake at work ---------------------------------------------------------------------------
+
+
+def test_two_devices_with_processes() -> None:
+    status, devices = sample(FakeNVML(two_devices()))
+    assert status == GpuStatus(available=True, reason=None, driver_version="580.159.04")
+    assert devices == (
+        GpuDevice(
+            index=0,
+            name="NVIDIA H200",
+            uuid="GPU-aaaa",
+            memory_used_bytes=20 * GiB,  # the v2 figure, without the 512 MiB reserved
+            memory_total_bytes=140 * GiB,
+            utilization_percent=81.0,
+            # 4242 has a compute and a graphics context: counted once; 77 is graphics only
+            processes=(GpuProcess(77, 64 * MiB), GpuProcess(4242, 18 * GiB), GpuProcess(4300, 1 * GiB)),
+        ),
+        GpuDevice(
+            index=1,
+            name="NVIDIA H200",
+            uuid="GPU-bbbb",
+            memory_used_bytes=3 * GiB,
+            memory_total_bytes=140 * GiB,
+            utilization_percent=0.0,
+            processes=(GpuProcess(4343, 2 * GiB),),
+        ),
+    )
+
+
+def test_same_pid_twice_in_one_listing_is_summed() -> None:  # one entry per MIG instance
+    fake = FakeNVML([Dev(compute=[(10, 1 * GiB), (10, 2 * GiB)])])
+    assert sample(fake)[1][0].processes == (GpuProcess(10, 3 * GiB),)
+
+
+def test_v3_absent_from_pynvml_uses_v2() -> None:
+    fake = FakeNVML(two_devices(), absent=(COMPUTE + "_v3", GRAPHICS + "_v3"))
+    collector = GpuCollector(fake)
+    devices = collector.sample()[1]
+    assert devices[0].processes[1] == GpuProcess(4242, 18 * GiB)
+    assert fake.count(COMPUTE + "_v2") == 2  # once per device
+    assert fake.count(COMPUTE) == 0
+
+
+def test_v3_missing_in_driver_uses_v2_and_is_not_retried() -> None:
+    fake = FakeNVML(two_devices(), no_symbol=(COMPUTE + "_v3",))
+    collector = GpuCollector(fake)
+    for _ in range(3):
+        assert collector.sample()[1][1].processes == (GpuProcess(4343, 2 * GiB),)
+    assert fake.count(COMPUTE + "_v3") == 1
+    assert fake.count(COMPUTE + "_v2") == 6
+    assert fake.count(GRAPHICS + "_v3") == 6  # graphics' v3 works here: still used
+
+
+def test_v3_and_v2_missing_use_the_plain_call() -> None:
+    fake = FakeNVML(two_devices(), absent=(COMPUTE + "_v3", COMPUTE + "_v2"), no_symbol=(GRAPHICS + "_v3",))
+    devices = sample(fake)[1]
+    assert devices[0].processes == (
+        GpuProcess(77, 64 * MiB),
+        GpuProcess(4242, 18 * GiB),
+        GpuProcess(4300, 1 * GiB),
+    )
+    assert fake.count(COMPUTE) == 2
+    assert fake.count(GRAPHICS + "_v2") == 2
+
+
+def test_no_process_function_at_all_gives_no_processes_and_no_error() -> None:
+    # pynvml 13's unversioned call raises NVMLLibraryMismatchError, which is not an NVMLError
+    every = tuple(kind + s for kind in (COMPUTE, GRAPHICS) for s in ("_v3", "_v2", ""))
+    devices = sample(FakeNVML(two_devices(), no_symbol=every))[1]
+    assert [d.processes for d in devices] == [(), ()]
+    assert devices[0].memory_used_bytes == 20 * GiB
+
+
+def test_utilization_not_supported_is_none_for_that_field_only() -> None:
+    devs = two_devices()
+    devs[0].fail["nvmlDeviceGetUtilizationRates"] = NVMLError_NotSupported
+    d0, d1 = sample(FakeNVML(devs))[1]
+    assert d0.utilization_percent is None
+    assert (d0.name, d0.uuid, d0.memory_used_bytes, d0.memory_total_bytes) == (
+        "NVIDIA H200",
+        "GPU-aaaa",
+        20 * GiB,
+        140 * GiB,
+    )
+    assert len(d0.processes) == 3
+    assert d1.utilization_percent == 0.0
+
+
+@pytest.mark.parametrize("error", [NVMLError_NoPermission, NVMLError_Unknown, NVMLError_Timeout])
+def test_other_errors_blank_only_their_field(error: type[Exception]) -> None:
+    devs = two_devices()
+    devs[1].fail["nvmlDeviceGetMemoryInfo"] = error
+    d0, d1 = sample(FakeNVML(devs))[1]
+    assert (d1.memory_used_bytes, d1.memory_total_bytes) == (None, None)
+    assert d1.utilization_percent == 0.0 and d1.uuid == "GPU-bbbb"
+    assert d0.memory_used_bytes == 20 * GiB
+
+
+def test_used_gpu_memory_none_or_not_available_is_none_and_zero_stays_zero() -> None:
+    fake = FakeNVML([Dev(compute=[(1, None), (2, ULONGLONG_MAX), (3, 0), (4, 5 * MiB)])])
+    assert sample(fake)[1][0].processes == (
+        GpuProcess(1, None),
+        GpuProcess(2, None),
+        GpuProcess(3, 0),
+        GpuProcess(4, 5 * MiB),
+    )
+
+
+def test_gpu_lost_mid_sample_blanks_that_device_only_and_recovers() -> None:
+    devs = two_devices()
+    devs[0].fail["nvmlDeviceGetMemoryInfo"] = NVMLError_GpuIsLost
+    fake = FakeNVML(devs)
+    collector = GpuCollector(fake)
+    status, (d0, d1) = collector.sample()
+    assert status.available is True
+    assert d0 == GpuDevice(0, None, None, None, None, None, ())
+    assert d1.uuid == "GPU-bbbb" and d1.memory_used_bytes == 3 * GiB
+    assert d1.processes == (GpuProcess(4343, 2 * GiB),)
+    assert fake.count("nvmlDeviceGetUtilizationRates") == 1  # device 0 was not read further
+
+    del devs[0].fail["nvmlDeviceGetMemoryInfo"]  # back on the bus
+    d0 = collector.sample()[1][0]
+    assert (d0.uuid, d0.memory_used_bytes, d0.utilization_percent) == ("GPU-aaaa", 20 * GiB, 81.0)
+    assert fake.count("nvmlDeviceGetHandleByIndex") == 3  # device 0's handle was fetched anew
+
+
+def test_names_and_driver_version_as_bytes_are_decoded() -> None:
+    fake = FakeNVML([Dev(name=b"Tesla V100-SXM2-16GB", uuid=b"GPU-\xffold")], driver=b"470.57.02")
+    status, (device,) = sample(fake)
+    assert status.driver_version == "470.57.02"
+    assert device.name == "Tesla V100-SXM2-16GB"
+    assert device.uuid == "GPU-\ufffdold"
+
+
+def test_handles_and_names_are_cached() -> None:
+    fake = FakeNVML(two_devices())
+    collector = GpuCollector(fake)
+    for _ in range(3):
+        collector.sample()
+    assert fake.count("nvmlInit") == 1
+    assert fake.count("nvmlDeviceGetHandleByIndex") == 2
+    assert fake.count("nvmlDeviceGetName") == 2
+    assert fake.count("nvmlDeviceGetMemoryInfo") == 6
+
+
+def test_memory_falls_back_to_v1_when_the_driver_lacks_v2() -> None:
+    fake = FakeNVML(two_devices(), no_symbol=("nvmlDeviceGetMemoryInfo_v2",))
+    collector = GpuCollector(fake)
+    for _ in range(2):
+        d0 = collector.sample()[1][0]
+        assert d0.memory_used_bytes == 20 * GiB + 512 * MiB  # v1 counts the reserved memory
+    assert fake.count("nvmlDeviceGetMemoryInfo") == 1 + 4  # one failed v2 try, then v1 only
+
+
+def test_memory_v2_not_supported_uses_v1_until_v2_answers_then_never_mixes() -> None:
+    fake = FakeNVML([Dev()], memory_v2_error=NVMLError_NotSupported)
+    collector = GpuCollector(fake)
+    assert collector.sample()[1][0].memory_used_bytes == 10 * GiB + 512 * MiB  # v1
+    fake.memory_v2_error = None
+    assert collector.sample()[1][0].memory_used_bytes == 10 * GiB  # v2 answers now
+    fake.memory_v2_error = NVMLError_Unknown
+    assert collector.sample()[1][0].memory_used_bytes is None  # not v1's larger figure
+    assert fake.count("nvmlDeviceGetMemoryInfo") == 2 + 1 + 1
+
+
+def test_memory_uses_v1_when_pynvml_has_no_v2() -> None:
+    fake = FakeNVML(two_devices(), absent=("nvmlMemory_v2",))
+    assert sample(fake)[1][1].memory_used_bytes == 3 * GiB + 512 * MiB
+
+
+def test_init_failing_driver_not_loaded_says_so_and_retries_rarely() -> None:
+    now = [1000.0]
+    fake = FakeNVML(two_devices(), init_error=NVMLError_DriverNotLoaded)
+    collector = GpuCollector(fake, retry_interval_s=60.0, clock=lambda: now[0])
+    status, devices = collector.sample()
+    assert devices == ()
+    assert status.available is False
+    assert status.reason == "NVIDIA driver not loaded: NVML could not talk to the GPU driver."
+    for t in (1001.0, 1030.0, 1059.9):
+        now[0] = t
+        assert collector.sample() == (status, ())
+    assert fake.count("nvmlInit") == 1
+    now[0] = 1060.0
+    collector.sample()
+    assert fake.count("nvmlInit") == 2
+
+    fake.init_error = None  # the driver came up
+    now[0] = 1200.0
+    status, devices = collector.sample()
+    assert status.available is True and len(devices) == 2
+
+
+def test_init_failing_library_not_found() -> None:
+    status, devices = sample(FakeNVML([], init_error=NVMLError_LibraryNotFound))
+    assert devices == ()
+    assert status.reason is not None and status.reason.startswith("NVML library not found")
+
+
+def test_no_gpus() -> None:
+    status, devices = sample(FakeNVML([]))
+    assert (status.available, status.reason, devices) == (
+        False,
+        "NVML sees no NVIDIA GPU on this machine.",
+        (),
+    )
+
+
+def test_close_shuts_down_and_a_later_sample_starts_again() -> None:
+    fake = FakeNVML(two_devices())
+    with GpuCollector(fake) as collector:
+        collector.sample()
+    assert fake.count("nvmlShutdown") == 1
+    assert collector.sample()[0].available is True
+    assert fake.count("nvmlInit") == 2
+
+
+def test_bugs_outside_nvml_are_not_swallowed() -> None:
+    devs = two_devices()
+    devs[0].fail["nvmlDeviceGetUtilizationRates"] = ZeroDivisionError
+    with pytest.raises(ZeroDivisionError):
+        sample(FakeNVML(devs))
