@@ -8,8 +8,8 @@ import subprocess
 import time
 
 import pytest
-from conftest import Spawn
 
+from conftest import Spawn
 from dlmon.collect.processes import ProcessTracker
 from dlmon.collect.procfs import ProcessGone, ProcHandle, parse_stat
 from dlmon.collect.smaps_budget import SmapsBudget

@@ -18,7 +18,9 @@ def simulate(costs: list[float], ticks: int, policy: BudgetPolicy) -> tuple[floa
     spent = 0.0
     for now in range(ticks):
         budget.refill(float(now), cheap_cost_per_s=0.0)
-        candidates = [SmapsCandidate(i, 1000 * MiB, last[i], 1000 * MiB if last[i] is not None else None) for i in last]
+        candidates = [
+            SmapsCandidate(i, 1000 * MiB, last[i], 1000 * MiB if last[i] is not None else None) for i in last
+        ]
         for c in budget.order(candidates, float(now)):
             if not budget.can_spend():
                 break

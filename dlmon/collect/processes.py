@@ -14,19 +14,28 @@ from dlmon.collect.procfs import (
     CLOCK_TICKS,
     PAGE_SIZE,
     AccessDenied,
+    FieldPicker,
     ProcessGone,
     ProcHandle,
     StatFields,
     all_pids,
     children_files_supported,
-    parse_kv,
     parse_stat,
 )
 from dlmon.collect.smaps_budget import SmapsBudget, SmapsCandidate
 from dlmon.model import ProcessSample
 
 WORKER_COMMS = frozenset({"pt_data_worker"})
+STATUS_FIELDS = FieldPicker(
+    (
+        "VmRSS", "RssAnon", "RssFile", "RssShmem", "VmLck", "VmPin", "VmSwap",
+        "voluntary_ctxt_switches", "nonvoluntary_ctxt_switches",
+    )
+)  # fmt: skip
+IO_FIELDS = FieldPicker(("read_bytes", "write_bytes"))
+SMAPS_FIELDS = FieldPicker(("Pss", "Pss_Shmem", "Private_Clean", "Private_Dirty", "Private_Hugetlb", "Swap"))
 Identity = tuple[int, int]  # (pid, start_time)
+_NONE_UNAVAILABLE: Mapping[str, str] = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +47,7 @@ class SmapsValues:
 
 
 def parse_smaps_rollup(raw: bytes) -> SmapsValues:
-    v = parse_kv(raw)
+    v = SMAPS_FIELDS(raw)
     if "Pss" not in v:  # a zombie or kernel thread: no address space
         return SmapsValues(None, None, None, None)
     uss = v.get("Private_Clean", 0) + v.get("Private_Dirty", 0) + v.get("Private_Hugetlb", 0)
@@ -83,7 +92,8 @@ class ProcessTracker:
         self._tracked: dict[Identity, _Tracked] = {}
         self._use_children_files = children_files_supported(proc_root)
         self._cheap_cost_per_s = 0.0
-        self._last_sample_time: float | None = None
+        self._cheap_cost_known = False
+        self.smaps_cpu_last_tick = 0.0
         self.smaps_reads_last_tick: list[Identity] = []
         self.target = ProcHandle(target_pid, proc_root)  # raises ProcessGone for no such pid
         self.target_identity: Identity = (target_pid, self.target.start_time)
@@ -142,8 +152,17 @@ class ProcessTracker:
 
     # -- sampling ----------------------------------------------------------------------------
 
+    def record_tick_cost(self, cheap_cpu_s: float, interval_s: float) -> None:
+        """What the caller's whole tick cost apart from smaps reads: the budget gets the rest."""
+        if interval_s <= 0:
+            return
+        per_s = cheap_cpu_s / interval_s
+        if self._cheap_cost_known:
+            self._cheap_cost_per_s = 0.8 * self._cheap_cost_per_s + 0.2 * per_s
+        else:
+            self._cheap_cost_per_s, self._cheap_cost_known = per_s, True
+
     def sample(self) -> tuple[ProcessSample, ...]:
-        cpu_start = time.thread_time()
         now = self._clock()
         stats: dict[Identity, StatFields] = {}
         # Drop the dead before discovery, so a reused pid is seen as the new process it is.
@@ -156,20 +175,12 @@ class ProcessTracker:
         for identity, tracked in list(self._tracked.items()):
             stat = stats.get(identity) or self._stat_or_drop(identity, tracked)
             if stat is not None:
-                rows[identity] = (tracked, stat, self._read_optional(tracked, "status", "status"))
-        cheap_cost = time.thread_time() - cpu_start
+                rows[identity] = (tracked, stat, self._read_optional(tracked, "status", STATUS_FIELDS))
         self._spend_on_smaps(rows, now)
-        smaps_start = time.thread_time()
         samples = [
             self._build(identity, tracked, stat, status, now)
             for identity, (tracked, stat, status) in rows.items()
         ]
-        # what the every-tick reads cost, smoothed; the smaps budget gets the rest
-        tick_cost = cheap_cost + (time.thread_time() - smaps_start)
-        interval = self._interval(now)
-        if interval:
-            self._cheap_cost_per_s = 0.8 * self._cheap_cost_per_s + 0.2 * (tick_cost / interval)
-        self._last_sample_time = now
         samples.sort(key=lambda s: (s.role != "main", s.role != "worker", s.start_time, s.pid))
         return tuple(samples)
 
@@ -181,12 +192,11 @@ class ProcessTracker:
             del self._tracked[identity]
             return None
 
-    def _interval(self, now: float) -> float | None:
-        return None if self._last_sample_time is None else now - self._last_sample_time
-
-    def _read_optional(self, tracked: _Tracked, name: str, group: str) -> dict[str, int]:
+    def _read_optional(self, tracked: _Tracked, name: str, fields: FieldPicker) -> dict[str, int]:
+        """The named fields of /proc/PID/<name>; {} and a reason in ``unavailable`` if denied."""
+        group = name
         try:
-            values = parse_kv(tracked.handle.read(name))
+            values = fields(tracked.handle.read(name))
         except AccessDenied as exc:
             tracked.unavailable[group] = str(exc)
             return {}
@@ -200,6 +210,7 @@ class ProcessTracker:
     ) -> None:
         self.budget.refill(now, self._cheap_cost_per_s)
         self.smaps_reads_last_tick = []
+        self.smaps_cpu_last_tick = 0.0
         candidates = [
             SmapsCandidate(identity, stat.rss_pages * PAGE_SIZE, tracked.smaps_time, tracked.rss_at_smaps)
             for identity, (tracked, stat, _status) in rows.items()
@@ -218,7 +229,9 @@ class ProcessTracker:
             except (ProcessGone, OSError):
                 continue
             finally:
-                self.budget.charge(time.thread_time() - before)
+                spent = time.thread_time() - before
+                self.budget.charge(spent)
+                self.smaps_cpu_last_tick += spent
             tracked.smaps_time = now
             tracked.rss_at_smaps = candidate.rss_bytes
             self.smaps_reads_last_tick.append(candidate.key)  # type: ignore[arg-type]
@@ -237,7 +250,7 @@ class ProcessTracker:
         dt = None if tracked.prev_time is None else now - tracked.prev_time
         cpu_ticks = stat.utime_ticks + stat.stime_ticks
         cpu_rate = _rate(cpu_ticks, tracked.prev_cpu_ticks, dt)
-        io = {} if zombie else self._read_optional(tracked, "io", "io")
+        io = {} if zombie else self._read_optional(tracked, "io", IO_FIELDS)
         read_bytes = io.get("read_bytes")
         write_bytes = io.get("write_bytes")
         nvcsw = status.get("nonvoluntary_ctxt_switches")
@@ -285,7 +298,9 @@ class ProcessTracker:
             nonvoluntary_ctxt_switches=nvcsw,
             nonvoluntary_ctxt_switches_per_s=_rate(nvcsw, tracked.prev_nvcsw, dt),
             num_fds=num_fds,
-            unavailable=MappingProxyType(dict(tracked.unavailable)),
+            unavailable=MappingProxyType(dict(tracked.unavailable))
+            if tracked.unavailable
+            else _NONE_UNAVAILABLE,
         )
         tracked.prev_time = now
         tracked.prev_cpu_ticks = cpu_ticks

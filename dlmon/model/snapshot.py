@@ -55,7 +55,9 @@ class ProcessSample:
     nonvoluntary_ctxt_switches_per_s: float | None = None
     num_fds: int | None = None
     gpu_memory_bytes: int | None = None
-    unavailable: Mapping[str, str] = field(default_factory=lambda: _EMPTY)  # group ("io", "smaps", ...) -> reason
+    unavailable: Mapping[str, str] = field(
+        default_factory=lambda: _EMPTY
+    )  # group ("io", "smaps", ...) -> reason
 
 
 @dataclass(frozen=True, slots=True)

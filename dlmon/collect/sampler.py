@@ -1,0 +1,147 @@
+"""One call, one Snapshot: the process tree, the machine, the cgroup, the disks and the GPUs."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+
+from dlmon.collect.cgroup import CgroupMemoryReader
+from dlmon.collect.disks import DiskStatsReader
+from dlmon.collect.gpu import GpuCollector
+from dlmon.collect.processes import ProcessTracker
+from dlmon.collect.procfs import read_cmdline
+from dlmon.collect.smaps_budget import BudgetPolicy, SmapsBudget
+from dlmon.collect.system import read_meminfo, read_oom_kill_count, read_pressure, read_shm
+from dlmon.model import (
+    GpuDevice,
+    MemorySummary,
+    ProcessSample,
+    Snapshot,
+    TargetInfo,
+)
+
+ExitCodeProvider = Callable[[], "int | None"]
+
+
+class NoSuchProcess(Exception):
+    """The pid to watch does not exist."""
+
+
+class Sampler:
+    """Builds Snapshots of one target. Owned by one thread; keeps state between calls for rates.
+
+    ``unlimited_smaps`` reads PSS/USS of every process on every call (``--once``); otherwise
+    they are refreshed under the CPU budget of ``policy``.
+    """
+
+    def __init__(
+        self,
+        pid: int,
+        *,
+        policy: BudgetPolicy | None = None,
+        unlimited_smaps: bool = False,
+        gpu: GpuCollector | None = None,
+        exit_code: ExitCodeProvider | None = None,
+        proc_root: str = "/proc",
+        sys_root: str = "/sys",
+    ) -> None:
+        from dlmon.collect.procfs import ProcessGone
+
+        try:
+            self.processes = ProcessTracker(
+                pid, SmapsBudget(policy, unlimited=unlimited_smaps), proc_root=proc_root
+            )
+        except ProcessGone as exc:
+            raise NoSuchProcess(f"no such process: {pid}") from exc
+        self.pid = pid
+        self.proc_root = proc_root
+        self.cmdline = read_cmdline(pid, proc_root)
+        self.host = socket.gethostname()
+        self._cgroup = CgroupMemoryReader(pid, proc_root=proc_root)
+        self._disks = DiskStatsReader(proc_root=proc_root, sys_root=sys_root)
+        self._gpu = gpu if gpu is not None else GpuCollector()
+        self._exit_code = exit_code
+        self._last_time: float | None = None
+
+    def sample(self) -> Snapshot:
+        cpu_start = time.thread_time()
+        now = time.monotonic()
+        wall = time.time()
+        processes = self.processes.sample()
+        target_state = self.processes.target_state()
+        alive = target_state is not None and target_state not in ("Z", "X")
+        gpu_status, gpus = self._gpu.sample()
+        processes = _with_gpu_memory(processes, gpus)
+        meminfo = read_meminfo(self.proc_root)
+        cgroup = self._cgroup.read()
+        rss = [p.rss_bytes for p in processes if p.rss_bytes is not None]
+        pss = [p.pss_bytes for p in processes if p.pss_bytes is not None]
+        uss = [p.uss_bytes for p in processes if p.uss_bytes is not None]
+        live = [p for p in processes if p.state not in ("Z", "X")]
+        total, available = meminfo.total_bytes, meminfo.available_bytes
+        memory = MemorySummary(
+            total_bytes=total,
+            available_bytes=available,
+            used_bytes=None if total is None or available is None else total - available,
+            shmem_bytes=meminfo.shmem_bytes,
+            dirty_bytes=meminfo.dirty_bytes,
+            swap_total_bytes=meminfo.swap_total_bytes,
+            swap_used_bytes=(
+                None
+                if meminfo.swap_total_bytes is None or meminfo.swap_free_bytes is None
+                else meminfo.swap_total_bytes - meminfo.swap_free_bytes
+            ),
+            cgroup_limit_bytes=cgroup.limit_bytes if cgroup else None,
+            cgroup_current_bytes=cgroup.current_bytes if cgroup else None,
+            rss_sum_bytes=sum(rss) if rss else None,
+            pss_sum_bytes=sum(pss) if pss else None,
+            uss_sum_bytes=sum(uss) if uss else None,
+            pss_missing=sum(1 for p in live if p.pss_bytes is None),
+            oom_kill_count=read_oom_kill_count(self.proc_root),
+        )
+        snapshot = Snapshot(
+            time=wall,
+            interval_s=None if self._last_time is None else round(now - self._last_time, 6),
+            host=self.host,
+            target=TargetInfo(
+                pid=self.pid,
+                start_time=self.processes.target_identity[1],
+                cmdline=self.cmdline,
+                alive=alive,
+                exit_code=None if alive or self._exit_code is None else self._exit_code(),
+            ),
+            processes=processes,
+            memory=memory,
+            shm=read_shm(self.pid if alive else None, self.proc_root),
+            gpu=gpu_status,
+            gpus=gpus,
+            disks=self._disks.sample(now),
+            pressure=read_pressure(f"{self.proc_root}/pressure"),
+            cgroup=cgroup,
+        )
+        if self._last_time is not None:
+            cheap_cpu = time.thread_time() - cpu_start - self.processes.smaps_cpu_last_tick
+            self.processes.record_tick_cost(cheap_cpu, now - self._last_time)
+        self._last_time = now
+        return snapshot
+
+    def close(self) -> None:
+        self.processes.close()
+        self._gpu.close()
+
+
+def _with_gpu_memory(
+    processes: tuple[ProcessSample, ...], gpus: tuple[GpuDevice, ...]
+) -> tuple[ProcessSample, ...]:
+    """Each process's VRAM summed over devices, from NVML's per-process list."""
+    used: dict[int, int] = {}
+    for device in gpus:
+        for proc in device.processes:
+            if proc.used_memory_bytes is not None:
+                used[proc.pid] = used.get(proc.pid, 0) + proc.used_memory_bytes
+    if not used:
+        return processes
+    from dataclasses import replace
+
+    return tuple(replace(p, gpu_memory_bytes=used[p.pid]) if p.pid in used else p for p in processes)

@@ -1,0 +1,55 @@
+"""Human-readable figures, shared by the one-line output and the dashboard (no UI imports)."""
+
+from __future__ import annotations
+
+import time
+
+from dlmon.model import Snapshot
+
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def human_bytes(value: float | None, missing: str = "n/a") -> str:
+    if value is None:
+        return missing
+    size = float(value)
+    for unit in _UNITS:
+        if abs(size) < 1024 or unit == _UNITS[-1]:
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def human_rate(bytes_per_s: float | None, missing: str = "n/a") -> str:
+    return missing if bytes_per_s is None else f"{bytes_per_s / 1e6:.1f} MB/s"
+
+
+def percent(value: float | None, missing: str = "n/a") -> str:
+    return missing if value is None else f"{value:.0f}%"
+
+
+def one_line(s: Snapshot) -> str:
+    """What ``dlmon attach`` prints per tick without the dashboard."""
+    workers = s.workers()
+    cpu = [p.cpu_percent for p in s.processes if p.cpu_percent is not None]
+    reads = [p.read_bytes_per_s for p in s.processes if p.read_bytes_per_s is not None]
+    m = s.memory
+    pss = human_bytes(m.pss_sum_bytes)
+    if m.pss_missing and m.pss_sum_bytes is not None:
+        pss += f" (+{m.pss_missing} unread)"
+    parts = [
+        time.strftime("%H:%M:%S", time.localtime(s.time)),
+        f"pid {s.target.pid}" + ("" if s.target.alive else " EXITED"),
+        f"procs {len(s.processes)} ({len(workers)} workers)",
+        f"PSS {pss}",
+        f"RSS sum {human_bytes(m.rss_sum_bytes)}",
+        f"avail {human_bytes(m.available_bytes)}",
+        f"cpu {percent(sum(cpu) if cpu else None)}",
+        f"read {human_rate(sum(reads) if reads else None)}",
+    ]
+    if m.cgroup_limit_bytes is not None:
+        parts.insert(6, f"cgroup {human_bytes(m.cgroup_current_bytes)}/{human_bytes(m.cgroup_limit_bytes)}")
+    zombies = sum(1 for p in s.processes if p.state == "Z")
+    if zombies:
+        parts.append(f"ZOMBIES {zombies}")
+    return "  ".join(parts)

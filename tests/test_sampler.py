@@ -1,0 +1,114 @@
+"""Whole snapshots of real training-like processes."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from conftest import Spawn
+from dlmon.collect.sampler import NoSuchProcess, Sampler
+from dlmon.model.serialize import snapshot_from_dict, snapshot_to_dict
+from dlmon.recording import encode_snapshot
+
+pytest.importorskip("torch")
+
+DATALOADER_4_WORKERS = """
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    class Images(Dataset):
+        def __init__(self):
+            self.store = torch.randn(2000, 3, 32, 32)    # ~24 MiB, shared with the forked workers
+        def __len__(self):
+            return len(self.store)
+        def __getitem__(self, i):
+            return self.store[i] * 2
+
+    loader = DataLoader(Images(), batch_size=32, num_workers=4, persistent_workers=True)
+    it = iter(loader)
+    for _ in range(8):
+        next(it)
+    print("READY", flush=True)
+    import time; time.sleep(300)
+"""
+
+# Fields docs/snapshot.md promises in every snapshot.
+REQUIRED = {
+    "top": {"schema", "time", "target", "processes", "memory", "shm", "gpus", "disks", "pressure"},
+    "target": {"pid", "cmdline", "alive", "exit_code"},
+    "process": {
+        "pid", "ppid", "role", "worker_id", "state", "cpu_percent", "num_threads", "rss_bytes",
+        "uss_bytes", "pss_bytes", "shmem_bytes", "swap_bytes", "read_bytes", "write_bytes",
+        "read_bytes_per_s", "write_bytes_per_s", "gpu_memory_bytes",
+    },
+    "memory": {
+        "total_bytes", "available_bytes", "cgroup_limit_bytes", "cgroup_current_bytes",
+        "swap_used_bytes", "rss_sum_bytes", "pss_sum_bytes",
+    },
+    "shm": {"total_bytes", "used_bytes"},
+    "disk": {
+        "name", "read_bytes_per_s", "write_bytes_per_s", "util_percent", "r_await_ms", "w_await_ms",
+        "queue_depth",
+    },
+    "pressure": {"io_some_avg10", "io_full_avg10", "memory_some_avg10", "cpu_some_avg10"},
+}  # fmt: skip
+
+
+@pytest.mark.slow
+def test_real_dataloader_workers_are_found_and_pss_is_below_the_rss_sum(spawn: Spawn) -> None:
+    proc = spawn(DATALOADER_4_WORKERS, timeout=120)
+    sampler = Sampler(proc.pid, unlimited_smaps=True)
+    sampler.sample()
+    time.sleep(0.5)
+    snap = sampler.sample()
+    workers = snap.workers()
+    assert len(workers) == 4
+    assert {w.comm for w in workers} == {"pt_data_worker"}
+    assert all(w.ppid == proc.pid for w in workers)
+    assert snap.processes[0].role == "main" and snap.processes[0].pid == proc.pid
+    m = snap.memory
+    assert m.pss_missing == 0 and m.pss_sum_bytes is not None and m.rss_sum_bytes is not None
+    assert m.pss_sum_bytes < m.rss_sum_bytes  # forked workers share pages RSS counts five times
+    assert m.available_bytes is not None and m.total_bytes is not None
+    assert snap.gpu.available is False or snap.gpus  # on this machine: no GPU, said so
+    sampler.close()
+
+
+def test_snapshot_json_has_every_documented_field_and_round_trips(spawn: Spawn) -> None:
+    proc = spawn('print("READY", flush=True)\nimport time; time.sleep(300)')
+    sampler = Sampler(proc.pid, unlimited_smaps=True)
+    sampler.sample()
+    time.sleep(0.2)
+    snap = sampler.sample()
+    data = json.loads(encode_snapshot(snap))
+    assert REQUIRED["top"] <= data.keys()
+    assert REQUIRED["target"] <= data["target"].keys()
+    assert REQUIRED["process"] <= data["processes"][0].keys()
+    assert REQUIRED["memory"] <= data["memory"].keys()
+    assert REQUIRED["shm"] <= data["shm"].keys()
+    assert REQUIRED["pressure"] <= data["pressure"].keys()
+    for disk in data["disks"]:
+        assert REQUIRED["disk"] <= disk.keys()
+    assert snapshot_from_dict(data) == snap
+    assert snapshot_to_dict(snapshot_from_dict(data)) == data
+
+
+def test_target_exit_is_reported_and_sampling_goes_on(spawn: Spawn) -> None:
+    proc = spawn('print("READY", flush=True)\nimport sys; sys.stdin.readline()')
+    sampler = Sampler(proc.pid, exit_code=lambda: 7)
+    assert sampler.sample().target.alive
+    assert proc.stdin is not None
+    proc.stdin.write("\n")
+    proc.stdin.flush()
+    proc.wait()
+    after = sampler.sample()
+    assert after.target.alive is False and after.target.exit_code == 7
+    assert after.processes == ()
+    assert after.memory.available_bytes is not None  # the machine is still described
+
+
+def test_no_such_process() -> None:
+    with pytest.raises(NoSuchProcess):
+        Sampler(2**22 + 1)
