@@ -3,6 +3,7 @@
 from dlmon.model.history import History
 from dlmon.model.snapshot import (
     SCHEMA_VERSION,
+    Alert,
     CgroupMemory,
     DiskSample,
     GpuDevice,
@@ -16,10 +17,12 @@ from dlmon.model.snapshot import (
     ShmSample,
     Snapshot,
     TargetInfo,
+    WorkerDeath,
 )
 
 __all__ = [
     "SCHEMA_VERSION",
+    "Alert",
     "CgroupMemory",
     "DiskSample",
     "GpuDevice",
@@ -34,4 +37,5 @@ __all__ = [
     "ShmSample",
     "Snapshot",
     "TargetInfo",
+    "WorkerDeath",
 ]

@@ -187,6 +187,32 @@ class PinnedMemory:
 
 
 @dataclass(frozen=True, slots=True)
+class WorkerDeath:
+    """A DataLoader worker that died, as the in-process agent saw it (before torch raised)."""
+
+    pid: int
+    worker_id: int | None
+    loader_id: str | None
+    signal: int | None  # e.g. 9 for SIGKILL, 7 for SIGBUS
+    exit_code: int | None
+    time: float  # Unix time
+
+
+@dataclass(frozen=True, slots=True)
+class Alert:
+    """A verdict from dlmon.analysis, with the numbers behind it."""
+
+    kind: str  # memory_growth, zombie_worker, orphan_worker, worker_died, leaked_workers, io_saturation,
+    # input_bound, shm_exhaustion, oversubscription, vram_pressure, swap_activity
+    severity: str  # "info" | "warning" | "critical"
+    subject: str  # which process / loader / disk, e.g. "worker 3 (pid 1234)", "disk vda"
+    message: str  # one plain sentence with the numbers
+    advice: str  # what to change
+    since: float  # Unix time the condition was first raised
+    evidence: Mapping[str, float | int | str | None] = field(default_factory=lambda: _EMPTY)
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     time: float  # Unix time of the sample
     interval_s: float | None  # seconds since the previous sample; rates are over this interval
@@ -202,6 +228,8 @@ class Snapshot:
     cgroup: CgroupMemory | None
     loaders: tuple[LoaderSample, ...] = ()
     pinned: PinnedMemory | None = None
+    worker_deaths: tuple[WorkerDeath, ...] = ()  # cumulative over the run, from the agent
+    alerts: tuple[Alert, ...] = ()  # active alerts after this sample (dlmon.analysis)
     schema: int = SCHEMA_VERSION
 
     def workers(self) -> tuple[ProcessSample, ...]:

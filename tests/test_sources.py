@@ -1,0 +1,61 @@
+"""Live and replay sources deliver the same snapshots through the same protocol."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from conftest import Spawn
+from dlmon.model import Snapshot
+from dlmon.recording import END_INTERRUPTED, END_TARGET_EXITED
+from dlmon.sources import REPLAY_FINISHED, LiveSource, ReplaySource, read_record, wait_for_end
+
+
+def test_live_source_samples_on_its_thread_records_and_ends_with_the_target(
+    spawn: Spawn, tmp_path: Path
+) -> None:
+    proc = spawn('print("READY", flush=True)\nimport time; time.sleep(1.0)')
+    out = tmp_path / "rec.jsonl"
+    source = LiveSource(proc.pid, interval=0.2, record_path=str(out))
+    seen: list[Snapshot] = []
+    threads: set[str] = set()
+
+    def on_snapshot(s: Snapshot) -> None:
+        seen.append(s)
+        threads.add(threading.current_thread().name)
+
+    assert wait_for_end(source, on_snapshot, timeout=20) == END_TARGET_EXITED
+    assert threads == {"dlmon-sampler"}
+    assert seen[-1].target.alive is False and all(s.target.alive for s in seen[:-1])
+    replay = read_record(str(out))
+    assert replay.snapshots == seen and replay.end_reason == END_TARGET_EXITED
+    assert replay.problems == []
+
+
+def test_live_source_keeps_sampling_while_the_consumer_is_slow(spawn: Spawn) -> None:
+    """A consumer that blocks (a paused view) does not make the sampler skip or lose ticks."""
+    proc = spawn('print("READY", flush=True)\nimport time; time.sleep(300)')
+    source = LiveSource(proc.pid, interval=0.1)
+    times: list[float] = []
+    ended: list[str] = []
+    source.start(lambda s: times.append(s.time), ended.append)
+    time.sleep(1.0)
+    source.stop()
+    assert ended == [END_INTERRUPTED]
+    assert len(times) >= 8
+
+
+def test_replay_skips_corrupt_lines_and_replays_the_rest(spawn: Spawn, tmp_path: Path) -> None:
+    proc = spawn('print("READY", flush=True)\nimport time; time.sleep(0.6)')
+    out = tmp_path / "rec.jsonl"
+    wait_for_end(LiveSource(proc.pid, interval=0.2, record_path=str(out)), lambda s: None, timeout=20)
+    lines = out.read_text().splitlines()
+    damaged = [lines[0], "{not json", '{"type": "mystery"}', '{"schema": 99, "type": "snapshot"}', *lines[1:]]
+    (tmp_path / "bad.jsonl").write_text("\n".join(damaged)[:-7])  # and a half-written end line
+    source = ReplaySource(str(tmp_path / "bad.jsonl"), speed=None)
+    got: list[Snapshot] = []
+    assert wait_for_end(source, got.append, timeout=10) == REPLAY_FINISHED
+    assert len(got) == len(lines) - 1
+    assert [p.line for p in source.record.problems] == [2, 3, 4, len(damaged)]
+    assert "replay of" in source.description
