@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -15,6 +16,7 @@ if TYPE_CHECKING:
     from dlmon.collect.sampler import Sampler
     from dlmon.model import Snapshot
     from dlmon.recording import RecordWriter
+    from dlmon.runner import Training
 
 EXIT_USAGE = 2
 
@@ -35,13 +37,14 @@ def parse_pid(text: str) -> int:
     return pid
 
 
-def positive_seconds(text: str | float, what: str) -> float:
+def positive_seconds(text: str | float, what: str, *, allow_zero: bool = False) -> float:
     try:
         value = float(text)
     except (TypeError, ValueError):
         fail(f"{what} must be a number of seconds, not {text!r}")
-    if not value > 0 or value == float("inf"):
-        fail(f"{what} must be more than 0 seconds, not {text!r}")
+    if not (value >= 0 if allow_zero else value > 0) or value == float("inf"):
+        lowest = "0 or more" if allow_zero else "more than 0"
+        fail(f"{what} must be {lowest} seconds, not {text!r}")
     return value
 
 
@@ -176,3 +179,131 @@ def record(pid: str, output: str, interval: str, duration: str | None) -> None:
     writer.close()
     sampler.close()
     click.echo(f"dlmon: recorded to {output} ({reason.replace('_', ' ')})", err=True)
+
+
+class _RunCommand(click.Command):
+    """Remembers whether ``--`` came right before the command: ``run -- CMD`` vs ``run SCRIPT``."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta["dlmon.raw_args"] = list(args)
+        return super().parse_args(ctx, args)
+
+
+def _is_command_mode(ctx: click.Context, command: tuple[str, ...]) -> bool:
+    raw: list[str] = ctx.meta.get("dlmon.raw_args", [])
+    tail_start = len(raw) - len(command)
+    return tail_start > 0 and raw[tail_start - 1] == "--"
+
+
+RUN_SETTINGS = {"ignore_unknown_options": True, "allow_interspersed_args": False}
+
+
+@main.command(cls=_RunCommand, context_settings=RUN_SETTINGS)
+@click.option("--interval", default="1", metavar="S", help=INTERVAL_HELP)
+@click.option(
+    "--record", "record_path", metavar="FILE", help="Also write every snapshot to FILE (JSON lines)."
+)
+@click.option("--headless", is_flag=True, help="No dashboard: the training's output passes through.")
+@click.argument(
+    "command", nargs=-1, required=True, type=click.UNPROCESSED, metavar="SCRIPT [ARGS]... | -- CMD [ARGS]..."
+)
+@click.pass_context
+def run(
+    ctx: click.Context, interval: str, record_path: str | None, headless: bool, command: tuple[str, ...]
+) -> None:
+    """Run a training script (with this Python) or any command, with the in-process agent, and watch it.
+
+    \b
+      dlmon run train.py --epochs 3
+      dlmon run -- torchrun --nproc_per_node 2 train.py
+    """
+    from dlmon.runner import command_for
+
+    seconds = positive_seconds(interval, "--interval")
+    is_command = _is_command_mode(ctx, command)
+    if not is_command and not os.path.isfile(command[0]):
+        fail(f"no such script: {command[0]} (to run a command, put it after --: dlmon run -- CMD)")
+    sys.exit(_run_training(command_for(list(command), is_command), seconds, record_path, headless))
+
+
+@main.command()
+@click.option(
+    "--scenario", type=click.Choice(["healthy", "leak", "io-bound", "slow-workers"]), default="healthy"
+)
+@click.option("--workers", default=4, type=click.IntRange(0, 256), help="DataLoader num_workers.")
+@click.option("--batch-size", default=64, type=click.IntRange(1, 1 << 16))
+@click.option(
+    "--duration", default="0", metavar="S", help="Stop the demo after S seconds (0: run until stopped)."
+)
+@click.option("--interval", default="1", metavar="S", help=INTERVAL_HELP)
+@click.option(
+    "--record", "record_path", metavar="FILE", help="Also write every snapshot to FILE (JSON lines)."
+)
+@click.option("--headless", is_flag=True, help="No dashboard: the demo's output passes through.")
+def demo(
+    scenario: str,
+    workers: int,
+    batch_size: int,
+    duration: str,
+    interval: str,
+    record_path: str | None,
+    headless: bool,
+) -> None:
+    """A synthetic training (small model, generated data, DataLoader workers) under dlmon run.
+
+    \b
+    Scenarios: healthy, leak (copy-on-read growth of a Python-object dataset, pytorch#13246),
+    io-bound (reads that hit the disk), slow-workers (CPU-heavy transforms).
+    """
+    import importlib.util
+
+    seconds = positive_seconds(interval, "--interval")
+    if importlib.util.find_spec("torch") is None:
+        fail("dlmon demo needs PyTorch: pip install 'dlmon[demo]'")
+    limit = positive_seconds(duration, "--duration", allow_zero=True)
+    command = [sys.executable, "-m", "dlmon.demo", "--scenario", scenario, "--workers", str(workers)]
+    command += ["--batch-size", str(batch_size), "--duration", str(limit)]
+    sys.exit(_run_training(command, seconds, record_path, headless))
+
+
+def _run_training(command: list[str], interval: float, record_path: str | None, headless: bool) -> int:
+    from dlmon.runner import launch
+
+    if record_path:
+        open_record(record_path).close()  # fail early, before the training starts
+    try:
+        if headless:
+            from dlmon.session import run_headless
+
+            return run_headless(command, interval, record_path)
+        training = launch(command, to_log=True)
+    except OSError as exc:
+        fail(f"cannot start {command[0]}: {exc.strerror or exc}")
+    return _run_dashboard(training, interval, record_path)
+
+
+def _run_dashboard(training: Training, interval: float, record_path: str | None) -> int:
+    from dlmon.sources import LiveSource
+    from dlmon.ui import run_dashboard
+
+    click.echo(f"dlmon: training log: {training.log_path}", err=True)
+    source = LiveSource(
+        training.pid,
+        interval,
+        record_path=record_path,
+        exit_code=training.exit_code,
+        log_path=training.log_path,
+    )
+    result = run_dashboard(source)
+    code = training.exit_code()
+    if code is not None:
+        return code
+    if result.stop_training:
+        click.echo("dlmon: stopping the training (SIGINT, then SIGTERM, then SIGKILL)...", err=True)
+        return training.stop()
+    click.echo(
+        f"dlmon: the training goes on (pid {training.pid}); log: {training.log_path}\n"
+        f"dlmon: watch it again with: dlmon attach {training.pid}",
+        err=True,
+    )
+    return 0

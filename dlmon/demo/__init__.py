@@ -1,0 +1,1 @@
+"""The bundled synthetic training behind ``dlmon demo`` (needs the ``demo`` extra: torch)."""
