@@ -107,10 +107,19 @@ INTERVAL_HELP = "Seconds between samples (default 1)."
 )
 @click.option("--once", is_flag=True, help="Take two samples ~1 s apart (so rates exist), print one, exit.")
 @click.option("--json", "as_json", is_flag=True, help="Print snapshots as JSON.")
-def attach(pid: str, interval: str, record_path: str | None, once: bool, as_json: bool) -> None:
+@click.option("--inject", is_flag=True, help="Load the agent into PID first (Python 3.14+, sys.remote_exec).")
+def attach(pid: str, interval: str, record_path: str | None, once: bool, as_json: bool, inject: bool) -> None:
     """Watch a running training process PID and all its descendants."""
     target = parse_pid(pid)
     seconds = positive_seconds(interval, "--interval")
+    if inject:
+        from dlmon.inject import InjectError
+        from dlmon.inject import inject as inject_agent
+
+        try:
+            inject_agent(target)
+        except InjectError as exc:
+            fail(str(exc))
     if once:
         _attach_once(target, as_json)
         return

@@ -163,3 +163,11 @@ def test_attach_prints_a_line_per_tick_and_records(spawn: Spawn, tmp_path: Path)
 def test_help_is_quick_to_import() -> None:
     result = dlmon("--help")
     assert result.returncode == 0 and "attach" in result.stdout and "record" in result.stdout
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 14), reason="on 3.14+ --inject really injects")
+def test_inject_explains_why_not_on_older_python(spawn: Spawn) -> None:
+    proc = spawn(SLEEPER)
+    result = dlmon("attach", str(proc.pid), "--inject", "--once")
+    assert_one_line_error(result, "--inject needs Python 3.14 or newer")
+    assert "dlmon run" in result.stderr and "dlmon.agent.start()" in result.stderr
