@@ -1,0 +1,116 @@
+"""dlmon's in-process agent: measures DataLoaders from inside the training process.
+
+For a process not started by dlmon, two lines near the top of the training script::
+
+    import dlmon.agent
+    dlmon.agent.start()
+
+``start()`` installs hooks into ``torch.utils.data`` when (and only if) the program imports it,
+and serves cumulative counters as one JSON line on the Unix socket ``socket_path(os.getpid())``.
+Importing this package imports the standard library only, never torch; a program that never
+imports torch pays for one idle daemon thread and nothing else.
+
+Set ``DLMON_AGENT_DISABLE=1`` to make ``start()`` a no-op.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import threading
+from typing import Any
+
+from dlmon.agent import _hooks
+from dlmon.agent._paths import socket_dir, socket_path
+
+__all__ = ["counters", "serving_path", "socket_dir", "socket_path", "start"]
+
+_lock = threading.Lock()
+_server: Any = None  # dlmon.agent._server.Server while serving
+_started_pid: int | None = None
+_server_error: str | None = None
+_fork_registered = False
+_atexit_registered = False
+
+
+def start() -> None:
+    """Start the agent in this process. Idempotent; never raises; returns at once.
+
+    A forked child (a DataLoader worker) does not inherit a running agent: it neither serves
+    its parent's socket nor starts its own, unless it calls ``start()`` itself.
+    """
+    try:
+        _start()
+    except Exception as exc:  # the training must run whatever happens here
+        _hooks.R.degraded["start"] = f"{type(exc).__name__}: {exc}"[:300]
+
+
+def _disabled() -> bool:
+    return os.environ.get("DLMON_AGENT_DISABLE", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def _start() -> None:
+    global _server, _started_pid, _server_error, _fork_registered, _atexit_registered
+    if _disabled():
+        return
+    with _lock:
+        pid = os.getpid()
+        if _started_pid == pid:
+            return
+        _started_pid = pid
+        if not _fork_registered and hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=_after_fork_child)
+            _fork_registered = True
+        try:
+            _hooks.install()
+        except Exception as exc:
+            _hooks.R.degraded["install"] = f"{type(exc).__name__}: {exc}"[:300]
+        from dlmon.agent._server import Server
+
+        srv = Server()
+        try:
+            srv.open()
+        except Exception as exc:
+            _server_error = f"{type(exc).__name__}: {exc}"[:300]
+            _hooks.R.degraded["server"] = _server_error
+            srv.close(unlink=False)
+            return
+        _server = srv
+        _server_error = None
+        if not _atexit_registered:
+            atexit.register(_at_exit)
+            _atexit_registered = True
+
+
+def _after_fork_child() -> None:
+    """In a forked child: drop the parent's server (close our copies of its fds, never unlink)."""
+    global _server, _started_pid, _lock
+    _lock = threading.Lock()  # another thread may have held it at fork time
+    _hooks.R.lock = threading.Lock()
+    srv = _server
+    _server = None
+    _started_pid = None
+    _hooks.R.by_key.clear()  # the parent's workers are our siblings, not our children
+    if srv is not None:
+        with contextlib.suppress(Exception):
+            srv.close(unlink=False)
+
+
+def _at_exit() -> None:
+    srv = _server
+    if srv is not None and srv.pid == os.getpid():
+        srv.close(unlink=True)
+
+
+def counters() -> dict[str, Any]:
+    """The same cumulative counters the socket serves, read in-process (for tests and tools)."""
+    from dlmon.agent._server import build_counters
+
+    return build_counters(_server)
+
+
+def serving_path() -> str | None:
+    """The socket this process's agent serves on, or None when it is not serving."""
+    srv = _server
+    return srv.path if srv is not None and srv.listener is not None else None

@@ -1,0 +1,963 @@
+"""Hooks into ``torch.utils.data`` and the cumulative counters they feed.
+
+Standard library only. Torch is never imported here: the hooks are installed by a post-import
+hook when the program itself imports ``torch.utils.data.dataloader`` (which ``import torch``
+does), or at once when it is already imported.
+
+Hot path (``_BaseDataLoaderIter.__next__``): two ``perf_counter_ns`` calls, a few attribute
+reads and integer adds into a list owned by the loader. No locks, no I/O, no allocation beyond
+what the interpreter does for ints. The serving thread reads the same lists without locking:
+every counter is cumulative and monotonic, so a torn read only means that one number is a
+few nanoseconds or one batch behind another.
+
+Every hook body is wrapped: an exception inside dlmon never reaches the training. The
+original torch function's own exceptions (``StopIteration``, worker errors) pass unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from types import FrameType, ModuleType
+from typing import Any
+
+DATALOADER_MODULE = "torch.utils.data.dataloader"
+
+_pc = time.perf_counter_ns
+
+# Counter slots in _LoaderState.c (cumulative, monotonic):
+B_BATCHES = 0  # batches returned by __next__ (every batch, the first of an epoch included)
+B_SAMPLES = 1  # samples in them
+B_WAIT = 2  # ns spent inside __next__ for steady-state batches (not the first of an epoch)
+B_COMPUTE = 3  # ns between a __next__ return and the next __next__ call, within an epoch
+B_STARTUP = 4  # ns spent inside the first __next__ of an epoch (worker start-up, prefetch fill)
+B_END = 5  # ns spent inside the __next__ call that raised StopIteration
+B_EPOCHS = 6  # epochs ended (StopIteration seen)
+B_EPOCHS_STARTED = 7  # epochs started (first batch of an epoch returned, or an empty epoch ended)
+N_COUNTERS = 8
+
+# How the sample count of a batch is found (_IterState.mode).
+M_PROBE = 0  # not decided yet: look at the next batch
+M_SHAPE = 1  # batch.shape[0]
+M_SEQ = 2  # batch[0].shape[0]  (tuple/list of tensors)
+M_MAP = 3  # first value's .shape[0]  (dict of tensors)
+M_CONST = 4  # a constant: batch_size when collated, 1 when not
+
+MAX_LOADERS = 256  # live + retained dead loaders in the report
+MAX_DEAD_LOADERS = 32
+DEAD_LOADER_KEEP_NS = 300 * 1_000_000_000
+MAX_DEATHS = 256
+
+
+class _LoaderState:
+    """One DataLoader object (or, for an iterator created before the hooks, that iterator)."""
+
+    __slots__ = (
+        "alive",
+        "c",
+        "created_ns",
+        "dead_ns",
+        "file",
+        "function",
+        "iters",
+        "line",
+        "name",
+        "per_worker",
+        "serial",
+        "settings",
+        "site_kind",
+        "tracked",
+    )
+
+    def __init__(self, serial: int) -> None:
+        self.serial = serial
+        self.name = f"loader-{serial}"
+        self.file: str | None = None
+        self.line: int | None = None
+        self.function: str | None = None
+        self.site_kind = "unknown"  # "constructed" | "first_iterated" | "unknown"
+        self.settings: dict[str, Any] = {}
+        self.c: list[int] = [0] * N_COUNTERS
+        self.per_worker: list[int] = []
+        self.iters: dict[int, _IterState] = {}
+        self.alive = True
+        self.tracked = False  # a weak reference to the DataLoader tells when it dies
+        self.dead_ns: int | None = None
+        self.created_ns = time.monotonic_ns()
+
+
+class _IterState:
+    """Per-iterator state, preallocated when the iterator is built; the hot path only adds."""
+
+    __slots__ = (
+        "__weakref__",
+        "bs",
+        "c",
+        "in_epoch",
+        "key",
+        "last_ret",
+        "loader",
+        "mode",
+        "per_worker",
+        "pids",
+        "serial",
+        "wref",
+    )
+
+    def __init__(self, loader: _LoaderState, serial: int, key: int, batch_size: int | None) -> None:
+        self.loader = loader
+        self.c = loader.c
+        self.per_worker = loader.per_worker
+        self.serial = serial
+        self.key = key  # id(iterator), the key torch uses for its worker-pid table
+        self.last_ret = 0
+        self.in_epoch = False
+        self.mode = M_PROBE
+        self.bs = batch_size if batch_size is not None else 1
+        self.pids: tuple[int, ...] = ()
+        self.wref: weakref.ref[Any] | None = None
+
+
+class _Registry:
+    """Everything the hooks record; read by the serving thread."""
+
+    def __init__(self) -> None:
+        self.loaders: dict[int, _LoaderState] = {}  # serial -> state, in creation order
+        self.by_loader_id: dict[int, _LoaderState] = {}  # id(DataLoader) -> state, while it lives
+        self.loader_refs: dict[int, weakref.ref[Any]] = {}
+        self.by_key: dict[int, _IterState] = {}  # id(iterator) -> state, while it has worker pids
+        self.deaths: list[dict[str, Any]] = []
+        self.dead_pids: dict[int, dict[str, Any]] = {}
+        self.next_serial = 1
+        self.next_iter_serial = 1
+        self.hooks: dict[str, bool] = {}
+        self.degraded: dict[str, str] = {}
+        self.num_threads: int | None = None
+        self.num_threads_ns: int | None = None
+        self.patched = False
+        self.torch_dir: str | None = None
+        self.lock = threading.Lock()  # only for creating loaders; never taken on the hot path
+
+
+R = _Registry()
+
+_AGENT_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _fail(hook: str, exc: BaseException | str) -> None:
+    reason = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
+    R.hooks[hook] = False
+    R.degraded[hook] = reason[:300]
+
+
+def _ok(hook: str) -> None:
+    R.hooks[hook] = True
+    R.degraded.pop(hook, None)
+
+
+# ---------------------------------------------------------------------------------------------
+# the import hook
+
+
+class _PatchingLoader:
+    """Wraps the real loader of torch.utils.data.dataloader; patches after the module executes."""
+
+    def __init__(self, real: Any) -> None:
+        self._dlmon_real = real
+
+    def create_module(self, spec: Any) -> Any:
+        create = getattr(self._dlmon_real, "create_module", None)
+        return create(spec) if create is not None else None
+
+    def exec_module(self, module: ModuleType) -> None:
+        real = self._dlmon_real
+        try:  # the module sees its real loader (inspect, linecache, torch.package)
+            module.__loader__ = real
+            if module.__spec__ is not None:
+                module.__spec__.loader = real
+        except Exception:
+            pass
+        real.exec_module(module)
+        on_dataloader_imported(module)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._dlmon_real, name)
+
+
+class _PostImportFinder:
+    """A ``sys.meta_path`` finder that only answers for torch.utils.data.dataloader."""
+
+    def __init__(self) -> None:
+        self._busy = threading.local()
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None) -> Any:
+        if fullname != DATALOADER_MODULE or getattr(self._busy, "on", False):
+            return None
+        self._busy.on = True
+        try:
+            for finder in list(sys.meta_path):
+                if finder is self:
+                    continue
+                find = getattr(finder, "find_spec", None)
+                if find is None:
+                    continue
+                spec = find(fullname, path, target)
+                if spec is None:
+                    continue
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _PatchingLoader(spec.loader)
+                else:
+                    _fail("import_hook", "torch.utils.data.dataloader has a loader without exec_module")
+                return spec
+            return None
+        except Exception as exc:
+            _fail("import_hook", exc)
+            return None
+        finally:
+            self._busy.on = False
+
+
+_finder: _PostImportFinder | None = None
+
+
+def install() -> None:
+    """Patch now if torch.utils.data is imported, else arrange to patch when it is."""
+    global _finder
+    if R.patched:
+        return
+    mod = sys.modules.get(DATALOADER_MODULE)
+    if mod is not None and getattr(mod, "_BaseDataLoaderIter", None) is not None:
+        on_dataloader_imported(mod)
+        return
+    if _finder is None:
+        _finder = _PostImportFinder()
+        sys.meta_path.insert(0, _finder)
+
+
+def _remove_finder() -> None:
+    global _finder
+    if _finder is not None:
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(_finder)
+        _finder = None
+
+
+def on_dataloader_imported(module: ModuleType) -> None:
+    """Install every hook; each one that fails is listed in ``degraded`` and left out."""
+    try:
+        if R.patched:
+            return
+        R.patched = True
+        _remove_finder()
+        torch_mod = sys.modules.get("torch")
+        tfile = getattr(torch_mod, "__file__", None)
+        if isinstance(tfile, str):
+            R.torch_dir = os.path.dirname(os.path.abspath(tfile)) + os.sep
+        _patch_all(module)
+        sample_num_threads()
+    except Exception as exc:
+        _fail("install", exc)
+
+
+def _mark(fn: Any, orig: Any) -> Any:
+    fn.__dlmon_orig__ = orig
+    fn.__wrapped__ = orig
+    for attr in ("__name__", "__qualname__", "__doc__", "__module__"):
+        with contextlib.suppress(Exception):
+            setattr(fn, attr, getattr(orig, attr))
+    return fn
+
+
+def _is_ours(fn: Any) -> bool:
+    return getattr(fn, "__dlmon_orig__", None) is not None
+
+
+def _patch_all(dl: ModuleType) -> None:
+    base = getattr(dl, "_BaseDataLoaderIter", None)
+    loader_cls = getattr(dl, "DataLoader", None)
+    mp_cls = getattr(dl, "_MultiProcessingDataLoaderIter", None)
+
+    # 1. __next__: the throughput/wait counters. Without it nothing else is worth much.
+    try:
+        if base is None:
+            raise AttributeError("torch.utils.data.dataloader has no _BaseDataLoaderIter")
+        patched = 0
+        for cls in (base, *base.__subclasses__()):
+            orig = cls.__dict__.get("__next__")
+            if orig is not None and not _is_ours(orig):
+                cls.__next__ = _mark(_make_next(orig), orig)
+                patched += 1
+        if not patched:
+            raise AttributeError("no __next__ found on _BaseDataLoaderIter")
+        _ok("iter_next")
+    except Exception as exc:
+        _fail("iter_next", exc)
+
+    # 2. iterator construction: preallocated per-iterator state, the loader's settings.
+    try:
+        if base is None:
+            raise AttributeError("no _BaseDataLoaderIter")
+        targets = [c for c in base.__subclasses__() if "__init__" in c.__dict__] or [base]
+        for cls in targets:
+            orig = cls.__dict__["__init__"]
+            if not _is_ours(orig):
+                cls.__init__ = _mark(_make_iter_init(orig), orig)
+        _ok("iter_init")
+    except Exception as exc:
+        _fail("iter_init", exc)
+
+    # 3. DataLoader construction: where the user built it (file:line), for a readable name.
+    try:
+        if loader_cls is None:
+            raise AttributeError("no DataLoader")
+        orig = loader_cls.__dict__["__init__"]
+        if not _is_ours(orig):
+            loader_cls.__init__ = _mark(_make_loader_init(orig), orig)
+        _ok("loader_init")
+    except Exception as exc:
+        _fail("loader_init", exc)
+
+    # 4. worker pids: dataloader.py calls _utils.signal_handling._set_worker_pids(...) through the
+    #    module attribute, so that attribute is where it is looked up and where it is patched.
+    sh = None
+    try:
+        utils = getattr(dl, "_utils", None) or sys.modules.get("torch.utils.data._utils")
+        sh = getattr(utils, "signal_handling", None)
+        if sh is None:
+            raise AttributeError("no torch.utils.data._utils.signal_handling")
+        set_orig = sh._set_worker_pids
+        rm_orig = sh._remove_worker_pids
+        if not _is_ours(set_orig):
+            sh._set_worker_pids = _mark(_make_set_pids(set_orig), set_orig)
+        if not _is_ours(rm_orig):
+            sh._remove_worker_pids = _mark(_make_remove_pids(rm_orig), rm_orig)
+        _ok("worker_pids")
+    except Exception as exc:
+        _fail("worker_pids", f"{type(exc).__name__}: {exc}; worker pids read from iterator._workers")
+
+    # 5. batches per worker.
+    try:
+        if mp_cls is None:
+            raise AttributeError("no _MultiProcessingDataLoaderIter")
+        orig = mp_cls.__dict__.get("_process_data")
+        if orig is None:
+            raise AttributeError("no _MultiProcessingDataLoaderIter._process_data")
+        code = getattr(orig, "__code__", None)
+        if code is not None and code.co_argcount >= 3:
+            if not _is_ours(orig):
+                mp_cls._process_data = _mark(_make_process_data(orig), orig)
+            _ok("batches_per_worker")
+        else:
+            # older torch: _process_data(self, data); the worker of the next in-order batch is
+            # in _task_info[_rcvd_idx] before _next_data runs.
+            nd = mp_cls.__dict__.get("_next_data")
+            if nd is None:
+                raise AttributeError("no _process_data(self, data, worker_idx) and no _next_data")
+            if not _is_ours(nd):
+                mp_cls._next_data = _mark(_make_next_data_task_info(nd), nd)
+            _ok("batches_per_worker")
+            R.degraded["batches_per_worker"] = "derived from _task_info (in-order batches only)"
+    except Exception as exc:
+        _fail("batches_per_worker", exc)
+
+    # 6. SIGCHLD observer, chained in front of torch's handler.
+    try:
+        if sh is None:
+            raise AttributeError("no torch.utils.data._utils.signal_handling")
+        if not hasattr(os, "waitid") or not hasattr(os, "WNOWAIT"):
+            raise AttributeError("os.waitid with WNOWAIT is not available on this platform")
+        set_h = sh._set_SIGCHLD_handler
+        if not _is_ours(set_h):
+            sh._set_SIGCHLD_handler = _mark(_make_set_sigchld(set_h), set_h)
+        _ok("sigchld")
+        if getattr(sh, "_SIGCHLD_handler_set", False):  # torch's handler is already there
+            _install_sigchld_observer()
+    except Exception as exc:
+        _fail("sigchld", f"{type(exc).__name__}: {exc}; deaths found only when polled")
+
+
+# ---------------------------------------------------------------------------------------------
+# __next__
+
+
+def _make_next(orig: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    pc = _pc
+
+    def __next__(self: Any) -> Any:
+        t0 = pc()
+        st = getattr(self, "_dlmon_st", None)
+        try:
+            first = self._num_yielded == 0
+        except Exception:
+            first = st is not None and not st.in_epoch
+        try:
+            data = orig(self)
+        except StopIteration:
+            if st is not None:
+                _on_stop(st, t0, first)
+            raise
+        t1 = pc()
+        if st is None:
+            _late_attach(self, data, t0, t1, first)
+            return data
+        try:
+            c = st.c
+            if first:
+                c[4] += t1 - t0  # B_STARTUP
+                c[7] += 1  # B_EPOCHS_STARTED
+                st.in_epoch = True
+                sample_num_threads()
+            else:
+                c[2] += t1 - t0  # B_WAIT
+                lr = st.last_ret
+                if lr:
+                    c[3] += t0 - lr  # B_COMPUTE
+            st.last_ret = t1
+            c[0] += 1  # B_BATCHES
+            m = st.mode
+            try:
+                if m == 1:
+                    n = data.shape[0]
+                elif m == 2:
+                    n = data[0].shape[0]
+                elif m == 3:
+                    n = next(iter(data.values())).shape[0]
+                elif m == 4:
+                    n = st.bs
+                else:
+                    n = _probe_samples(st, data)
+            except Exception:
+                n = _probe_samples(st, data)
+            c[1] += n
+        except Exception:
+            pass
+        return data
+
+    return __next__
+
+
+def _on_stop(st: _IterState, t0: int, first: bool) -> None:
+    try:
+        t1 = _pc()
+        c = st.c
+        if st.in_epoch or first:
+            c[5] += t1 - t0  # B_END
+            lr = st.last_ret
+            if lr:
+                c[3] += t0 - lr  # the step on the last batch is compute too
+            c[6] += 1  # B_EPOCHS
+            if first and not st.in_epoch:
+                c[7] += 1  # an empty epoch started and ended here
+        st.in_epoch = False
+        st.last_ret = 0
+    except Exception:
+        pass
+
+
+def _probe_samples(st: _IterState, data: Any) -> int:
+    """Decide how to count the samples of a batch (once per iterator, again if the shape changes)."""
+    try:
+        if st.mode == M_CONST and st.bs >= 1:
+            return st.bs
+        if not st.loader.settings.get("collated", True):
+            st.mode = M_CONST
+            st.bs = 1
+            return 1
+        n = _first_dim(data)
+        if n is not None:
+            st.mode = M_SHAPE
+            return n
+        if type(data) in (tuple, list) and data:
+            n = _first_dim(data[0])
+            if n is not None:
+                st.mode = M_SEQ
+                return n
+        if isinstance(data, Mapping) and data:
+            n = _first_dim(next(iter(data.values())))
+            if n is not None:
+                st.mode = M_MAP
+                return n
+        st.mode = M_CONST
+        return st.bs
+    except Exception:
+        st.mode = M_CONST
+        return st.bs
+
+
+def _first_dim(x: Any) -> int | None:
+    shape = getattr(x, "shape", None)
+    if shape is None:
+        return None
+    try:
+        if len(shape) < 1:
+            return None
+        n = shape[0]
+    except Exception:
+        return None
+    return n if isinstance(n, int) and n >= 0 else None
+
+
+def _late_attach(it: Any, data: Any, t0: int, t1: int, first: bool) -> None:
+    """An iterator built before the hooks were installed: attach state now and count this batch."""
+    try:
+        st = _attach(it, None)
+        if st is None:
+            return
+        c = st.c
+        if first:
+            c[4] += t1 - t0
+            c[7] += 1
+        else:
+            c[2] += t1 - t0
+        st.in_epoch = True
+        st.last_ret = t1
+        c[0] += 1
+        c[1] += _probe_samples(st, data)
+    except Exception:
+        pass
+
+
+# ---------------------------------------------------------------------------------------------
+# construction: loaders and iterators
+
+
+def _make_loader_init(orig: Callable[..., None]) -> Callable[..., None]:
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        orig(self, *args, **kwargs)
+        with contextlib.suppress(Exception):
+            _loader_constructed(self)
+
+    return __init__
+
+
+def _make_iter_init(orig: Callable[..., None]) -> Callable[..., None]:
+    def __init__(self: Any, loader: Any, *args: Any, **kwargs: Any) -> None:
+        st: _IterState | None = None
+        with contextlib.suppress(Exception):
+            st = _attach(self, loader)
+        try:
+            orig(self, loader, *args, **kwargs)
+        finally:
+            if st is not None:
+                with contextlib.suppress(Exception):
+                    _iter_constructed(self, st)
+
+    return __init__
+
+
+def _user_site(skip_self: Any = None) -> tuple[str | None, int | None, str | None]:
+    """The first frame outside torch and dlmon (and outside __init__ of the object being built)."""
+    try:
+        f: FrameType | None = sys._getframe(2)
+    except Exception:
+        return None, None, None
+    tdir = R.torch_dir
+    depth = 0
+    while f is not None and depth < 64:
+        depth += 1
+        fn = f.f_code.co_filename
+        inside = fn.startswith(_AGENT_DIR) or (tdir is not None and fn.startswith(tdir))
+        if not inside and skip_self is not None and f.f_code.co_name == "__init__":
+            with contextlib.suppress(Exception):
+                inside = f.f_locals.get("self") is skip_self  # a DataLoader subclass's __init__
+        if not inside:
+            return fn, f.f_lineno, f.f_code.co_name
+        f = f.f_back
+    return None, None, None
+
+
+def _new_loader_state() -> _LoaderState:
+    with R.lock:
+        serial = R.next_serial
+        R.next_serial += 1
+        ls = _LoaderState(serial)
+        R.loaders[serial] = ls
+    prune_loaders()
+    return ls
+
+
+def _set_site(ls: _LoaderState, site: tuple[str | None, int | None, str | None], kind: str) -> None:
+    fn, line, func = site
+    if fn is None:
+        return
+    ls.file = fn
+    ls.line = line
+    ls.function = func
+    ls.site_kind = kind
+    base = os.path.basename(fn) if not fn.startswith("<") else fn
+    ls.name = f"{base}:{line}"
+
+
+def _loader_died(serial: int, key: int) -> Callable[[Any], None]:
+    def cb(_ref: Any) -> None:
+        try:
+            ls = R.loaders.get(serial)
+            if ls is not None:
+                ls.alive = False
+                ls.dead_ns = time.monotonic_ns()
+            if R.by_loader_id.get(key) is ls:
+                R.by_loader_id.pop(key, None)
+            R.loader_refs.pop(key, None)
+        except Exception:
+            pass
+
+    return cb
+
+
+def _loader_constructed(loader: Any) -> _LoaderState:
+    key = id(loader)
+    ls = R.by_loader_id.get(key)
+    ref = R.loader_refs.get(key)
+    if ls is None or ref is None or ref() is not loader:
+        ls = _new_loader_state()
+        try:
+            R.loader_refs[key] = weakref.ref(loader, _loader_died(ls.serial, key))
+            R.by_loader_id[key] = ls
+            ls.tracked = True
+        except TypeError:  # not weak-referenceable: it is not tracked across iterators
+            pass
+        _set_site(ls, _user_site(loader), "constructed")
+    _read_loader_settings(ls, loader)
+    return ls
+
+
+def _loader_state_for(loader: Any) -> _LoaderState:
+    key = id(loader)
+    ls = R.by_loader_id.get(key)
+    ref = R.loader_refs.get(key)
+    if ls is not None and ref is not None and ref() is loader:
+        return ls
+    ls = _loader_constructed(loader)  # built before the hooks: name it where it is first iterated
+    if ls.site_kind == "constructed":
+        ls.site_kind = "first_iterated"
+    return ls
+
+
+def _mp_context_name(ctx: Any) -> str | None:
+    try:
+        if ctx is not None:
+            name = ctx.get_start_method() if hasattr(ctx, "get_start_method") else None
+            return str(name) if name is not None else None
+        mp = sys.modules.get("multiprocessing")
+        if mp is None:
+            return None
+        name = mp.get_start_method(allow_none=True)  # never fixes the start method as a side effect
+        if name is None:
+            default = getattr(getattr(mp, "context", None), "_default_context", None)
+            name = getattr(getattr(default, "_default_context", None), "_name", None)
+        return str(name) if name is not None else None
+    except Exception:
+        return None
+
+
+def _read_loader_settings(ls: _LoaderState, loader: Any) -> None:
+    s: dict[str, Any] = {}
+
+    def get(attr: str) -> Any:
+        try:
+            return getattr(loader, attr)
+        except Exception:
+            return None
+
+    nw = get("num_workers")
+    s["num_workers"] = nw if isinstance(nw, int) else None
+    bs = get("batch_size")
+    s["batch_size"] = bs if isinstance(bs, int) else None
+    pf = get("prefetch_factor")
+    s["prefetch_factor"] = pf if isinstance(pf, int) else None
+    for attr in ("pin_memory", "persistent_workers", "drop_last"):
+        v = get(attr)
+        s[attr] = bool(v) if v is not None else None
+    to = get("timeout")
+    s["timeout"] = float(to) if isinstance(to, (int, float)) else None
+    s["multiprocessing_context"] = _mp_context_name(get("multiprocessing_context")) if nw else None
+    bsamp = get("batch_sampler")
+    s["collated"] = bsamp is not None
+    kind = get("_dataset_kind")
+    s["dataset_kind"] = {0: "map", 1: "iterable"}.get(kind) if isinstance(kind, int) else None
+    ds = get("dataset")
+    s["dataset"] = type(ds).__name__ if ds is not None else None
+    ls.settings = s
+    if isinstance(nw, int) and nw > len(ls.per_worker):
+        ls.per_worker.extend([0] * (nw - len(ls.per_worker)))
+
+
+def _attach(it: Any, loader: Any) -> _IterState | None:
+    """Create the iterator's preallocated state (loader None: the iterator predates the hooks)."""
+    if loader is not None:
+        ls = _loader_state_for(loader)
+        _read_loader_settings(ls, loader)  # num_workers etc. may have been changed since
+    else:
+        ls = _new_loader_state()
+        _set_site(ls, _user_site(), "first_iterated")
+        _read_iter_settings(ls, it)
+    with R.lock:
+        serial = R.next_iter_serial
+        R.next_iter_serial += 1
+    st = _IterState(ls, serial, id(it), ls.settings.get("batch_size"))
+    if not ls.settings.get("collated", True):
+        st.mode = M_CONST
+        st.bs = 1
+    with contextlib.suppress(TypeError):
+        st.wref = weakref.ref(it, _iter_died(ls.serial, serial, id(it)))
+    ls.iters[serial] = st
+    if ls.settings.get("num_workers"):
+        R.by_key[id(it)] = st  # so _set_worker_pids(id(it), ...) finds it
+    it._dlmon_st = st
+    if loader is None:
+        _iter_constructed(it, st)
+    return st
+
+
+def _read_iter_settings(ls: _LoaderState, it: Any) -> None:
+    s: dict[str, Any] = {}
+    nw = getattr(it, "_num_workers", None)
+    s["num_workers"] = nw if isinstance(nw, int) else None
+    bs = getattr(getattr(it, "_index_sampler", None), "batch_size", None)
+    s["batch_size"] = bs if isinstance(bs, int) else None
+    pf = getattr(it, "_prefetch_factor", None)
+    s["prefetch_factor"] = pf if isinstance(pf, int) else None
+    s["pin_memory"] = bool(getattr(it, "_pin_memory", False))
+    s["persistent_workers"] = bool(getattr(it, "_persistent_workers", False))
+    s["drop_last"] = getattr(it, "_drop_last", None)
+    s["timeout"] = getattr(it, "_timeout", None)
+    s["multiprocessing_context"] = None
+    s["collated"] = bool(getattr(it, "_auto_collation", True))
+    s["dataset_kind"] = None
+    ds = getattr(it, "_dataset", None)
+    s["dataset"] = type(ds).__name__ if ds is not None else None
+    ls.settings = s
+    if isinstance(nw, int) and nw > len(ls.per_worker):
+        ls.per_worker.extend([0] * (nw - len(ls.per_worker)))
+
+
+def _iter_constructed(it: Any, st: _IterState) -> None:
+    """After the iterator's __init__: fall back to _workers for pids; drop the pid-table entry if none."""
+    if not st.pids:
+        workers = getattr(it, "_workers", None)
+        if workers and R.hooks.get("worker_pids") is not True:
+            pids = tuple(int(w.pid) for w in workers if getattr(w, "pid", None))
+            st.pids = pids
+            if pids:
+                R.by_key[st.key] = st
+    if not st.pids and R.by_key.get(st.key) is st:
+        R.by_key.pop(st.key, None)
+    eff = getattr(it, "_pin_memory", None)
+    if eff is not None:
+        st.loader.settings["pin_memory_effective"] = bool(eff)
+    sample_num_threads()
+
+
+def _iter_died(loader_serial: int, serial: int, key: int) -> Callable[[Any], None]:
+    def cb(_ref: Any) -> None:
+        try:
+            ls = R.loaders.get(loader_serial)
+            st = ls.iters.pop(serial, None) if ls is not None else None
+            if st is not None and R.by_key.get(key) is st:
+                R.by_key.pop(key, None)
+            if ls is not None and not ls.tracked and not ls.iters:
+                ls.alive = False  # known only through its iterators, and the last one is gone
+                ls.dead_ns = time.monotonic_ns()
+        except Exception:
+            pass
+
+    return cb
+
+
+def prune_loaders() -> None:
+    """Forget loaders that died long ago (or too many dead ones); live ones are always kept."""
+    try:
+        loaders = list(R.loaders.values())
+        if len(loaders) <= MAX_DEAD_LOADERS:
+            return
+        now = time.monotonic_ns()
+        dead = [ls for ls in loaders if not ls.alive and not ls.iters]
+        excess = max(0, len(dead) - MAX_DEAD_LOADERS, len(loaders) - MAX_LOADERS)
+        for i, ls in enumerate(dead):
+            if i < excess or (ls.dead_ns is not None and now - ls.dead_ns > DEAD_LOADER_KEEP_NS):
+                R.loaders.pop(ls.serial, None)
+    except Exception:
+        pass
+
+
+# ---------------------------------------------------------------------------------------------
+# worker pids, batches per worker
+
+
+def _make_set_pids(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def _set_worker_pids(key: Any, pids: Any, *args: Any, **kwargs: Any) -> Any:
+        result = orig(key, pids, *args, **kwargs)
+        try:
+            st = R.by_key.get(key)
+            if st is not None:
+                st.pids = tuple(int(p) for p in pids)
+        except Exception:
+            pass
+        return result
+
+    return _set_worker_pids
+
+
+def _make_remove_pids(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def _remove_worker_pids(key: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            st = R.by_key.pop(key, None)
+            if st is not None:
+                st.pids = ()
+        except Exception:
+            pass
+        return orig(key, *args, **kwargs)
+
+    return _remove_worker_pids
+
+
+def _make_process_data(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def _process_data(self: Any, data: Any, worker_idx: Any, *args: Any, **kwargs: Any) -> Any:
+        try:  # noqa: SIM105 -- hot path: a with-block costs more than a try
+            self._dlmon_st.per_worker[worker_idx] += 1
+        except Exception:
+            pass
+        return orig(self, data, worker_idx, *args, **kwargs)
+
+    return _process_data
+
+
+def _make_next_data_task_info(orig: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def _next_data(self: Any) -> Any:
+        wid = None
+        try:
+            if getattr(self, "_in_order", True):
+                info = self._task_info.get(self._rcvd_idx)
+                if info:
+                    wid = info[0]
+        except Exception:
+            pass
+        data = orig(self)
+        if wid is not None:
+            try:  # noqa: SIM105 -- hot path
+                self._dlmon_st.per_worker[wid] += 1
+            except Exception:
+                pass
+        return data
+
+    return _next_data
+
+
+# ---------------------------------------------------------------------------------------------
+# worker deaths
+
+
+def _make_set_sigchld(orig: Callable[[], Any]) -> Callable[[], Any]:
+    def _set_SIGCHLD_handler() -> Any:
+        result = orig()
+        try:
+            _install_sigchld_observer()
+        except Exception as exc:
+            _fail("sigchld", exc)
+        return result
+
+    return _set_SIGCHLD_handler
+
+
+def _install_sigchld_observer() -> None:
+    """Put an observer in front of the current SIGCHLD handler (torch's); it chains to it."""
+    if threading.current_thread() is not threading.main_thread():
+        R.degraded["sigchld"] = "handler not installed (not the main thread); deaths found when polled"
+        return
+    prev = signal.getsignal(signal.SIGCHLD)
+    if getattr(prev, "__dlmon_observer__", False):
+        return
+
+    def observer(signum: int, frame: FrameType | None) -> Any:
+        with contextlib.suppress(Exception):
+            scan_worker_deaths()
+        if callable(prev):
+            return prev(signum, frame)  # torch's handler: raises "DataLoader worker ... is killed"
+        return None
+
+    observer.__dlmon_observer__ = True  # type: ignore[attr-defined]
+    signal.signal(signal.SIGCHLD, observer)
+    _ok("sigchld")
+
+
+def scan_worker_deaths() -> None:
+    """Record dead worker processes without reaping them (waitid WNOWAIT): torch still sees them."""
+    for st in list(R.by_key.values()):
+        pids = st.pids
+        for worker_id, pid in enumerate(pids):
+            if pid in R.dead_pids:
+                continue
+            try:
+                res = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except (ChildProcessError, OSError):
+                continue
+            if res is None or res.si_pid == 0:
+                continue
+            code = res.si_code
+            sig: int | None = None
+            exit_code: int | None = None
+            if code in (os.CLD_KILLED, os.CLD_DUMPED):
+                sig = res.si_status
+            elif code == os.CLD_EXITED:
+                exit_code = res.si_status
+                if exit_code == 0:
+                    continue  # a normal shutdown, not a death
+            else:
+                continue
+            rec: dict[str, Any] = {
+                "pid": pid,
+                "worker_id": worker_id,
+                "loader_id": st.loader.serial,
+                "iterator_id": st.serial,
+                "signal": sig,
+                "signal_name": _signal_name(sig),
+                "exit_code": exit_code,
+                "core_dumped": code == os.CLD_DUMPED,
+                "time_ns": time.monotonic_ns(),
+                "unix_time": time.time(),
+            }
+            if R.dead_pids.setdefault(pid, rec) is rec:
+                R.deaths.append(rec)
+                if len(R.deaths) > MAX_DEATHS:
+                    del R.deaths[: len(R.deaths) - MAX_DEATHS]
+                if len(R.dead_pids) > 4 * MAX_DEATHS:
+                    R.dead_pids.clear()
+                    R.dead_pids.update({int(d["pid"]): d for d in R.deaths})
+
+
+def _signal_name(sig: int | None) -> str | None:
+    if sig is None:
+        return None
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# torch intra-op threads
+
+
+def sample_num_threads() -> None:
+    """torch.get_num_threads() read in the calling thread (OpenMP's value is per thread).
+
+    Called from the training thread at iterator creation and at each epoch start, never from the
+    serving thread, whose own OpenMP setting would be the wrong one.
+    """
+    try:
+        torch_mod = sys.modules.get("torch")
+        get = getattr(torch_mod, "get_num_threads", None)
+        if get is None:
+            return
+        n = get()
+        if isinstance(n, int):
+            R.num_threads = n
+            R.num_threads_ns = time.monotonic_ns()
+    except Exception:
+        pass
