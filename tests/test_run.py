@@ -165,3 +165,45 @@ def test_demo_headless_runs_the_bundled_training(tmp_path: Path) -> None:
     assert "scenario healthy, 2 workers" in result.stdout
     snapshots = [json.loads(line) for line in out.read_text().splitlines()][:-1]
     assert max(sum(p["role"] == "worker" for p in s["processes"]) for s in snapshots) == 2
+
+
+@pytest.mark.slow
+def test_run_records_the_loaders_seen_from_inside(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    script = tmp_path / "train.py"
+    script.write_text(
+        """
+import time, torch
+from torch.utils.data import DataLoader, Dataset
+
+class Slow(Dataset):
+    def __len__(self): return 10_000
+    def __getitem__(self, i):
+        time.sleep(0.002)
+        return torch.zeros(8)
+
+loader = DataLoader(Slow(), batch_size=8, num_workers=2, persistent_workers=True)
+end = time.monotonic() + 4
+while time.monotonic() < end:
+    for batch in loader:
+        time.sleep(0.004)  # the "training step"
+        if time.monotonic() >= end:
+            break
+"""
+    )
+    out = tmp_path / "rec.jsonl"
+    result = subprocess.run(
+        dlmon_cmd("run", "--headless", "--interval", "0.5", "--record", str(out), str(script)), timeout=120
+    )
+    assert result.returncode == 0
+    snapshots = [json.loads(line) for line in out.read_text().splitlines()][:-1]
+    with_loader = [s for s in snapshots if s["loaders"] and s["loaders"][0]["batches_per_s"]]
+    assert len(with_loader) >= 3
+    loader = with_loader[-1]["loaders"][0]
+    assert loader["name"].endswith("train.py:11") and loader["num_workers"] == 2 and loader["batch_size"] == 8
+    # two workers x 8 samples x 2 ms = 8 ms per batch in parallel vs 4 ms of step: input-bound
+    assert 40 < loader["batches_per_s"] < 200
+    assert 0.2 < loader["data_wait_fraction"] < 0.9
+    workers = {p["pid"]: p for p in with_loader[-1]["processes"] if p["role"] == "worker"}
+    assert set(workers) == set(loader["worker_pids"])
+    assert sorted(p["worker_id"] for p in workers.values()) == [0, 1]

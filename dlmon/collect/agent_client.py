@@ -24,7 +24,7 @@ from types import MappingProxyType
 from typing import Any
 
 from dlmon.agent._paths import candidate_socket_paths
-from dlmon.model.snapshot import GpuDevice, LoaderSample, PinnedMemory
+from dlmon.model.snapshot import GpuDevice, LoaderSample, PinnedMemory, WorkerDeath
 
 REQUEST = b'{"get": "counters"}\n'
 MAX_REPLY = 4 * 1024 * 1024
@@ -46,18 +46,6 @@ class TorchDeviceMemory:
     allocated_bytes: int | None
     reserved_bytes: int | None
     peak_allocated_bytes: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerDeath:
-    pid: int
-    reported_by: int  # the training process whose worker it was
-    worker_id: int | None
-    loader_id: str | None  # LoaderSample.id
-    signal: int | None
-    signal_name: str | None
-    exit_code: int | None
-    unix_time: float | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,7 +277,7 @@ class AgentClient:
                             signal=_int(d.get("signal")),
                             signal_name=_str(d.get("signal_name")),
                             exit_code=_int(d.get("exit_code")),
-                            unix_time=float(ut) if isinstance(ut, (int, float)) else None,
+                            time=float(ut) if isinstance(ut, (int, float)) else None,
                         )
                     )
             nt = _int(r.get("num_threads"))
@@ -346,6 +334,10 @@ class AgentClient:
             data_wait_fraction=frac,
             worker_pids=_int_tuple(wl.get("worker_pids")),
             batches_per_worker=_int_tuple(wl.get("batches_per_worker")),
+            samples_total=_int(wl.get("samples_total")),
+            epochs=_int(wl.get("epochs")),
+            multiprocessing_context=_str(wl.get("multiprocessing_context")),
+            alive=wl.get("alive") is not False,
         )
         detail = LoaderDetail(
             id=lid,

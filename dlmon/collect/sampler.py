@@ -6,6 +6,7 @@ import socket
 import time
 from collections.abc import Callable
 
+from dlmon.collect.agent_client import AgentClient, AgentReading, merge_torch_memory
 from dlmon.collect.cgroup import CgroupMemoryReader
 from dlmon.collect.disks import DiskStatsReader
 from dlmon.collect.gpu import GpuCollector
@@ -43,6 +44,7 @@ class Sampler:
         unlimited_smaps: bool = False,
         gpu: GpuCollector | None = None,
         exit_code: ExitCodeProvider | None = None,
+        agent: AgentClient | None = None,
         proc_root: str = "/proc",
         sys_root: str = "/sys",
     ) -> None:
@@ -61,6 +63,7 @@ class Sampler:
         self._cgroup = CgroupMemoryReader(pid, proc_root=proc_root)
         self._disks = DiskStatsReader(proc_root=proc_root, sys_root=sys_root)
         self._gpu = gpu if gpu is not None else GpuCollector()
+        self._agent = agent if agent is not None else AgentClient()
         self._exit_code = exit_code
         self._last_time: float | None = None
 
@@ -73,6 +76,13 @@ class Sampler:
         alive = target_state is not None and target_state not in ("Z", "X")
         gpu_status, gpus = self._gpu.sample()
         processes = _with_gpu_memory(processes, gpus)
+        # Agents serve in the trainer and its Python children (ranks), never in workers.
+        reading = self._agent.poll(
+            [p.pid for p in processes if p.role != "worker" and p.state not in ("Z", "X")]
+        )
+        if reading is not None:
+            processes = _with_agent_identity(processes, reading)
+            gpus = merge_torch_memory(gpus, reading)
         meminfo = read_meminfo(self.proc_root)
         cgroup = self._cgroup.read()
         rss = [p.rss_bytes for p in processes if p.rss_bytes is not None]
@@ -119,6 +129,9 @@ class Sampler:
             disks=self._disks.sample(now),
             pressure=read_pressure(f"{self.proc_root}/pressure"),
             cgroup=cgroup,
+            loaders=reading.loaders if reading else (),
+            pinned=reading.pinned if reading else None,
+            worker_deaths=reading.worker_deaths if reading else (),
         )
         if self._last_time is not None:
             cheap_cpu = time.thread_time() - cpu_start - self.processes.smaps_cpu_last_tick
@@ -145,3 +158,26 @@ def _with_gpu_memory(
     from dataclasses import replace
 
     return tuple(replace(p, gpu_memory_bytes=used[p.pid]) if p.pid in used else p for p in processes)
+
+
+def _with_agent_identity(
+    processes: tuple[ProcessSample, ...], reading: AgentReading
+) -> tuple[ProcessSample, ...]:
+    """Worker ids from the loaders' worker pid lists (in worker-id order); torch threads per process.
+
+    A pid the agent lists as a worker is a worker even before it renamed itself.
+    """
+    from dataclasses import replace
+
+    worker_ids = {pid: index for loader in reading.loaders for index, pid in enumerate(loader.worker_pids)}
+    threads = reading.num_threads
+    if not worker_ids and not threads:
+        return processes
+    out = []
+    for p in processes:
+        if p.pid in worker_ids:
+            p = replace(p, worker_id=worker_ids[p.pid], role="worker")
+        if p.pid in threads:
+            p = replace(p, torch_threads=threads[p.pid])
+        out.append(p)
+    return tuple(out)

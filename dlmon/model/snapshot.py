@@ -55,6 +55,7 @@ class ProcessSample:
     nonvoluntary_ctxt_switches_per_s: float | None = None
     num_fds: int | None = None
     gpu_memory_bytes: int | None = None
+    torch_threads: int | None = None  # torch.get_num_threads() in this process, from the agent
     unavailable: Mapping[str, str] = field(
         default_factory=lambda: _EMPTY
     )  # group ("io", "smaps", ...) -> reason
@@ -176,8 +177,12 @@ class LoaderSample:
     batches_per_s: float | None = None
     samples_per_s: float | None = None
     data_wait_fraction: float | None = None
-    worker_pids: tuple[int, ...] = ()
+    worker_pids: tuple[int, ...] = ()  # current workers, in worker-id order
     batches_per_worker: tuple[int, ...] = ()
+    samples_total: int | None = None
+    epochs: int | None = None  # epochs finished (iterators run to StopIteration)
+    multiprocessing_context: str | None = None  # fork, spawn, forkserver
+    alive: bool = True  # False once the DataLoader object was garbage-collected
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,10 +197,12 @@ class WorkerDeath:
 
     pid: int
     worker_id: int | None
-    loader_id: str | None
+    loader_id: str | None  # LoaderSample.id
     signal: int | None  # e.g. 9 for SIGKILL, 7 for SIGBUS
     exit_code: int | None
-    time: float  # Unix time
+    time: float | None  # Unix time
+    signal_name: str | None = None  # "SIGKILL"
+    reported_by: int | None = None  # the training process whose worker it was
 
 
 @dataclass(frozen=True, slots=True)
