@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -56,7 +55,9 @@ def test_script_mode_uses_this_python_and_passes_output_and_args_through(tmp_pat
 def test_the_agent_is_on_the_trainings_path(tmp_path: Path) -> None:
     script = tmp_path / "probe.py"
     script.write_text("import sys\nprint('agent' if 'dlmon.agent' in sys.modules else 'none')\n")
-    result = subprocess.run(dlmon_cmd("run", "--headless", str(script)), capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        dlmon_cmd("run", "--headless", str(script)), capture_output=True, text=True, timeout=60
+    )
     assert result.stdout.strip() == "agent", result.stderr
 
 
@@ -122,7 +123,10 @@ def test_training_survives_dlmon_being_sigkilled(tmp_path: Path) -> None:
         f"time.sleep(1.5)\nopen({str(marker)!r}, 'w').write('alive')\n"
     )
     dl = subprocess.Popen(
-        dlmon_cmd("run", "--headless", str(script)), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+        dlmon_cmd("run", "--headless", str(script)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
     )
     assert dl.stdout is not None
     training_pid = int(dl.stdout.readline())
@@ -156,7 +160,18 @@ def test_demo_headless_runs_the_bundled_training(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     out = tmp_path / "demo.jsonl"
     result = subprocess.run(
-        dlmon_cmd("demo", "--headless", "--workers", "2", "--duration", "4", "--interval", "0.5", "--record", str(out)),
+        dlmon_cmd(
+            "demo",
+            "--headless",
+            "--workers",
+            "2",
+            "--duration",
+            "4",
+            "--interval",
+            "0.5",
+            "--record",
+            str(out),
+        ),
         capture_output=True,
         text=True,
         timeout=120,
@@ -207,3 +222,47 @@ while time.monotonic() < end:
     workers = {p["pid"]: p for p in with_loader[-1]["processes"] if p["role"] == "worker"}
     assert set(workers) == set(loader["worker_pids"])
     assert sorted(p["worker_id"] for p in workers.values()) == [0, 1]
+
+
+@pytest.mark.slow
+def test_torchrun_ranks_each_show_up_with_their_own_workers(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    script = tmp_path / "ddp.py"
+    script.write_text(
+        """
+import os, time, torch, torch.distributed as dist
+from torch.utils.data import DataLoader, TensorDataset
+dist.init_process_group("gloo")
+data = TensorDataset(torch.zeros(100_000, 4))
+loader = DataLoader(data, batch_size=16, num_workers=1, persistent_workers=True)
+end = time.monotonic() + 5
+while time.monotonic() < end:
+    for (batch,) in loader:
+        time.sleep(0.002)
+        if time.monotonic() >= end:
+            break
+dist.destroy_process_group()
+"""
+    )
+    out = tmp_path / "rec.jsonl"
+    cmd = dlmon_cmd("run", "--headless", "--interval", "0.5", "--record", str(out), "--")
+    cmd += [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        "29517",
+        str(script),
+    ]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr[-2000:]
+    snapshots = [json.loads(line) for line in out.read_text().splitlines()][:-1]
+    best = max(snapshots, key=lambda s: len(s["loaders"]))
+    assert len(best["loaders"]) == 2
+    rank_pids = {loader["pid"] for loader in best["loaders"]}
+    assert len(rank_pids) == 2 and best["target"]["pid"] not in rank_pids  # torchrun is the target
+    workers = [p for p in best["processes"] if p["role"] == "worker"]
+    assert {p["ppid"] for p in workers} == rank_pids  # one worker under each rank
+    assert all(p["worker_id"] == 0 for p in workers)
