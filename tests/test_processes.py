@@ -286,3 +286,39 @@ def test_other_users_process_gives_reasons_not_crashes(spawn: Spawn) -> None:
     assert pss is None and read_bytes is None
     assert unavailable["smaps"] == "permission denied"
     assert unavailable["io"] == "permission denied"
+
+
+def test_copy_on_read_growth_is_refreshed_promptly_under_the_budget(spawn: Spawn) -> None:
+    """RSS stays flat while a forked child copies shared pages; its faults make dlmon re-read PSS
+    within seconds, not at the 10 s steady refresh."""
+    proc = spawn(
+        """
+        import os, sys, time
+        shared = bytearray(96 * 1024 * 1024)
+        for i in range(0, len(shared), 4096):
+            shared[i] = 1
+        if os.fork() == 0:
+            time.sleep(1.5)
+            for i in range(0, len(shared), 4096):   # ~24 MiB/s of copy-on-write, RSS unchanged
+                shared[i] = 2
+                if i % (1024 * 4096) == 0:
+                    time.sleep(0.04)
+            time.sleep(120)
+            os._exit(0)
+        print("READY", flush=True)
+        time.sleep(120)
+        """
+    )
+    tracker = ProcessTracker(proc.pid)  # the default budget, not unlimited
+    first = {s.pid: s for s in tracker.sample()}
+    child_pid = next(pid for pid in first if pid != proc.pid)
+    start_uss = first[child_pid].uss_bytes
+    assert start_uss is not None and start_uss < 8 * MiB
+    end = time.monotonic() + 4.5
+    while time.monotonic() < end:
+        time.sleep(0.5)
+        child = next(s for s in tracker.sample() if s.pid == child_pid)
+    assert child.rss_bytes is not None and first[child_pid].rss_bytes is not None
+    assert abs(child.rss_bytes - first[child_pid].rss_bytes) < 4 * MiB  # RSS is blind to it
+    assert child.uss_bytes is not None and child.uss_bytes > start_uss + 32 * MiB
+    assert child.pss_age_s is not None and child.pss_age_s <= 2.0  # moved: due after 1 s; ticks 0.5 s

@@ -75,3 +75,13 @@ def test_unlimited_reads_everything_every_time() -> None:
     budget.charge(100.0)
     assert budget.can_spend()
     assert [c.key for c in budget.order([fresh], now=10.0)] == ["fresh"]
+
+
+def test_copy_on_read_faults_count_as_movement_although_rss_is_flat() -> None:
+    """A forked worker copying shared pages keeps its RSS; its minor faults give it away."""
+    budget = SmapsBudget(BudgetPolicy())
+    flat = SmapsCandidate("flat", 500 * MiB, last_read=8.0, rss_at_last_read=500 * MiB)
+    copying = SmapsCandidate(
+        "copying", 500 * MiB, last_read=8.0, rss_at_last_read=500 * MiB, faulted_bytes_since_read=40 * MiB
+    )
+    assert [c.key for c in budget.order([flat, copying], now=10.0)] == ["copying"]

@@ -66,6 +66,7 @@ class _Tracked:
     smaps: SmapsValues | None = None
     smaps_time: float | None = None
     rss_at_smaps: int | None = None
+    faults_at_smaps: int | None = None
     smaps_denied: str | None = None
     unavailable: dict[str, str] = field(default_factory=dict)
 
@@ -212,7 +213,17 @@ class ProcessTracker:
         self.smaps_reads_last_tick = []
         self.smaps_cpu_last_tick = 0.0
         candidates = [
-            SmapsCandidate(identity, stat.rss_pages * PAGE_SIZE, tracked.smaps_time, tracked.rss_at_smaps)
+            SmapsCandidate(
+                identity,
+                stat.rss_pages * PAGE_SIZE,
+                tracked.smaps_time,
+                tracked.rss_at_smaps,
+                faulted_bytes_since_read=(
+                    0
+                    if tracked.faults_at_smaps is None
+                    else (stat.minor_faults - tracked.faults_at_smaps) * PAGE_SIZE
+                ),
+            )
             for identity, (tracked, stat, _status) in rows.items()
             if stat.state not in ("Z", "X") and tracked.smaps_denied is None
         ]
@@ -234,6 +245,7 @@ class ProcessTracker:
                 self.smaps_cpu_last_tick += spent
             tracked.smaps_time = now
             tracked.rss_at_smaps = candidate.rss_bytes
+            tracked.faults_at_smaps = rows[candidate.key][1].minor_faults  # type: ignore[index]
             self.smaps_reads_last_tick.append(candidate.key)  # type: ignore[arg-type]
 
     def _build(

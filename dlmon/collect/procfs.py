@@ -33,6 +33,7 @@ class StatFields:
     comm: str
     state: str
     ppid: int
+    minor_faults: int  # minflt: every copy-on-write break and first touch of a page counts one
     utime_ticks: int
     stime_ticks: int
     num_threads: int
@@ -49,6 +50,7 @@ def parse_stat(raw: bytes) -> StatFields:
         comm=comm,
         state=rest[0].decode(),
         ppid=int(rest[1]),
+        minor_faults=int(rest[7]),
         utime_ticks=int(rest[11]),
         stime_ticks=int(rest[12]),
         num_threads=int(rest[17]),

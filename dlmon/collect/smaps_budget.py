@@ -21,6 +21,9 @@ class SmapsCandidate:
     rss_bytes: int
     last_read: float | None  # monotonic time of the last smaps read, None if never
     rss_at_last_read: int | None
+    # Pages faulted in since the last read (minor faults x page size). Copy-on-read growth in a
+    # forked worker leaves RSS flat (the page was resident, shared) but every copy is a fault.
+    faulted_bytes_since_read: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +36,7 @@ class BudgetPolicy:
     initial_s: float = 0.25  # first tick: fill the screen quickly
     steady_refresh_s: float = 10.0  # re-read a process whose RSS did not move at most this often
     moved_refresh_s: float = 1.0  # ... and one whose RSS moved by more than moved_fraction
-    moved_fraction: float = 0.02
+    moved_fraction: float = 0.02  # of RSS: changed by RSS or by pages faulted in
 
 
 class SmapsBudget:
@@ -69,7 +72,8 @@ class SmapsBudget:
                 due.append(((0, float(c.rss_bytes)), c))
                 continue
             age = now - c.last_read
-            moved = abs(c.rss_bytes - c.rss_at_last_read) / max(c.rss_at_last_read, 1)
+            changed = max(abs(c.rss_bytes - c.rss_at_last_read), c.faulted_bytes_since_read)
+            moved = changed / max(c.rss_at_last_read, 1)
             limit = (
                 self.policy.moved_refresh_s
                 if moved > self.policy.moved_fraction
