@@ -11,7 +11,7 @@ from dlmon.collect.cgroup import CgroupMemoryReader
 from dlmon.collect.disks import DiskStatsReader
 from dlmon.collect.gpu import GpuCollector
 from dlmon.collect.processes import ProcessTracker
-from dlmon.collect.procfs import read_cmdline
+from dlmon.collect.procfs import CLOCK_TICKS, boot_time, read_cmdline
 from dlmon.collect.smaps_budget import BudgetPolicy, SmapsBudget
 from dlmon.collect.system import read_meminfo, read_oom_kill_count, read_pressure, read_shm
 from dlmon.model import (
@@ -60,6 +60,12 @@ class Sampler:
         self.proc_root = proc_root
         self.cmdline = read_cmdline(pid, proc_root)
         self.host = socket.gethostname()
+        try:
+            self.start_unix_time: float | None = (
+                boot_time(proc_root) + self.processes.target_identity[1] / CLOCK_TICKS
+            )
+        except (OSError, RuntimeError):
+            self.start_unix_time = None
         self._cgroup = CgroupMemoryReader(pid, proc_root=proc_root)
         self._disks = DiskStatsReader(proc_root=proc_root, sys_root=sys_root)
         self._gpu = gpu if gpu is not None else GpuCollector()
@@ -120,6 +126,7 @@ class Sampler:
                 cmdline=self.cmdline,
                 alive=alive,
                 exit_code=None if alive or self._exit_code is None else self._exit_code(),
+                start_unix_time=self.start_unix_time,
             ),
             processes=processes,
             memory=memory,

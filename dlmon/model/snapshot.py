@@ -68,6 +68,7 @@ class TargetInfo:
     cmdline: str
     alive: bool
     exit_code: int | None = None  # known only when dlmon started the target
+    start_unix_time: float | None = None  # when the target started, for uptime (also in replays)
 
 
 @dataclass(frozen=True, slots=True)

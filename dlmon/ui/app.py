@@ -1,0 +1,582 @@
+"""The dashboard app: one factory for the CLI and the tests, one render path for every source.
+
+Data flow: the source samples on its own thread and hands each immutable Snapshot to
+``post_message`` (thread-safe). On the UI thread the message is ingested into the bounded
+:class:`~dlmon.ui.state.DashboardState` at once, whatever the view is doing, and one render is
+scheduled: a burst of snapshots (a replay) costs one repaint. Pausing, a modal, or a detail
+screen only stop the main panels from repainting; nothing is lost and the newest snapshot is
+shown when they come back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from textual.app import App, ComposeResult, SystemCommand
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.message import Message
+from textual.screen import Screen
+from textual.widget import Widget
+from textual.widgets import Footer, RichLog
+
+from dlmon.model import Snapshot
+from dlmon.sources import Source
+from dlmon.ui.logtail import LogTail
+from dlmon.ui.result import DashboardResult
+from dlmon.ui.screens import QUIT_STOP, HelpScreen, QuitScreen, WorkerDetailScreen
+from dlmon.ui.state import SORT_NAMES, DashboardState
+from dlmon.ui.views import (
+    HeaderInfo,
+    alert_lines,
+    gpu_lines,
+    header_line,
+    io_lines,
+    memory_lines,
+    throughput_lines,
+)
+from dlmon.ui.widgets import ChartLine, HeaderBar, LinesView, Panel, TimeChart, WorkerTable
+
+SORT_ORDER = ("id", "cpu", "pss", "rss", "uss", "read", "gpu")
+PANELS: tuple[tuple[str, str, str], ...] = (
+    ("1", "memory", "Memory"),
+    ("2", "workers", "Workers"),
+    ("3", "gpu", "GPU"),
+    ("4", "io", "IO"),
+    ("5", "throughput", "Throughput"),
+    ("6", "alerts", "Alerts"),
+    ("7", "logs", "Logs"),
+)
+LOG_POLL_S = 1.0
+MIN_RENDER_GAP_S = 0.25  # a fast interval (or a replay) repaints at most 4 times a second
+LOG_LINES = 5000
+
+
+class SnapshotArrived(Message):
+    """A new snapshot from the source (posted from the sampling thread, or by a test)."""
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        super().__init__()
+        self.snapshot = snapshot
+
+
+class SourceEnded(Message):
+    def __init__(self, reason: str) -> None:
+        super().__init__()
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class ViewContext:
+    state: DashboardState
+    now: float
+    interval: float | None
+
+
+def read_boot_time(path: str = "/proc/stat") -> float | None:
+    try:
+        with open(path, "rb") as fh:
+            for line in fh:
+                if line.startswith(b"btime "):
+                    return float(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+class MainScreen(Screen[None]):
+    """All panels at once, collapsing to one-liners on small terminals; one panel in full on demand."""
+
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide")]
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (36, "-tall")]
+
+    BINDINGS = [
+        Binding("tab", "next_panel", "Next panel", show=False),
+        Binding("shift+tab", "next_panel(-1)", "Previous panel", show=False),
+        *(Binding(key, f"panel('{pid}')", title, show=False) for key, pid, title in PANELS),
+        Binding("0,escape", "overview", "All panels", show=False),
+        Binding("z", "zoom", "Zoom panel", show=False),
+        Binding("n", "sort('id')", "Sort by id", show=False),
+        Binding("c", "sort('cpu')", "Sort by CPU", show=False),
+        Binding("m", "sort('pss')", "Sort by PSS", show=False),
+        Binding("r", "sort('rss')", "Sort by RSS", show=False),
+        Binding("u", "sort('uss')", "Sort by USS", show=False),
+        Binding("d", "sort('read')", "Sort by read", show=False),
+        Binding("g", "sort('gpu')", "Sort by GPU memory", show=False),
+        Binding("i", "invert_sort", "Reverse sort", show=False),
+        Binding("greater_than_sign", "sort_step(1)", "Next sort column", show=False),
+        Binding("less_than_sign", "sort_step(-1)", "Previous sort column", show=False),
+    ]
+
+    def __init__(self, has_logs: bool) -> None:
+        super().__init__(id="main")
+        self.has_logs = has_logs
+        self.zoomed: str | None = None
+
+    @property
+    def dlmon(self) -> DlmonApp:
+        app = self.app
+        assert isinstance(app, DlmonApp)
+        return app
+
+    def compose(self) -> ComposeResult:
+        yield HeaderBar(id="header")
+        with Vertical(id="body"):
+            with Horizontal(id="top"):
+                with Panel("Memory", "1", id="memory"):
+                    yield LinesView(id="memory-lines")
+                    yield TimeChart(unit="GiB", scale=2**30, id="memory-chart")
+                with Vertical(id="side"):
+                    with Panel("GPU", "3", id="gpu"):
+                        yield LinesView(id="gpu-lines")
+                    with Panel("IO", "4", id="io"):
+                        yield LinesView(id="io-lines")
+                    with Panel("Throughput", "5", id="throughput"):
+                        yield LinesView(id="throughput-lines")
+                        yield TimeChart(unit="batch/s", scale=1.0, right_unit="wait %", id="throughput-chart")
+            with Panel("Workers", "2", id="workers", focusable=False):
+                yield WorkerTable(id="table")
+            with Panel("Alerts", "6", id="alerts"):
+                yield LinesView(id="alerts-lines")
+            if self.has_logs:
+                with Panel("Logs", "7", id="logs"):
+                    yield RichLog(id="log", max_lines=LOG_LINES, wrap=False, auto_scroll=True)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#throughput-chart", TimeChart).add_class("-nodata")
+        self._apply_zoom()
+        self.query_one("#table", WorkerTable).focus()
+        self.dlmon.screen_ready()
+
+    def on_resize(self) -> None:
+        # widths changed (and maybe the breakpoint classes): re-lay the lines after the layout
+        self.call_after_refresh(self.dlmon.refresh_view, True)
+
+    # ---- drawing ----------------------------------------------------------------------------
+    @property
+    def compact(self) -> bool:
+        return self.has_class("-short") or self.has_class("-narrow")
+
+    def show(self, ctx: ViewContext) -> None:
+        app = self.dlmon
+        state = ctx.state
+        width = self.size.width or 80
+        self.query_one("#header", HeaderBar).set_lines((header_line(state, app.header_info(ctx), width),))
+        zoomed = self.zoomed
+        compact = self.compact
+
+        def visible(panel_id: str) -> bool:
+            return zoomed is None or zoomed == panel_id
+
+        def view_width(view: Widget) -> int:
+            return view.size.width or width
+
+        if visible("memory"):
+            view = self.query_one("#memory-lines", LinesView)
+            view.set_lines(memory_lines(state, view_width(view), compact and zoomed != "memory"))
+            chart = self.query_one("#memory-chart", TimeChart)
+            if chart.display:
+                chart.show(
+                    [
+                        ChartLine("job PSS", state.pss_sum, "cyan"),
+                        ChartLine("available", state.available, "green"),
+                        ChartLine("cgroup limit", state.limit, "red"),
+                    ],
+                    ctx.now,
+                    ctx.interval,
+                )
+        if visible("workers"):
+            table = self.query_one("#table", WorkerTable)
+            table.show(state, ctx.interval)
+            self.query_one("#workers", Panel).set_caption(table.caption)
+        if visible("gpu"):
+            view = self.query_one("#gpu-lines", LinesView)
+            view.set_lines(gpu_lines(state, view_width(view), compact and zoomed != "gpu", zoomed == "gpu"))
+        for panel_id, fn in (("io", io_lines), ("alerts", alert_lines)):
+            if visible(panel_id):
+                view = self.query_one(f"#{panel_id}-lines", LinesView)
+                view.set_lines(fn(state, view_width(view), compact and zoomed != panel_id))
+        if visible("throughput"):
+            view = self.query_one("#throughput-lines", LinesView)
+            view.set_lines(throughput_lines(state, view_width(view), compact and zoomed != "throughput"))
+            chart = self.query_one("#throughput-chart", TimeChart)
+            has_loaders = bool(state.loaders)
+            chart.set_class(not has_loaders, "-nodata")
+            if has_loaders and chart.size.height:
+                lines: list[ChartLine] = []
+                loaders = list(state.loaders.values())[:2]
+                colours = (("cyan", "red"), ("blue", "magenta"))
+                for hist, (rate, wait) in zip(loaders, colours[: len(loaders)], strict=True):
+                    name = f" {hist.loader.name}" if len(loaders) > 1 else ""
+                    lines.append(ChartLine(f"batch/s{name}", hist.batches_per_s, rate))
+                    lines.append(ChartLine(f"data wait %{name}", hist.data_wait_percent, wait, right=True))
+                chart.show(lines, ctx.now, ctx.interval)
+        alerts = len(state.latest.alerts) if state.latest is not None else 0
+        self.query_one("#alerts", Panel).set_caption(f"{alerts} active" if alerts else None)
+
+    # ---- panels -----------------------------------------------------------------------------
+    def panel_ids(self) -> list[str]:
+        return [pid for _, pid, _ in PANELS if pid != "logs" or self.has_logs]
+
+    def _apply_zoom(self) -> None:
+        zoomed = self.zoomed
+        self.set_class(zoomed is not None, "-zoomed")
+        top_panels = {"memory", "gpu", "io", "throughput"}
+        self.query_one("#top").display = zoomed is None or zoomed in top_panels
+        self.query_one("#side").display = zoomed is None or zoomed in top_panels - {"memory"}
+        for pid in self.panel_ids():
+            panel = self.query_one(f"#{pid}", Panel)
+            panel.set_class(pid == zoomed, "-zoom")
+            panel.display = (zoomed is None and pid != "logs") or pid == zoomed
+
+    def zoom(self, panel_id: str | None) -> None:
+        if panel_id is not None and panel_id not in self.panel_ids():
+            self.dlmon.notify(f"no {panel_id} panel here", severity="warning")
+            return
+        self.zoomed = panel_id
+        self._apply_zoom()
+        if panel_id == "workers" or (panel_id is None and self.focused is None):
+            self.query_one("#table", WorkerTable).focus()
+        elif panel_id is not None:
+            self.query_one(f"#{panel_id}", Panel).focus()
+        self.call_after_refresh(self.dlmon.refresh_view, True)
+
+    def focused_panel(self) -> str | None:
+        node = self.focused
+        while node is not None:
+            if isinstance(node, Panel):
+                return node.id
+            parent = node.parent
+            node = parent if isinstance(parent, Widget) else None
+        return None
+
+    def action_panel(self, panel_id: str) -> None:
+        self.zoom(None if self.zoomed == panel_id else panel_id)
+
+    def action_overview(self) -> None:
+        if self.zoomed is not None:
+            self.zoom(None)
+
+    def action_zoom(self) -> None:
+        current = self.focused_panel()
+        self.zoom(None if self.zoomed is not None else current)
+
+    def action_next_panel(self, step: int = 1) -> None:
+        ids = self.panel_ids()
+        if self.zoomed is not None:
+            i = ids.index(self.zoomed)
+            self.zoom(ids[(i + step) % len(ids)])
+            return
+        on_screen = [p for p in ids if p != "logs"]
+        current = self.focused_panel()
+        i = on_screen.index(current) if current in on_screen else -1
+        target = on_screen[(i + step) % len(on_screen)]
+        if target == "workers":
+            self.query_one("#table", WorkerTable).focus()
+        else:
+            self.query_one(f"#{target}", Panel).focus()
+
+    # ---- sorting ----------------------------------------------------------------------------
+    def action_sort(self, key: str) -> None:
+        table = self.query_one("#table", WorkerTable)
+        table.set_sort(key)
+        self.query_one("#workers", Panel).set_caption(table.caption)
+
+    def action_invert_sort(self) -> None:
+        table = self.query_one("#table", WorkerTable)
+        table.set_sort(table.sort, not table.reverse)
+        self.query_one("#workers", Panel).set_caption(table.caption)
+
+    def action_sort_step(self, step: int) -> None:
+        table = self.query_one("#table", WorkerTable)
+        i = SORT_ORDER.index(table.sort) if table.sort in SORT_ORDER else 0
+        table.set_sort(SORT_ORDER[(i + step) % len(SORT_ORDER)], False)
+        self.query_one("#workers", Panel).set_caption(table.caption)
+
+    def on_worker_table_opened(self, message: WorkerTable.Opened) -> None:
+        self.dlmon.open_detail(message.key)
+
+
+class DlmonApp(App[DashboardResult]):
+    """The dlmon dashboard. Build it with :func:`dlmon.ui.create_app`."""
+
+    CSS_PATH = "dlmon.tcss"
+    TITLE = "dlmon"
+    ENABLE_COMMAND_PALETTE = True
+
+    BINDINGS = [
+        Binding("q", "request_quit", "Quit"),
+        Binding("ctrl+c", "request_quit", "Quit", show=False, priority=True),
+        Binding("p", "toggle_pause", "Pause"),
+        Binding("question_mark", "help", "Help"),
+        Binding("s", "save_svg", "Screenshot"),
+    ]
+
+    def __init__(
+        self,
+        source: Source,
+        *,
+        interval: float | None = None,
+        clock: Callable[[], float] = time.time,
+        ask_stop_on_quit: bool = False,
+        boot_time: float | None = None,
+    ) -> None:
+        super().__init__()
+        self.source = source
+        self.clock = clock
+        self.ask_stop_on_quit = ask_stop_on_quit
+        if interval is None:
+            value = getattr(source, "interval", None)
+            interval = float(value) if isinstance(value, (int, float)) else None
+        self.interval = interval
+        if boot_time is None and source.live:
+            boot_time = read_boot_time()
+        self.boot_time = boot_time
+        self.clock_ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self.state = DashboardState()
+        self.paused = False
+        self.renders = 0  # how many times the panels were redrawn (tests, benchmarks)
+        self.screenshots: list[str] = []
+        self.log_tail = LogTail(source.log_path) if source.log_path else None
+        self._render_pending = False
+        self._last_render = 0.0
+        self._stale_shown = False
+        self._started = False
+
+    # ---- lifecycle --------------------------------------------------------------------------
+    def get_default_screen(self) -> Screen[None]:
+        return MainScreen(has_logs=self.log_tail is not None)
+
+    @property
+    def main_screen(self) -> MainScreen:
+        screen = self.screen_stack[0]
+        assert isinstance(screen, MainScreen)
+        return screen
+
+    def screen_ready(self) -> None:
+        """The main screen is composed: draw the first frame, then start the source."""
+        if self._started:
+            return
+        self._started = True
+        self.refresh_view(True)
+        self.set_interval(max(2.0, 2 * (self.interval or 1.0)), self._check_stale)
+        if self.log_tail is not None:
+            self._poll_log()
+            self.set_interval(LOG_POLL_S, self._poll_log)
+        self.source.start(self._deliver, self._ended)
+
+    def on_unmount(self) -> None:
+        # joining the sampling thread can take a tick: never on the UI thread
+        threading.Thread(target=self.source.stop, name="dlmon-stop", daemon=True).start()
+
+    # ---- data in (any thread) ---------------------------------------------------------------
+    def _deliver(self, snapshot: Snapshot) -> None:
+        with contextlib.suppress(RuntimeError):  # the app closed under us: nothing to show it on
+            self.post_message(SnapshotArrived(snapshot))
+
+    def _ended(self, reason: str) -> None:
+        with contextlib.suppress(RuntimeError):
+            self.post_message(SourceEnded(reason))
+
+    # ---- data in (UI thread) ----------------------------------------------------------------
+    def on_snapshot_arrived(self, message: SnapshotArrived) -> None:
+        self.state.ingest(message.snapshot)
+        self._schedule_render()
+
+    def on_source_ended(self, message: SourceEnded) -> None:
+        self.state.end(message.reason)
+        latest = self.state.latest
+        if latest is not None and not latest.target.alive:
+            code = latest.target.exit_code
+            shown = code if code is not None else "unknown"
+            self.notify(
+                f"the target exited (code {shown}); the last data stays on screen", severity="warning"
+            )
+        self._schedule_render()
+
+    def _schedule_render(self) -> None:
+        if self._render_pending:
+            return
+        self._render_pending = True
+        wait = self._last_render + MIN_RENDER_GAP_S - time.monotonic()
+        if wait > 0:
+            self.set_timer(wait, self._render_scheduled)
+        else:
+            self.call_later(self._render_scheduled)
+
+    def _render_scheduled(self) -> None:
+        self._render_pending = False
+        self._last_render = time.monotonic()
+        self.refresh_view()
+
+    def context(self) -> ViewContext:
+        latest = self.state.latest
+        now = latest.time if latest is not None else self.clock()
+        interval = self.interval
+        if interval is None and latest is not None:
+            interval = latest.interval_s
+        return ViewContext(self.state, now, interval)
+
+    def header_info(self, ctx: ViewContext) -> HeaderInfo:
+        interval = ctx.interval
+        return HeaderInfo(
+            description=self.source.description,
+            live=self.source.live,
+            paused=self.paused,
+            now=self.clock(),
+            boot_time=self.boot_time,
+            clock_ticks=self.clock_ticks,
+            interval=interval,
+            stale_after=(3 * interval + 2) if (interval and self.source.live) else None,
+        )
+
+    def refresh_view(self, force: bool = False) -> None:
+        """Redraw what is on screen from the newest state (nothing while paused, unless forced)."""
+        if self.paused and not force:
+            return
+        if not self._started:
+            return
+        ctx = self.context()
+        screen = self.screen
+        if isinstance(screen, WorkerDetailScreen):
+            screen.show(ctx.state, ctx.now, ctx.interval)
+        else:
+            self.main_screen.show(ctx)
+        self.renders += 1
+
+    def _check_stale(self) -> None:
+        latest = self.state.latest
+        if latest is None or self.paused:
+            return
+        info = self.header_info(self.context())
+        stale = info.stale_after is not None and info.now - latest.time > info.stale_after
+        if stale or self._stale_shown:
+            self._stale_shown = stale
+            self.refresh_view()
+
+    def _poll_log(self) -> None:
+        tail = self.log_tail
+        if tail is None:
+            return
+        lines = tail.poll()
+        if lines:
+            log = self.main_screen.query_one("#log", RichLog)
+            for line in lines[-LOG_LINES:]:
+                log.write(line)
+
+    # ---- actions ----------------------------------------------------------------------------
+    def action_toggle_pause(self) -> None:
+        self.paused = not self.paused
+        self.notify("paused: sampling goes on, the view is frozen" if self.paused else "resumed")
+        self.refresh_view(True)
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())
+
+    def action_save_svg(self) -> None:
+        directory = "screenshots" if os.path.isdir("screenshots") else "."
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(self.clock()))
+        name = f"dlmon-{stamp}.svg"
+        n = 1
+        while os.path.exists(os.path.join(directory, name)):
+            n += 1
+            name = f"dlmon-{stamp}-{n}.svg"
+        try:
+            path = self.save_screenshot(name, directory)
+        except OSError as exc:
+            self.notify(f"could not save the screenshot: {exc}", severity="error")
+            return
+        self.screenshots.append(path)
+        self.notify(f"screenshot saved: {path}")
+
+    def open_detail(self, key: tuple[str, str, int]) -> None:
+        screen = WorkerDetailScreen(key)
+        self.push_screen(screen, callback=lambda _: self.refresh_view(True))
+        self.call_after_refresh(self.refresh_view, True)
+
+    async def action_quit(self) -> None:
+        self.action_request_quit()
+
+    def action_request_quit(self) -> None:
+        latest = self.state.latest
+        running = latest is not None and latest.target.alive and self.state.end_reason is None
+        if self.ask_stop_on_quit and running and not isinstance(self.screen, QuitScreen):
+            assert latest is not None
+            self.push_screen(QuitScreen(latest.target.pid, latest.target.cmdline), callback=self._quit_answer)
+            return
+        self.exit(self.result(quit_by_user=True, stop_training=False))
+
+    def _quit_answer(self, answer: str | None) -> None:
+        if answer is None:
+            return
+        self.exit(self.result(quit_by_user=True, stop_training=answer == QUIT_STOP))
+
+    def result(self, *, quit_by_user: bool, stop_training: bool) -> DashboardResult:
+        latest = self.state.latest
+        exited = latest is not None and not latest.target.alive
+        return DashboardResult(
+            quit_by_user=quit_by_user,
+            target_exited=exited,
+            exit_code=latest.target.exit_code if latest is not None and exited else None,
+            stop_training=stop_training,
+            end_reason=self.state.end_reason,
+            screenshots=tuple(self.screenshots),
+        )
+
+    # ---- command palette --------------------------------------------------------------------
+    def get_system_commands(self, screen: Screen[object]) -> Iterable[SystemCommand]:
+        yield SystemCommand("Quit", "Quit dlmon (q)", self.action_request_quit)
+        yield SystemCommand(
+            "Pause / resume", "Freeze the view; sampling goes on (p)", self.action_toggle_pause
+        )
+        yield SystemCommand("Help", "Keys and how to read the figures (?)", self.action_help)
+        yield SystemCommand(
+            "Screenshot", "Save an SVG of the screen in screenshots/ or here (s)", self.action_save_svg
+        )
+        main = self.main_screen
+        if screen is main:
+            for key, pid, title in PANELS:
+                if pid in main.panel_ids():
+                    yield SystemCommand(
+                        f"Show {title}", f"The {title.lower()} panel in full ({key})", _bind(main.zoom, pid)
+                    )
+            yield SystemCommand("Show all panels", "Back to the overview (0 / esc)", main.action_overview)
+            yield SystemCommand("Next panel", "Focus the next panel (tab)", main.action_next_panel)
+            for sort in SORT_ORDER:
+                yield SystemCommand(
+                    f"Sort workers by {SORT_NAMES[sort]}",
+                    "Sort the workers table",
+                    _bind(main.action_sort, sort),
+                )
+            yield SystemCommand("Reverse the sort", "Reverse the table order (i)", main.action_invert_sort)
+            yield SystemCommand(
+                "Open worker detail",
+                "The selected row's figures and history (enter)",
+                main.query_one("#table", WorkerTable).action_open,
+            )
+        yield SystemCommand("Theme", "Change the colour theme", self.action_change_theme)
+
+
+def _bind(fn: Callable[[str], None], arg: str) -> Callable[[], None]:
+    def call() -> None:
+        fn(arg)
+
+    return call
+
+
+def run_app(app: DlmonApp) -> DashboardResult:
+    """Run ``app`` in the terminal; always stops its source. Returns how the session ended."""
+    try:
+        result = app.run(mouse=False)  # keyboard only: the terminal keeps its own text selection
+    finally:
+        app.source.stop()
+    if result is None:
+        result = app.result(quit_by_user=False, stop_training=False)
+    return result

@@ -1,0 +1,178 @@
+"""Screens pushed over the dashboard: a worker's detail, the help, and the quit question."""
+
+from __future__ import annotations
+
+from rich.markup import escape
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import ModalScreen, Screen
+from textual.widgets import Button, Footer, Static
+
+from dlmon.ui.state import DashboardState, ProcessRow, RowKey
+from dlmon.ui.views import Line, detail_lines, fit
+from dlmon.ui.widgets import ChartLine, HeaderBar, LinesView, TimeChart
+
+HELP_TEXT = """\
+[b]Keys[/b]
+  [b]q[/b] quit              [b]p[/b] pause the view (sampling goes on)
+  [b]?[/b] this help         [b]s[/b] save an SVG screenshot (to screenshots/ or here)
+  [b]1[/b]-[b]7[/b] one panel in full: 1 memory 2 workers 3 GPU 4 IO 5 throughput
+      6 alerts 7 logs (dlmon run); the same key again, [b]0[/b] or [b]esc[/b]: all
+  [b]tab[/b] [b]shift+tab[/b] next / previous panel   [b]z[/b] the focused panel in full
+  [b]ctrl+p[/b] command palette: every action by name
+
+[b]Workers table[/b]
+  [b]up down pgup pgdn home end[/b] move   [b]enter[/b] the process's detail, history
+  sort: [b]n[/b] worker id [b]c[/b] CPU [b]m[/b] PSS [b]r[/b] RSS [b]u[/b] USS [b]d[/b] read [b]g[/b] GPU
+        the same key again or [b]i[/b] reverses; [b]<[/b] [b]>[/b] previous / next
+
+[b]Reading it[/b]
+  PSS: a process's fair share of the pages it maps (a page shared by N
+  processes counts 1/N in each), so the PSS sum is the job's true total.
+  RSS counts shared pages in every process: the RSS sum of forked workers
+  double-counts. USS: memory only that process holds.
+  [b]~[/b] before a PSS: read more than a few samples ago (PSS is read on a
+  CPU budget; the detail says how long ago). [b]\u2013[/b] or [b]n/a[/b]: not measured.
+  STATE: run, sleep, disk (waiting on IO), zombie (exited, not reaped),
+  gone (no longer there), killed / SIGn / exit n (seen dying by the agent).
+"""
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS = [
+        Binding("escape,question_mark,enter", "dismiss", "Close"),
+    ]
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(id="help-box"):
+            yield Static(HELP_TEXT, id="help-text")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        box = self.query_one("#help-box")
+        box.border_title = "dlmon help"
+        box.border_subtitle = "esc to close"
+
+    async def action_dismiss(self, result: None = None) -> None:
+        self.dismiss(None)
+
+
+QUIT_LEAVE = "leave"
+QUIT_STOP = "stop"
+
+
+class QuitScreen(ModalScreen[str | None]):
+    """``dlmon run``: quitting asks whether to stop the training too. Default: leave it running."""
+
+    BINDINGS = [
+        Binding("escape", "cancel", "Cancel"),
+        Binding("l", "answer('leave')", "Leave it running"),
+        Binding("x", "answer('stop')", "Stop the training"),
+    ]
+
+    def __init__(self, pid: int, command: str) -> None:
+        super().__init__()
+        self.pid = pid
+        self.command = command
+
+    def compose(self) -> ComposeResult:
+        command = " ".join(self.command.split())
+        if len(command) > 200:
+            command = command[:199] + "…"
+        with Vertical(id="quit-box"):
+            yield Static(
+                f"Quit dlmon. The training is still running:\n[b]{escape(command)}[/b] (pid {self.pid})\n\n"
+                "Leave it running, or stop it too?",
+                id="quit-text",
+                markup=True,
+            )
+            with Horizontal(id="quit-buttons"):
+                yield Button("Leave it running", id=QUIT_LEAVE, variant="primary")
+                yield Button("Stop the training", id=QUIT_STOP, variant="error")
+                yield Button("Cancel", id="cancel")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#quit-box").border_title = "Quit"
+        self.query_one(f"#{QUIT_LEAVE}", Button).focus()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        self.dismiss(event.button.id if event.button.id in (QUIT_LEAVE, QUIT_STOP) else None)
+
+    def action_answer(self, answer: str) -> None:
+        self.dismiss(answer)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class WorkerDetailScreen(Screen[None]):
+    """One process's figures and its history; updates live while open (unless paused)."""
+
+    BINDINGS = [Binding("escape,enter", "close", "Back to the dashboard")]
+
+    def __init__(self, key: RowKey) -> None:
+        super().__init__()
+        self.key = key
+        self.row: ProcessRow | None = None
+
+    def compose(self) -> ComposeResult:
+        yield HeaderBar(id="detail-header")
+        with Vertical(id="detail-body", classes="panel"):
+            yield LinesView(id="detail-lines")
+            yield TimeChart(unit="MiB", scale=2**20, min_window=300.0, id="detail-memory")
+            yield TimeChart(
+                unit="CPU %",
+                scale=1.0,
+                right_unit="read MB/s",
+                right_scale=1e6,
+                min_window=300.0,
+                id="detail-cpu",
+            )
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#detail-body").border_title = "Worker detail"
+
+    def show(self, state: DashboardState, now: float, interval: float | None) -> None:
+        row = state.rows.get(self.key, self.row)
+        if row is None:
+            return
+        self.row = row
+        width = max(20, self.size.width - 4)
+        head: Line = fit(
+            [
+                [(" dlmon ", "title"), (" ", ""), (row.label, "b")],
+                [("gone" if row.gone else "live", "dim" if row.gone else "ok")],
+                [("esc: back", "key")],
+            ],
+            self.size.width or 80,
+            (" │ ", "dim"),
+        )
+        self.query_one("#detail-header", HeaderBar).set_lines((head,))
+        self.query_one("#detail-body", Vertical).border_title = f"{row.label} · {row.process.comm}"
+        self.query_one("#detail-lines", LinesView).set_lines(detail_lines(row, state.latest, width))
+        self.query_one("#detail-memory", TimeChart).show(
+            [
+                ChartLine("PSS", row.pss, "cyan"),
+                ChartLine("USS", row.uss, "green"),
+                ChartLine("RSS", row.rss, "orange"),
+            ],
+            now,
+            interval,
+        )
+        self.query_one("#detail-cpu", TimeChart).show(
+            [ChartLine("CPU %", row.cpu, "magenta"), ChartLine("read MB/s", row.read, "yellow", right=True)],
+            now,
+            interval,
+        )
+
+    def on_resize(self) -> None:
+        refresh = getattr(self.app, "refresh_view", None)
+        if callable(refresh):
+            self.call_after_refresh(refresh, True)
+
+    def action_close(self) -> None:
+        self.dismiss(None)

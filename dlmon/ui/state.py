@@ -1,0 +1,265 @@
+"""What the dashboard remembers between snapshots (no UI imports; pure, cheap per tick).
+
+Snapshots are ingested on the UI thread as they arrive, whether or not the view is paused or a
+modal is open. Everything here is bounded: a short :class:`~dlmon.model.History` of whole
+snapshots, fixed-size downsampled series for the charts, and at most :data:`MAX_ROWS` process
+rows, so the dashboard's memory stays flat over hours.
+
+Rows are keyed by DataLoader worker id when the agent knows it (so non-persistent workers that
+get new pids every epoch keep their row and history), else by ``(pid, start_time)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from dlmon.model import History, LoaderSample, ProcessSample, Snapshot, WorkerDeath
+from dlmon.ui.series import WORKER_TIERS, Series
+
+RowKey = tuple[str, str, int]
+
+HISTORY_CAPACITY = 120  # whole snapshots (~30 KB each with 33 processes)
+MAX_ROWS = 128
+MAX_LOADERS = 8
+GONE_KEEP_S = 60.0  # a vanished process keeps its row (as "gone") this long, or 10 intervals
+DEATH_KEEP_S = 600.0  # a worker the agent saw die keeps its row this long
+
+
+def _new_worker_series() -> Series:
+    return Series(WORKER_TIERS)
+
+
+@dataclass(slots=True, eq=False)
+class ProcessRow:
+    """One row of the workers table and its history."""
+
+    key: RowKey
+    process: ProcessSample  # the newest sample (the last one seen, once gone)
+    order: int  # first-seen sequence: the natural order is stable
+    first_seen: float
+    last_seen: float
+    gone: bool = False
+    death: WorkerDeath | None = None
+    pids_seen: int = 1  # > 1: a non-persistent worker re-spawned under the same worker id
+    loader_id: str | None = None
+    batch_share: float | None = None
+    pss: Series = field(default_factory=_new_worker_series)
+    rss: Series = field(default_factory=_new_worker_series)
+    uss: Series = field(default_factory=_new_worker_series)
+    cpu: Series = field(default_factory=_new_worker_series)
+    read: Series = field(default_factory=_new_worker_series)
+
+    @property
+    def label(self) -> str:
+        p = self.process
+        if p.role == "worker":
+            wid = f" {p.worker_id}" if p.worker_id is not None else ""
+            return f"worker{wid} (pid {p.pid})"
+        return f"{p.role} (pid {p.pid})"
+
+
+@dataclass(slots=True)
+class LoaderHistory:
+    loader: LoaderSample
+    last_seen: float
+    batches_per_s: Series = field(default_factory=Series)
+    samples_per_s: Series = field(default_factory=Series)
+    data_wait_percent: Series = field(default_factory=Series)
+
+
+def row_key(process: ProcessSample, loader_of: dict[int, LoaderSample]) -> RowKey:
+    if process.role == "worker" and process.worker_id is not None:
+        loader = loader_of.get(process.pid)
+        owner = loader.id if loader is not None else f"ppid {process.ppid}"
+        return ("w", owner, process.worker_id)
+    return ("p", str(process.pid), process.start_time)
+
+
+def _batch_shares(loaders: Iterable[LoaderSample]) -> tuple[dict[int, float], dict[int, LoaderSample]]:
+    shares: dict[int, float] = {}
+    owner: dict[int, LoaderSample] = {}
+    for loader in loaders:
+        counts = loader.batches_per_worker
+        total = sum(counts)
+        for i, pid in enumerate(loader.worker_pids):
+            owner[pid] = loader
+            if total > 0 and i < len(counts):
+                shares[pid] = counts[i] / total
+    return shares, owner
+
+
+class DashboardState:
+    """Everything the panels draw from. ``ingest`` is O(processes) and allocation-light."""
+
+    def __init__(self, history_capacity: int = HISTORY_CAPACITY) -> None:
+        self.history = History(history_capacity)
+        self.latest: Snapshot | None = None
+        self.count = 0
+        self.version = 0
+        self.rows: dict[RowKey, ProcessRow] = {}
+        self.loaders: dict[str, LoaderHistory] = {}
+        self.pss_sum = Series()
+        self.rss_sum = Series()
+        self.available = Series()
+        self.limit = Series()
+        self.cgroup_current = Series()
+        self.end_reason: str | None = None  # why the source ended, once it did
+        self.oom_baseline: int | None = None  # the machine's OOM-kill count when we started
+        self.first_time: float | None = None
+        self._order = 0
+
+    # ---- ingest -------------------------------------------------------------------------
+    def ingest(self, snapshot: Snapshot) -> None:
+        t = snapshot.time
+        self.latest = snapshot
+        self.history.append(snapshot)
+        self.count += 1
+        self.version += 1
+        if self.first_time is None:
+            self.first_time = t
+
+        m = snapshot.memory
+        if self.oom_baseline is None and m.oom_kill_count is not None:
+            self.oom_baseline = m.oom_kill_count
+        self.pss_sum.add(t, m.pss_sum_bytes)
+        self.rss_sum.add(t, m.rss_sum_bytes)
+        self.available.add(t, m.available_bytes)
+        self.limit.add(t, m.cgroup_limit_bytes)
+        self.cgroup_current.add(t, m.cgroup_current_bytes)
+
+        shares, loader_of = _batch_shares(snapshot.loaders)
+        seen: set[RowKey] = set()
+        for p in snapshot.processes:
+            key = row_key(p, loader_of)
+            if key in seen:  # two live processes claim one worker slot: keep both rows
+                key = ("p", str(p.pid), p.start_time)
+            seen.add(key)
+            row = self.rows.get(key)
+            if row is None:
+                self._order += 1
+                row = ProcessRow(key=key, process=p, order=self._order, first_seen=t, last_seen=t)
+                self.rows[key] = row
+            elif row.process.pid != p.pid or row.process.start_time != p.start_time:
+                row.pids_seen += 1
+                row.death = None
+            row.process = p
+            row.last_seen = t
+            row.gone = False
+            loader = loader_of.get(p.pid)
+            row.loader_id = loader.id if loader is not None else row.loader_id
+            row.batch_share = shares.get(p.pid)
+            row.pss.add(t, p.pss_bytes)
+            row.rss.add(t, p.rss_bytes)
+            row.uss.add(t, p.uss_bytes)
+            row.cpu.add(t, p.cpu_percent)
+            row.read.add(t, p.read_bytes_per_s)
+
+        for key, row in self.rows.items():
+            if key not in seen:
+                row.gone = True
+                row.batch_share = None
+
+        if snapshot.worker_deaths:
+            by_pid = {d.pid: d for d in snapshot.worker_deaths}
+            for row in self.rows.values():
+                death = by_pid.get(row.process.pid)
+                if death is not None and (row.gone or row.process.state in ("Z", "X")):
+                    row.death = death
+
+        for loader in snapshot.loaders:
+            hist = self.loaders.get(loader.id)
+            if hist is None:
+                hist = self.loaders[loader.id] = LoaderHistory(loader=loader, last_seen=t)
+            hist.loader = loader
+            hist.last_seen = t
+            hist.batches_per_s.add(t, loader.batches_per_s)
+            hist.samples_per_s.add(t, loader.samples_per_s)
+            wait = loader.data_wait_fraction
+            hist.data_wait_percent.add(t, None if wait is None else wait * 100.0)
+
+        self._prune(t, snapshot.interval_s)
+
+    def end(self, reason: str) -> None:
+        self.end_reason = reason
+        self.version += 1
+
+    def _prune(self, now: float, interval: float | None) -> None:
+        keep = max(GONE_KEEP_S, 10 * (interval or 0.0))
+        stale = [
+            key
+            for key, row in self.rows.items()
+            if row.gone and now - row.last_seen > (DEATH_KEEP_S if row.death is not None else keep)
+        ]
+        for key in stale:
+            del self.rows[key]
+        if len(self.rows) > MAX_ROWS:
+            gone_first = sorted(self.rows.values(), key=lambda r: (not r.gone, r.last_seen))
+            for row in gone_first[: len(self.rows) - MAX_ROWS]:
+                del self.rows[row.key]
+        if len(self.loaders) > MAX_LOADERS:
+            oldest = sorted(self.loaders.values(), key=lambda h: h.last_seen)
+            for hist in oldest[: len(self.loaders) - MAX_LOADERS]:
+                del self.loaders[hist.loader.id]
+
+    # ---- queries ------------------------------------------------------------------------
+    def sorted_rows(self, sort: str, reverse: bool = False) -> list[ProcessRow]:
+        rows = list(self.rows.values())
+        if sort == "id":
+            rows.sort(key=natural_key, reverse=reverse)
+            return rows
+        getter = SORT_GETTERS[sort]
+
+        def metric(row: ProcessRow) -> tuple[int, float, tuple[int, int, int]]:
+            value = getter(row)
+            # missing values last whatever the direction; ties in natural order
+            return (1 if value is None else 0, -(value or 0.0), natural_key(row))
+
+        rows.sort(key=metric)
+        if reverse:  # smallest first, missing still last
+            present = [r for r in rows if getter(r) is not None]
+            missing = [r for r in rows if getter(r) is None]
+            rows = present[::-1] + missing
+        return rows
+
+    def d_state_count(self) -> int:
+        if self.latest is None:
+            return 0
+        return sum(1 for p in self.latest.processes if p.state == "D")
+
+
+_ROLE_ORDER = {"main": 0, "worker": 1, "child": 2}
+
+
+def natural_key(row: ProcessRow) -> tuple[int, int, int]:
+    p = row.process
+    wid = p.worker_id if p.worker_id is not None else 1 << 30
+    return (_ROLE_ORDER.get(p.role, 3), wid, row.order)
+
+
+def _gpu(row: ProcessRow) -> float | None:
+    v = row.process.gpu_memory_bytes
+    return None if v is None else float(v)
+
+
+def _num(v: float | None) -> float | None:
+    return None if v is None else float(v)
+
+
+SORT_GETTERS: dict[str, Callable[[ProcessRow], float | None]] = {
+    "cpu": lambda r: None if r.gone else _num(r.process.cpu_percent),
+    "pss": lambda r: _num(r.process.pss_bytes),
+    "rss": lambda r: _num(r.process.rss_bytes),
+    "uss": lambda r: _num(r.process.uss_bytes),
+    "read": lambda r: None if r.gone else _num(r.process.read_bytes_per_s),
+    "gpu": _gpu,
+}
+SORT_NAMES: dict[str, str] = {
+    "id": "worker id",
+    "cpu": "CPU %",
+    "pss": "PSS",
+    "rss": "RSS",
+    "uss": "USS",
+    "read": "read MB/s",
+    "gpu": "GPU memory",
+}

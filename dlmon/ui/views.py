@@ -1,0 +1,797 @@
+"""What each panel says, as styled lines: pure functions of the dashboard state (no UI imports).
+
+A line is a tuple of ``(text, style)`` spans; the style names map to component classes of the
+widgets (``dlmon.tcss``), so colour lives in the stylesheet and every meaning is also in the
+words (NO_COLOR shows the same information). Panels compare the lines they get with the ones
+they show and repaint only when they differ.
+"""
+
+from __future__ import annotations
+
+import textwrap
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from dlmon.model import Alert, ProcessSample, Snapshot
+from dlmon.ui.fmt import DASH, NA, cbytes, cpct, duration, human_bytes, mbps, ratio
+from dlmon.ui.state import SORT_NAMES, DashboardState, ProcessRow
+
+Span = tuple[str, str]
+Line = tuple[Span, ...]
+Lines = tuple[Line, ...]
+
+STYLES = (
+    *("b", "label", "dim", "ok", "warn", "crit", "head", "sorted", "title", "key", "stale"),
+    *("cursor", "cursor-blur"),
+)
+SEP: Span = (" · ", "dim")
+BAR: Span = (" │ ", "dim")
+AGENT_HINT = (
+    "No DataLoader figures: they come from the in-process agent. Start the job with "
+    "`dlmon run -- python train.py`, or add `import dlmon.agent; dlmon.agent.start()` to it."
+)
+AGENT_HINT_SHORT = "no loader data: `dlmon run`, or `import dlmon.agent; dlmon.agent.start()`"
+
+_STATE_NAMES = {
+    "R": "run",
+    "S": "sleep",
+    "D": "disk",
+    "Z": "zombie",
+    "T": "stopped",
+    "t": "traced",
+    "X": "dead",
+    "I": "idle",
+    "W": "paging",
+    "P": "parked",
+}
+_SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
+_SEVERITY_STYLE = {"critical": "crit", "warning": "warn", "info": "dim"}
+_SEVERITY_WORD = {"critical": "CRIT", "warning": "WARN", "info": "INFO"}
+
+
+def text_of(line: Line) -> str:
+    return "".join(text for text, _ in line)
+
+
+def width_of(spans: Sequence[Span]) -> int:
+    return sum(len(text) for text, _ in spans)
+
+
+def truncate(spans: Sequence[Span], width: int) -> Line:
+    """Cut spans to ``width`` cells, ending with an ellipsis when something was cut."""
+    if width_of(spans) <= width:
+        return tuple(spans)
+    out: list[Span] = []
+    room = max(0, width - 1)
+    for text, style in spans:
+        if room <= 0:
+            break
+        out.append((text[:room], style))
+        room -= len(text[:room])
+    out.append(("…", "dim"))
+    return tuple(out)
+
+
+def fit(parts: Sequence[Sequence[Span]], width: int, sep: Span = SEP, lead: Sequence[Span] = ()) -> Line:
+    """Join whole parts with ``sep`` while they fit in ``width``; the rest is left out (a first
+    part too long for the line is cut with an ellipsis)."""
+    out: list[Span] = list(lead)
+    used = width_of(out)
+    for i, part in enumerate(parts):
+        need = width_of(part) + (len(sep[0]) if i else 0)
+        if used + need > width and i:
+            break
+        if i:
+            out.append(sep)
+        out.extend(part)
+        used += need
+    return truncate(out, width)
+
+
+def clip(text: str, width: int) -> str:
+    if width <= 0:
+        return ""
+    return text if len(text) <= width else text[: max(0, width - 1)] + "…"
+
+
+def wrap(text: str, width: int, style: str = "") -> Lines:
+    """Running text over as many lines as it needs (at spaces where it can)."""
+    return tuple(((chunk, style),) for chunk in textwrap.wrap(text, max(8, width)) or [""])
+
+
+def flow(parts: Sequence[Sequence[Span]], width: int, sep: Span = SEP, lead: Sequence[Span] = ()) -> Lines:
+    """Whole parts joined with ``sep``, over as many lines as they need."""
+    lines: list[Line] = []
+    current: list[Span] = list(lead)
+    used = width_of(current)
+    start = used
+    for part in parts:
+        need = width_of(part) + (len(sep[0]) if used > start else 0)
+        if used > start and used + need > width:
+            lines.append(tuple(current))
+            current, used = list(lead), start
+            need = width_of(part)
+        if used > start:
+            current.append(sep)
+        current.extend(part)
+        used += need
+    if used > start:
+        lines.append(truncate(current, width))
+    return tuple(truncate(line, width) for line in lines)
+
+
+def label(text: str, width: int) -> Span:
+    return (text.ljust(width), "label")
+
+
+# ---- header ---------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class HeaderInfo:
+    description: str
+    live: bool
+    paused: bool
+    now: float
+    boot_time: float | None
+    clock_ticks: int
+    interval: float | None
+    stale_after: float | None  # seconds without a snapshot before the header says so
+
+
+def header_line(state: DashboardState, info: HeaderInfo, width: int) -> Line:
+    s = state.latest
+    left: list[Span] = [(" dlmon ", "title"), (" ", "")]
+    right: list[list[Span]] = []
+    if info.paused:
+        right.append([("PAUSED", "warn")])
+    if s is None:
+        body = "waiting for the first sample of " + info.description
+        if state.end_reason is not None:
+            body = f"no data: the source ended ({state.end_reason})"
+        return (*left, (clip(body, width - 8), "dim"))
+    t = s.target
+    if not t.alive:
+        code = f"code {t.exit_code}" if t.exit_code is not None else "code unknown"
+        right.append([(f"target exited ({code})", "crit")])
+    else:
+        uptime = None
+        if t.start_unix_time is not None:
+            uptime = s.time - t.start_unix_time
+        elif info.boot_time is not None and t.start_time is not None:  # recordings made before it
+            uptime = s.time - (info.boot_time + t.start_time / info.clock_ticks)
+        right.append([("up ", "dim"), (duration(uptime), "")])
+    right.append([(f"pid {t.pid}", "")])
+    n = len(s.alerts)
+    worst = min((_SEVERITY_ORDER.get(a.severity, 3) for a in s.alerts), default=3)
+    alert_style = "crit" if worst == 0 else "warn" if worst == 1 else "dim"
+    right.append([(f"{n} alert" + ("" if n == 1 else "s"), alert_style if n else "dim")])
+    if not info.live:
+        right.append([("replay", "warn")])
+    if state.end_reason is not None and t.alive:
+        right.append([(f"ended: {state.end_reason}", "warn")])
+    elif info.stale_after is not None and t.alive and info.now - s.time > info.stale_after:
+        right.append([(f"no data for {duration(info.now - s.time)}", "warn")])
+    gpus = len(s.gpus)
+    right.append([(f"{gpus} GPU" + ("" if gpus == 1 else "s"), "" if gpus else "dim")])
+    right.append([(s.host, "")])
+    right.append([(time.strftime("%H:%M:%S", time.localtime(s.time)), "dim")])
+
+    # the command takes what the figures leave, but at least 12 cells
+    avail = width - width_of(left)
+    parts: list[list[Span]] = []
+    used = 0
+    for part in right:
+        need = width_of(part) + 3
+        if used + need > avail - 12:
+            break
+        parts.append(part)
+        used += need
+    cmd = clip(" ".join((t.cmdline or info.description).split()), max(1, avail - used - 1))
+    out: list[Span] = [*left, (cmd, "b")]
+    for part in parts:
+        out.append(BAR)
+        out.extend(part)
+    return tuple(out)
+
+
+# ---- memory ---------------------------------------------------------------------------------
+def _of(used: int | None, total: int | None, compact: bool) -> str:
+    f = cbytes if compact else human_bytes
+    if total is None:
+        return f(used) if compact else human_bytes(used)
+    return f"{f(used)}/{f(total)}" if compact else f"{human_bytes(used)} of {human_bytes(total)}"
+
+
+def memory_trend(state: DashboardState, window: float = 300.0) -> tuple[float | None, float | None]:
+    """(PSS slope in bytes/s over the window, seconds until the limit at that slope)."""
+    s = state.latest
+    if s is None:
+        return None, None
+    slope = state.pss_sum.slope(window, s.time)
+    if slope is None or slope <= 0:
+        return slope, None
+    m = s.memory
+    if m.cgroup_limit_bytes is not None and m.cgroup_current_bytes is not None:
+        headroom = float(m.cgroup_limit_bytes - m.cgroup_current_bytes)
+    elif m.available_bytes is not None:
+        headroom = float(m.available_bytes)
+    else:
+        return slope, None
+    return slope, max(0.0, headroom) / slope
+
+
+def _trend_text(slope: float | None, eta: float | None, compact: bool) -> list[Span]:
+    if slope is None:
+        return [("trend n/a yet", "dim")]
+    per_min = slope * 60
+    if abs(per_min) < 1024**2:  # under 1 MiB/min: flat
+        return [("flat", "ok")]
+    sign = "+" if per_min > 0 else "-"
+    amount = cbytes(abs(per_min)) if compact else human_bytes(abs(per_min))
+    spans: list[Span] = [(f"{sign}{amount}/min", "warn" if per_min > 0 else "ok")]
+    if eta is not None:
+        style = "crit" if eta < 600 else "warn" if eta < 3600 else "dim"
+        spans.append((f" full in ~{duration(eta)}" if compact else f" · limit in ~{duration(eta)}", style))
+    return spans
+
+
+def memory_lines(state: DashboardState, width: int, compact: bool) -> Lines:
+    s = state.latest
+    if s is None:
+        return ((("waiting for data…", "dim"),),)
+    m = s.memory
+    pct = ratio(m.cgroup_current_bytes, m.cgroup_limit_bytes)
+    cg_style = "crit" if (pct or 0) > 0.9 else "warn" if (pct or 0) > 0.75 else ""
+    avail_style = ""
+    if m.available_bytes is not None and m.total_bytes:
+        avail_style = "crit" if m.available_bytes < 0.05 * m.total_bytes else ""
+    double = ratio(m.rss_sum_bytes, m.pss_sum_bytes)
+    pss_text = human_bytes(m.pss_sum_bytes) if not compact else cbytes(m.pss_sum_bytes, NA)
+    if m.pss_missing and m.pss_sum_bytes is not None:
+        pss_text += f" (+{m.pss_missing} unread)"
+    slope, eta = memory_trend(state)
+    shm = s.shm
+    swap = m.swap_used_bytes
+    pinned = s.pinned.bytes if s.pinned is not None else None
+    f = cbytes if compact else human_bytes
+
+    system: list[list[Span]] = [
+        [("used ", "dim"), (_of(m.used_bytes, m.total_bytes, compact), "")],
+        [("avail ", "dim"), (f(m.available_bytes, NA), avail_style)],
+    ]
+    if m.cgroup_limit_bytes is not None:
+        cg = _of(m.cgroup_current_bytes, m.cgroup_limit_bytes, compact)
+        system.append([("cgroup ", "dim"), (cg, cg_style), (f" {pct * 100:.0f}%" if pct else "", cg_style)])
+    elif s.cgroup is not None:
+        system.append([("cgroup ", "dim"), ("no limit", "dim")])
+    if m.oom_kill_count and state.oom_baseline is not None:
+        new = m.oom_kill_count - state.oom_baseline
+        if new > 0:
+            system.append([(f"OOM kills +{new} while watching", "crit")])
+        else:
+            system.append([(f"OOM kills {m.oom_kill_count} since boot", "dim")])
+    job: list[list[Span]] = [
+        [("PSS ", "dim"), (pss_text, "b"), ("" if compact else " (true total)", "dim")],
+        [
+            ("RSS sum ", "dim"),
+            (f(m.rss_sum_bytes, NA), ""),
+            (f" ({double:.1f}x PSS)" if double is not None else "", "warn" if (double or 0) > 2 else "dim"),
+        ],
+        [("USS ", "dim"), (f(m.uss_sum_bytes, NA), "")],
+        _trend_text(slope, eta, compact),
+    ]
+    shared: list[list[Span]] = [
+        [("shm ", "dim"), (f(m.shmem_bytes, NA), "")],
+        [
+            ("/dev/shm ", "dim"),
+            (_of(shm.used_bytes, shm.total_bytes, compact) if shm is not None else NA, ""),
+        ],
+        [("pinned ", "dim"), (f(pinned, NA), "")],
+        [("swap ", "dim"), (_of(swap, m.swap_total_bytes, compact), "warn" if swap else "")],
+    ]
+    if compact:
+        lead = 5
+        return (
+            fit(system, width, BAR, lead=[label("MEM", lead)]),
+            fit(job, width, BAR, lead=[label("", lead)]),
+            fit(shared, width, BAR, lead=[label("", lead)]),
+        )
+    lead = 8
+    return (
+        fit(system, width, SEP, lead=[label("System", lead)]),
+        fit(job[:3], width, SEP, lead=[label("Job", lead)]),
+        fit(
+            [[("PSS", "dim")], _trend_text(slope, eta, False), [("(last 5 min, at this rate)", "dim")]],
+            width,
+            (" ", ""),
+            [label("Trend", lead)],
+        ),
+        fit(shared, width, SEP, lead=[label("Shared", lead)]),
+    )
+
+
+# ---- GPU ------------------------------------------------------------------------------------
+def gpu_lines(state: DashboardState, width: int, compact: bool, detailed: bool = False) -> Lines:
+    """One line per device; with ``detailed`` (the panel in full) also torch's figures and the
+    VRAM of every process (the workers table has a GPU column for the job's own)."""
+    s = state.latest
+    if s is None:
+        return ((("waiting for data…", "dim"),),)
+    lead = [label("GPU", 5)] if compact else []
+    if not s.gpus:
+        reason = s.gpu.reason or ("no NVIDIA device found" if s.gpu.available else "not available")
+        if not compact:
+            return wrap(f"no GPU: {reason}", width, "dim")
+        return (fit([[("no GPU: ", "dim"), (reason, "dim")]], width, lead=lead),)
+    roles = {p.pid: p for p in s.processes}
+    if compact:
+        parts = []
+        for g in s.gpus:
+            used = ratio(g.memory_used_bytes, g.memory_total_bytes)
+            parts.append(
+                [
+                    (f"{g.index}: ", "dim"),
+                    (_of(g.memory_used_bytes, g.memory_total_bytes, True), _level(used)),
+                    (f" {cpct(g.utilization_percent, NA)}%", ""),
+                ]
+            )
+        return (fit(parts, width, BAR, lead=lead),)
+    out: list[Line] = []
+    for g in s.gpus:
+        used = ratio(g.memory_used_bytes, g.memory_total_bytes)
+        head: list[list[Span]] = [
+            [
+                (f"GPU{g.index} ", "b"),
+                ("mem ", "dim"),
+                (_of(g.memory_used_bytes, g.memory_total_bytes, True), _level(used)),
+            ]
+            + ([(f" ({used * 100:.0f}%)", _level(used))] if used is not None else []),
+            [("util ", "dim"), (f"{cpct(g.utilization_percent, NA)}%", _util_style(g.utilization_percent))],
+        ]
+        if g.torch_allocated_bytes is not None and not detailed:
+            head.append([("torch ", "dim"), (_of(g.torch_allocated_bytes, g.torch_reserved_bytes, True), "")])
+        head.append([(g.name or "unknown device", "dim")])
+        out.append(fit(head, width, SEP))
+        if not detailed:
+            continue
+        procs: list[list[Span]] = []
+        if g.torch_allocated_bytes is not None or g.torch_reserved_bytes is not None:
+            procs.append(
+                [
+                    ("torch alloc ", "dim"),
+                    (cbytes(g.torch_allocated_bytes, NA), ""),
+                    (" reserved ", "dim"),
+                    (cbytes(g.torch_reserved_bytes, NA), ""),
+                    (" peak ", "dim"),
+                    (cbytes(g.torch_peak_allocated_bytes, NA), ""),
+                ]
+            )
+        for gp in sorted(g.processes, key=lambda x: -(x.used_memory_bytes or 0)):
+            p = roles.get(gp.pid)
+            who = _who(p) if p is not None else "other"
+            procs.append([(f"pid {gp.pid} ", "dim"), (f"{who} ", ""), (cbytes(gp.used_memory_bytes, NA), "")])
+        out.extend(flow(procs, width, SEP, lead=[("  ", "")]))
+    return tuple(out)
+
+
+def _who(p: ProcessSample) -> str:
+    if p.role == "worker":
+        return f"worker {p.worker_id}" if p.worker_id is not None else "worker"
+    return p.role
+
+
+def _level(fraction: float | None) -> str:
+    if fraction is None:
+        return ""
+    return "crit" if fraction > 0.95 else "warn" if fraction > 0.85 else ""
+
+
+def _util_style(util: float | None) -> str:
+    if util is None:
+        return ""
+    return "warn" if util < 30 else "ok" if util > 80 else ""
+
+
+# ---- IO -------------------------------------------------------------------------------------
+def io_lines(state: DashboardState, width: int, compact: bool) -> Lines:
+    s = state.latest
+    if s is None:
+        return ((("waiting for data…", "dim"),),)
+    d_count = state.d_state_count()
+    pr = s.cgroup.pressure if s.cgroup is not None and s.cgroup.pressure is not None else s.pressure
+    psi: list[Span] = [("PSI io ", "dim")]
+    if pr is None or (pr.io_some_avg10 is None and pr.io_full_avg10 is None):
+        psi.append((NA, "dim"))
+    else:
+        psi += [
+            ("some ", "dim"),
+            (f"{cpct(pr.io_some_avg10, NA, 1)}%", _psi_style(pr.io_some_avg10)),
+            (" full ", "dim"),
+            (f"{cpct(pr.io_full_avg10, NA, 1)}%", _psi_style(pr.io_full_avg10)),
+        ]
+    dstate: list[Span] = [
+        (
+            f"{d_count} in D state"
+            if compact
+            else f"{d_count} process{'es' if d_count != 1 else ''} in D state",
+            "warn" if d_count else "",
+        )
+    ]
+    disks = sorted(s.disks, key=lambda d: -(d.util_percent or 0.0))
+    if compact:
+        parts: list[list[Span]] = []
+        if disks:
+            d = disks[0]
+            parts.append(
+                [
+                    (f"{d.name} ", "b"),
+                    ("r ", "dim"),
+                    (f"{mbps(d.read_bytes_per_s)}MB/s ", ""),
+                    (f"{cpct(d.util_percent)}%", _util_disk(d.util_percent)),
+                    (f" {_ms(d.r_await_ms)}", ""),
+                    (f" q{_q(d.queue_depth)}", ""),
+                ]
+            )
+            if len(disks) > 1:
+                parts.append([(f"+{len(disks) - 1} disks", "dim")])
+        else:
+            parts.append([("no disks", "dim")])
+        parts += [psi, dstate]
+        return (fit(parts, width, BAR, lead=[label("IO", 5)]),)
+    out: list[Line] = []
+    for d in disks:
+        out.append(
+            fit(
+                [
+                    [(d.name.ljust(8), "b")],
+                    [("read ", "dim"), (f"{mbps(d.read_bytes_per_s, NA)} MB/s", "")],
+                    [("write ", "dim"), (f"{mbps(d.write_bytes_per_s, NA)} MB/s", "")],
+                    [("util ", "dim"), (f"{cpct(d.util_percent, NA)}%", _util_disk(d.util_percent))],
+                    [("await ", "dim"), (_ms(d.r_await_ms), "")],
+                    [("queue ", "dim"), (_q(d.queue_depth), "")],
+                ],
+                width,
+                (" ", ""),
+            )
+        )
+    if not disks:
+        out.append((("no whole disks found", "dim"),))
+    out.append(fit([psi, dstate], width, SEP))
+    return tuple(out)
+
+
+def _ms(v: float | None) -> str:
+    return DASH if v is None else f"{v:.1f}ms"
+
+
+def _q(v: float | None) -> str:
+    return DASH if v is None else f"{v:.2f}"
+
+
+def _psi_style(v: float | None) -> str:
+    return "" if v is None else "crit" if v > 20 else "warn" if v > 5 else ""
+
+
+def _util_disk(v: float | None) -> str:
+    return "" if v is None else "warn" if v > 80 else ""
+
+
+# ---- throughput -----------------------------------------------------------------------------
+def throughput_lines(state: DashboardState, width: int, compact: bool) -> Lines:
+    s = state.latest
+    if s is None:
+        return ((("waiting for data…", "dim"),),)
+    lead = [label("DATA", 5)] if compact else []
+    if not s.loaders:
+        if not compact:
+            return wrap(AGENT_HINT, width, "dim")
+        return (fit([[(AGENT_HINT_SHORT, "dim")]], width, lead=lead),)
+    out: list[Line] = []
+    loaders = s.loaders if not compact else s.loaders[:1]
+    for ld in loaders:
+        wait = None if ld.data_wait_fraction is None else ld.data_wait_fraction * 100
+        parts: list[list[Span]] = [
+            [(_rate(ld.batches_per_s), "b"), (" batch/s", "dim")],
+            [(_rate(ld.samples_per_s), ""), (" samples/s", "dim")],
+            [("data wait ", "dim"), (f"{cpct(wait, NA)}%", _wait_style(wait))],
+        ]
+        if not compact:
+            cfg = [f"{ld.num_workers if ld.num_workers is not None else '?'} workers"]
+            if ld.batch_size is not None:
+                cfg.append(f"bs {ld.batch_size}")
+            if ld.pin_memory:
+                cfg.append("pinned")
+            if ld.persistent_workers:
+                cfg.append("persistent")
+            parts.insert(0, [(clip(ld.name, 28), "b")])
+            parts.append([(" ".join(cfg), "dim")])
+        else:
+            parts.append([(clip(ld.name, 24), "dim")])
+            if len(s.loaders) > 1:
+                parts.append([(f"+{len(s.loaders) - 1} loaders", "dim")])
+        out.append(fit(parts, width, BAR if compact else SEP, lead=lead))
+    return tuple(out)
+
+
+def _rate(v: float | None) -> str:
+    if v is None:
+        return NA
+    return f"{v:.1f}" if v < 100 else f"{v:.0f}"
+
+
+def _wait_style(v: float | None) -> str:
+    return "" if v is None else "crit" if v > 50 else "warn" if v > 20 else "ok"
+
+
+# ---- alerts ---------------------------------------------------------------------------------
+def sorted_alerts(alerts: Sequence[Alert]) -> list[Alert]:
+    return sorted(alerts, key=lambda a: (_SEVERITY_ORDER.get(a.severity, 3), a.since))
+
+
+def alert_lines(state: DashboardState, width: int, compact: bool, panel_key: str = "6") -> Lines:
+    s = state.latest
+    alerts = sorted_alerts(s.alerts) if s is not None else []
+    if compact:
+        lead = [label("ALERT", 6)]
+        if not alerts:
+            return ((*lead, ("none", "dim")),)
+        counts: dict[str, int] = {}
+        for a in alerts:
+            counts[a.severity] = counts.get(a.severity, 0) + 1
+        first = alerts[0]
+        summary = ", ".join(f"{n} {sev}" for sev, n in sorted(counts.items(), key=lambda kv: _rank(kv[0])))
+        head = fit(
+            [[(summary, _SEVERITY_STYLE.get(first.severity, ""))], [(f"{first.kind}: {first.subject}", "b")]],
+            width - 6,
+            BAR,
+            lead=lead,
+        )
+        rest = width - 6 - width_of(head) - 3
+        if rest > 8:
+            head = (*head, BAR, (clip(first.message, rest), ""))
+        return ((*head, (f" [{panel_key}]", "key")),)
+    if not alerts:
+        return ((("no alerts", "dim"),),)
+    assert s is not None
+    out: list[Line] = []
+    for a in alerts:
+        sev = _SEVERITY_WORD.get(a.severity, a.severity.upper()[:4])
+        since = duration(s.time - a.since)
+        title: Line = (
+            (sev.ljust(5), _SEVERITY_STYLE.get(a.severity, "")),
+            (f"{a.kind} ", "b"),
+            (f"{a.subject}", ""),
+            (f" (for {since})", "dim"),
+        )
+        out.append(truncate(title, width))
+        for chunk in textwrap.wrap(a.message, max(10, width - 5)):
+            out.append(((" " * 5, ""), (chunk, "")))
+        for k, chunk in enumerate(textwrap.wrap(a.advice, max(10, width - 7))):
+            out.append(((" " * 5, ""), ("→ " if k == 0 else "  ", "key"), (chunk, "dim")))
+    return tuple(out)
+
+
+def _rank(severity: str) -> int:
+    return _SEVERITY_ORDER.get(severity, 3)
+
+
+# ---- workers table --------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Column:
+    key: str
+    title: str
+    width: int
+    right: bool
+    priority: int  # higher stays longer when the table is narrow
+    sort: str | None = None
+
+
+COLUMNS: tuple[Column, ...] = (
+    Column("role", "ROLE", 6, False, 100),
+    Column("id", "ID", 3, True, 90, "id"),
+    Column("pid", "PID", 7, True, 95),
+    Column("state", "STATE", 7, False, 98),
+    Column("cpu", "CPU%", 5, True, 80, "cpu"),
+    Column("thr", "THR", 4, True, 10),
+    Column("rss", "RSS", 6, True, 70, "rss"),
+    Column("uss", "USS", 6, True, 60, "uss"),
+    Column("pss", "PSS", 7, True, 97, "pss"),
+    Column("shm", "SHM", 6, True, 20),
+    Column("read", "RD MB/s", 7, True, 50, "read"),
+    Column("batch", "BATCH%", 6, True, 40),
+    Column("gpu", "GPU", 6, True, 30, "gpu"),
+)
+
+
+def table_columns(width: int, *, batches: bool, gpu: bool) -> tuple[Column, ...]:
+    cols = [c for c in COLUMNS if (c.key != "batch" or batches) and (c.key != "gpu" or gpu)]
+    while cols and sum(c.width for c in cols) + len(cols) - 1 > width:
+        cols.remove(min(cols, key=lambda c: c.priority))
+    return tuple(cols)
+
+
+def pss_stale(p: ProcessSample, interval: float | None) -> bool:
+    return p.pss_age_s is not None and p.pss_age_s > max(5.0, 3 * (interval or 1.0))
+
+
+def row_state(row: ProcessRow) -> tuple[str, str]:
+    """(word, style) for the STATE cell."""
+    if row.gone:
+        d = row.death
+        if d is not None:
+            if d.signal is not None:
+                return (_SIGNAMES.get(d.signal, f"SIG{d.signal}"), "crit")
+            return (f"exit {d.exit_code}" if d.exit_code is not None else "died", "crit")
+        return ("gone", "dim")
+    st = row.process.state
+    word = _STATE_NAMES.get(st, st)
+    if st == "Z":
+        return (word, "crit")
+    if st == "D":
+        return (word, "warn")
+    if st in ("T", "t"):
+        return (word, "warn")
+    return (word, "")
+
+
+_SIGNAMES = {9: "killed", 7: "SIGBUS", 11: "SIGSEGV", 6: "SIGABRT", 15: "SIGTERM"}
+
+
+def table_cells(row: ProcessRow, cols: Sequence[Column], interval: float | None) -> Line:
+    p = row.process
+    dead = row.gone or p.state in ("Z", "X")
+    row_style = "dim" if row.gone else ""
+    spans: list[Span] = []
+    for i, c in enumerate(cols):
+        style = row_style
+        if c.key == "role":
+            text = p.role
+        elif c.key == "id":
+            text = str(p.worker_id) if p.worker_id is not None else DASH
+        elif c.key == "pid":
+            text = str(p.pid)
+        elif c.key == "state":
+            text, style = row_state(row)
+        elif c.key == "cpu":
+            text = DASH if row.gone else cpct(p.cpu_percent)
+        elif c.key == "thr":
+            text = DASH if dead else (str(p.num_threads) if p.num_threads is not None else DASH)
+        elif c.key == "rss":
+            text = DASH if dead else cbytes(p.rss_bytes)
+        elif c.key == "uss":
+            text = DASH if dead else cbytes(p.uss_bytes)
+        elif c.key == "pss":
+            text = DASH if dead else cbytes(p.pss_bytes)
+            if not dead and p.pss_bytes is not None and pss_stale(p, interval):
+                text, style = "~" + text, "stale"
+        elif c.key == "shm":
+            text = DASH if dead else cbytes(p.shmem_bytes)
+        elif c.key == "read":
+            text = DASH if row.gone else mbps(p.read_bytes_per_s)
+        elif c.key == "batch":
+            text = DASH if row.batch_share is None else f"{row.batch_share * 100:.0f}"
+        elif c.key == "gpu":
+            text = cbytes(p.gpu_memory_bytes)
+        else:  # pragma: no cover - every column is handled above
+            text = ""
+        cell = text[: c.width]
+        cell = cell.rjust(c.width) if c.right else cell.ljust(c.width)
+        if i:
+            spans.append((" ", row_style))
+        spans.append((cell, style))
+    return tuple(spans)
+
+
+def table_header(cols: Sequence[Column], sort: str, reverse: bool) -> Line:
+    spans: list[Span] = []
+    for i, c in enumerate(cols):
+        title = c.title
+        style = "head"
+        if c.sort is not None and c.sort == sort:
+            title += "▴" if reverse else "▾"
+            style = "sorted"
+        title = title[: c.width] if len(title) > c.width else title
+        if i:
+            spans.append((" ", "head"))
+        spans.append((title.rjust(c.width) if c.right else title.ljust(c.width), style))
+    return tuple(spans)
+
+
+def sort_caption(sort: str, reverse: bool, count: int) -> str:
+    order = "ascending" if reverse else ("natural order" if sort == "id" else "descending")
+    return f"{count} processes · sorted by {SORT_NAMES.get(sort, sort)} ({order})"
+
+
+# ---- worker detail --------------------------------------------------------------------------
+def detail_lines(row: ProcessRow, snapshot: Snapshot | None, width: int) -> Lines:
+    p = row.process
+    interval = snapshot.interval_s if snapshot is not None else None
+    st, st_style = row_state(row)
+    age = p.pss_age_s
+    lines: list[Line] = [
+        fit(
+            [
+                [("role ", "dim"), (p.role, "b")],
+                [("worker id ", "dim"), (str(p.worker_id) if p.worker_id is not None else NA, "")],
+                [("pid ", "dim"), (str(p.pid), "b")],
+                [("ppid ", "dim"), (str(p.ppid) if p.ppid is not None else NA, "")],
+                [("comm ", "dim"), (p.comm, "")],
+                [("state ", "dim"), (st, st_style)],
+            ],
+            width,
+        ),
+        fit(
+            [
+                [("pids under this row ", "dim"), (str(row.pids_seen), "")],
+                [("seen for ", "dim"), (duration(row.last_seen - row.first_seen), "")],
+                [("loader ", "dim"), (row.loader_id or NA, "")],
+                [("batch share ", "dim"), (f"{row.batch_share * 100:.0f}%" if row.batch_share else NA, "")],
+                [("start_time ", "dim"), (f"{p.start_time} ticks after boot", "")],
+            ],
+            width,
+        ),
+        (),
+        fit(
+            [
+                [("RSS ", "dim"), (human_bytes(p.rss_bytes), "b")],
+                [("anon ", "dim"), (human_bytes(p.rss_anon_bytes), "")],
+                [("file ", "dim"), (human_bytes(p.rss_file_bytes), "")],
+                [("shmem ", "dim"), (human_bytes(p.shmem_bytes), "")],
+            ],
+            width,
+        ),
+        fit(
+            [
+                [("PSS ", "dim"), (human_bytes(p.pss_bytes), "b")],
+                [("USS ", "dim"), (human_bytes(p.uss_bytes), "b")],
+                [("PSS shmem ", "dim"), (human_bytes(p.pss_shmem_bytes), "")],
+                [("swap ", "dim"), (human_bytes(p.swap_bytes), "")],
+                [
+                    ("read ", "dim"),
+                    (
+                        f"{duration(age)} ago" if age is not None else NA,
+                        "stale" if pss_stale(p, interval) else "",
+                    ),
+                ],
+            ],
+            width,
+        ),
+        fit(
+            [
+                [("locked ", "dim"), (human_bytes(p.locked_bytes), "")],
+                [("pinned ", "dim"), (human_bytes(p.pinned_bytes), "")],
+                [("GPU ", "dim"), (human_bytes(p.gpu_memory_bytes), "")],
+            ],
+            width,
+        ),
+        fit(
+            [
+                [("CPU ", "dim"), (f"{cpct(p.cpu_percent, NA, 1)}%", "b")],
+                [("threads ", "dim"), (str(p.num_threads) if p.num_threads is not None else NA, "")],
+                [("fds ", "dim"), (str(p.num_fds) if p.num_fds is not None else NA, "")],
+                [("invol. switches ", "dim"), (_per_s(p.nonvoluntary_ctxt_switches_per_s), "")],
+            ],
+            width,
+        ),
+        fit(
+            [
+                [("read ", "dim"), (f"{mbps(p.read_bytes_per_s, NA)} MB/s", "b")],
+                [("write ", "dim"), (f"{mbps(p.write_bytes_per_s, NA)} MB/s", "")],
+                [("read total ", "dim"), (human_bytes(p.read_bytes), "")],
+                [("written ", "dim"), (human_bytes(p.write_bytes), "")],
+            ],
+            width,
+        ),
+    ]
+    if p.unavailable:
+        reasons = ", ".join(f"{k}: {v}" for k, v in sorted(p.unavailable.items()))
+        lines.append(((clip("unavailable: " + reasons, width), "warn"),))
+    if row.death is not None:
+        d = row.death
+        how = f"signal {d.signal}" if d.signal is not None else f"exit code {d.exit_code}"
+        lines.append(((f"died: {how} at {time.strftime('%H:%M:%S', time.localtime(d.time))}", "crit"),))
+    return tuple(lines)
+
+
+def _per_s(v: float | None) -> str:
+    return NA if v is None else f"{v:.0f}/s"

@@ -1,0 +1,395 @@
+"""The dashboard's widgets: cheap line-rendering views, the workers table and the charts.
+
+Every view keeps the lines it shows and repaints only when new lines differ; formatted lines are
+turned into strips once and reused while they stay on screen. Charts rebuild their plot only
+when the bucketed data they show changed (at most once per chart bucket), and cache the result.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from rich.segment import Segment
+from rich.style import Style
+from rich.text import Text
+from textual.app import RenderResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.geometry import Region, Size
+from textual.message import Message
+from textual.strip import Strip
+from textual.widget import Widget
+from textual_plotext import PlotextPlot
+
+from dlmon.ui.series import Series, chart_step
+from dlmon.ui.state import DashboardState, ProcessRow, RowKey
+from dlmon.ui.views import (
+    STYLES,
+    Line,
+    Lines,
+    sort_caption,
+    table_cells,
+    table_columns,
+    table_header,
+)
+
+# Text from the target (a command line with newlines, a comm with escapes) must not move the cursor.
+_CONTROL = {c: " " for c in (*range(32), 127)}
+
+
+class LinesView(Widget):
+    """Shows styled lines (see ``dlmon.ui.views``); repaints only when they change."""
+
+    COMPONENT_CLASSES = {f"lines--{name}" for name in STYLES}
+
+    DEFAULT_CSS = """
+    LinesView { height: auto; width: 1fr; }
+    """
+
+    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
+        self._lines: Lines = ()
+        self._strips: dict[tuple[Line, int], Strip] = {}
+        self._styles: dict[str, Style] | None = None
+        self._base: Style | None = None
+
+    @property
+    def lines(self) -> Lines:
+        return self._lines
+
+    @property
+    def text(self) -> str:
+        """The plain text shown (for tests and screen readers of the log)."""
+        return "\n".join("".join(t for t, _ in line) for line in self._lines)
+
+    def set_lines(self, lines: Lines) -> bool:
+        """Show ``lines``; returns whether anything changed."""
+        old = self._lines
+        if lines == old:
+            return False
+        self._lines = lines
+        if self._strips:
+            keep = set(lines)
+            self._strips = {k: v for k, v in self._strips.items() if k[0] in keep}
+        width = self.size.width
+        if len(lines) != len(old) or not width:
+            self.refresh(layout=len(lines) != len(old))
+        else:  # repaint only the lines that changed: the compositor's work is per dirty line
+            pairs = enumerate(zip(old, lines, strict=True))
+            self.refresh(*(Region(0, y, width, 1) for y, (a, b) in pairs if a != b))
+        return True
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        return len(self._lines)
+
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._styles = None
+        self._base = None
+        self._strips.clear()
+
+    def _style_map(self) -> dict[str, Style]:
+        if self._styles is None:
+            base = self.rich_style
+            self._base = base
+            styles = {"": base}
+            for name in STYLES:
+                styles[name] = base + self.get_component_rich_style(f"lines--{name}", partial=True)
+            self._styles = styles
+        return self._styles
+
+    def render_line(self, y: int) -> Strip:
+        width = self.size.width
+        styles = self._style_map()
+        if y >= len(self._lines):
+            return Strip.blank(width, styles[""])
+        line = self._lines[y]
+        key = (line, width)
+        strip = self._strips.get(key)
+        if strip is None:
+            segments = [
+                Segment(text.translate(_CONTROL), styles.get(style, styles[""]))
+                for text, style in line
+                if text
+            ]
+            strip = Strip(segments).crop_extend(0, width, styles[""])
+            self._strips[key] = strip
+        return strip
+
+
+class Panel(Vertical):
+    """A titled box; number keys show it alone, tab moves between panels."""
+
+    can_focus = True
+
+    def __init__(self, title: str, key: str, *, id: str, focusable: bool = True) -> None:
+        super().__init__(id=id, classes="panel")
+        self.panel_title = title
+        self.key = key
+        self.border_title = f"{key} {title}"
+        self.can_focus = focusable
+
+    def set_caption(self, caption: str | None) -> None:
+        if self.border_subtitle != (caption or ""):
+            self.border_subtitle = caption or ""
+
+
+# ---- charts ---------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class ChartLine:
+    label: str
+    series: Series
+    color: str
+    right: bool = False  # on the right-hand y axis
+
+
+class TimeChart(PlotextPlot):
+    """A time-series chart of bounded :class:`Series`, redrawn only when its buckets change.
+
+    The x axis is minutes before now; the window is at least ``min_window`` seconds and grows
+    with the run, in buckets of a round number of seconds (never finer than the interval), so
+    at 1 Hz a chart is rebuilt every few seconds, not every tick.
+    """
+
+    DEFAULT_CSS = """
+    TimeChart { height: 1fr; min-height: 5; }
+    """
+
+    def __init__(
+        self,
+        *,
+        unit: str,
+        scale: float,
+        right_unit: str | None = None,
+        right_scale: float = 1.0,
+        min_window: float = 600.0,
+        zero_based: bool = True,
+        id: str | None = None,
+        classes: str | None = None,
+    ) -> None:
+        super().__init__(id=id, classes=classes)
+        self.unit = unit
+        self.scale = scale
+        self.right_unit = right_unit
+        self.right_scale = right_scale
+        self.min_window = min_window
+        self.zero_based = zero_based
+        self.builds = 0  # how many times the plot was rebuilt (tests, benchmarks)
+        self._signature: tuple[object, ...] | None = None
+        self._cached: tuple[tuple[object, ...], Text] | None = None
+        self._has_data = False
+        self._data_version = 0
+
+    def show(self, lines: Sequence[ChartLine], now: float, interval: float | None) -> bool:
+        """Set the data; returns whether the plot will be rebuilt."""
+        width, height = self.size.width, self.size.height
+        if width <= 12 or height <= 3 or not self.display:
+            return False
+        firsts = [cl.series.first_time for cl in lines if cl.series.first_time is not None]
+        if not firsts:
+            signature: tuple[object, ...] = (width, height, "empty")
+            if signature != self._signature:
+                self._signature = signature
+                self._has_data = False
+                self._data_version += 1
+                self.refresh()
+                return True
+            return False
+        dots = max(10, (width - 10) * 2)
+        span = now - min(firsts)
+        step = chart_step(span, dots, interval, self.min_window)
+        bucket = math.floor(now / step)
+        # the step keeps the rebuilds rare; the window shows what there is (at least a minute)
+        window = min(dots * step, math.ceil(max(span, 60.0, 4 * step) / step) * step)
+        signature = (width, height, step, bucket, window, tuple(cl.label for cl in lines))
+        if signature == self._signature:
+            return False
+        self._signature = signature
+        end = (bucket + 1) * step
+        start = end - window
+        plt = self.plt
+        plt.clear_data()
+        any_points = False
+        top = {False: 0.0, True: 0.0}
+        used: set[bool] = set()
+        for cl in lines:
+            points = cl.series.resample(start, end, step)
+            if not points:
+                continue
+            any_points = True
+            scale = self.right_scale if cl.right else self.scale
+            xs = [(t - now) / 60.0 for t, _ in points]
+            ys = [v / scale for _, v in points]
+            top[cl.right] = max(top[cl.right], max(ys))
+            used.add(cl.right)
+            plt.plot(
+                xs,
+                ys,
+                label=cl.label,
+                color=cl.color,
+                marker="braille",
+                yside="right" if cl.right else "left",
+            )
+        plt.xlim(-(now - start) / 60.0, 0)
+        if self.zero_based:
+            for right, value in top.items():
+                if right in used:
+                    side = "right" if right else "left"
+                    upper = value * 1.08 if value > 0 else 1.0
+                    plt.ylim(0, upper, side)  # type: ignore[arg-type]  # the stub says float
+        plt.xlabel("minutes ago")
+        plt.ylabel(self.unit, "left")  # the stub names it xside
+        if self.right_unit is not None:
+            plt.ylabel(self.right_unit, "right")
+        self._has_data = any_points
+        self._data_version += 1
+        self.refresh()
+        return True
+
+    def render(self) -> RenderResult:
+        key = (self.size.width, self.size.height, self.app.theme, self._data_version)
+        if self._cached is not None and self._cached[0] == key:
+            return self._cached[1]
+        if not self._has_data:
+            text = Text("collecting data for the chart…", style="dim")
+        else:
+            self.builds += 1
+            rendered = super().render()
+            text = rendered if isinstance(rendered, Text) else Text(str(rendered))
+        self._cached = (key, text)
+        return text
+
+
+# ---- workers table --------------------------------------------------------------------------
+class WorkerTable(LinesView):
+    """The process table: one line per process, drawn line by line (no DataTable).
+
+    Sorting and the cursor follow rows by key, so a re-sort or a respawned worker keeps the
+    selection. Only the visible window of rows is formatted.
+    """
+
+    can_focus = True
+
+    BINDINGS = [
+        Binding("up,k", "cursor(-1)", "Up", show=False),
+        Binding("down,j", "cursor(1)", "Down", show=False),
+        Binding("pageup", "page(-1)", "Page up", show=False),
+        Binding("pagedown", "page(1)", "Page down", show=False),
+        Binding("home", "edge(0)", "First", show=False),
+        Binding("end", "edge(1)", "Last", show=False),
+        Binding("enter", "open", "Worker detail"),
+    ]
+
+    DEFAULT_CSS = """
+    WorkerTable { height: 1fr; }
+    """
+
+    class Opened(Message):
+        """The user asked for the detail of a row."""
+
+        def __init__(self, key: RowKey) -> None:
+            super().__init__()
+            self.key = key
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.sort = "id"
+        self.reverse = False
+        self.cursor_key: RowKey | None = None
+        self._keys: list[RowKey] = []
+        self._top = 0
+        self._state: DashboardState | None = None
+        self._interval: float | None = None
+        self.caption = ""
+
+    @property
+    def row_keys(self) -> list[RowKey]:
+        return list(self._keys)
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        return max(1, len(self._keys) + 1)
+
+    def show(self, state: DashboardState, interval: float | None) -> None:
+        self._state = state
+        self._interval = interval
+        rows = state.sorted_rows(self.sort, self.reverse)
+        self._keys = [r.key for r in rows]
+        if self.cursor_key not in state.rows:
+            self.cursor_key = self._keys[0] if self._keys else None
+        self.caption = sort_caption(self.sort, self.reverse, len(rows))
+        self._rebuild(rows)
+
+    def _rebuild(self, rows: list[ProcessRow] | None = None) -> None:
+        state = self._state
+        if state is None:
+            return
+        if rows is None:
+            rows = [state.rows[k] for k in self._keys if k in state.rows]
+        latest = state.latest
+        batches = bool(latest is not None and latest.loaders)
+        gpu = bool(latest is not None and (latest.gpus or any(r.process.gpu_memory_bytes for r in rows)))
+        width = self.size.width or 80
+        cols = table_columns(width, batches=batches, gpu=gpu)
+        visible = self.size.height - 1 if self.size.height > 1 else len(rows)
+        cursor = self._keys.index(self.cursor_key) if self.cursor_key in self._keys else 0
+        if cursor < self._top:
+            self._top = cursor
+        elif cursor >= self._top + visible:
+            self._top = cursor - visible + 1
+        self._top = max(0, min(self._top, max(0, len(rows) - visible)))
+        focused = self.has_focus
+        lines: list[Line] = [table_header(cols, self.sort, self.reverse)]
+        for i in range(self._top, min(len(rows), self._top + visible)):
+            line = table_cells(rows[i], cols, self._interval)
+            if i == cursor:
+                style = "cursor" if focused else "cursor-blur"
+                line = tuple((text, style) for text, _ in line)
+            lines.append(line)
+        self.set_lines(tuple(lines))
+
+    def on_resize(self) -> None:
+        self._rebuild()
+
+    def on_focus(self) -> None:
+        self._rebuild()
+
+    def on_blur(self) -> None:
+        self._rebuild()
+
+    def set_sort(self, sort: str, reverse: bool | None = None) -> None:
+        if reverse is None:
+            reverse = (not self.reverse) if sort == self.sort else False
+        self.sort, self.reverse = sort, reverse
+        if self._state is not None:
+            self.show(self._state, self._interval)
+
+    def _move_to(self, index: int) -> None:
+        if not self._keys:
+            return
+        index = max(0, min(len(self._keys) - 1, index))
+        self.cursor_key = self._keys[index]
+        self._rebuild()
+
+    def _cursor_index(self) -> int:
+        return self._keys.index(self.cursor_key) if self.cursor_key in self._keys else 0
+
+    def action_cursor(self, delta: int) -> None:
+        self._move_to(self._cursor_index() + delta)
+
+    def action_page(self, direction: int) -> None:
+        self._move_to(self._cursor_index() + direction * max(1, self.size.height - 2))
+
+    def action_edge(self, end: int) -> None:
+        self._move_to(len(self._keys) - 1 if end else 0)
+
+    def action_open(self) -> None:
+        if self.cursor_key is not None:
+            self.post_message(self.Opened(self.cursor_key))
+
+
+class HeaderBar(LinesView):
+    DEFAULT_CSS = """
+    HeaderBar { dock: top; height: 1; }
+    """

@@ -1,0 +1,250 @@
+"""The dashboard's memory and formatting, without Textual: bounded series, rows, log tail, cells."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tracemalloc
+from pathlib import Path
+
+import pytest
+from test_ui_support import MAIN_PID, T0, WORKER_PIDS, ZOMBIE_PID, make_snapshot
+
+from dlmon.model import LoaderSample, ProcessSample, WorkerDeath
+from dlmon.ui.fmt import DASH, cbytes, duration, mbps
+from dlmon.ui.logtail import LogTail
+from dlmon.ui.series import DEFAULT_TIERS, Ring, Series, chart_step
+from dlmon.ui.state import MAX_ROWS, DashboardState
+from dlmon.ui.views import (
+    COLUMNS,
+    memory_lines,
+    table_cells,
+    table_columns,
+    text_of,
+)
+
+
+def test_ring_keeps_the_newest_points_in_order() -> None:
+    ring = Ring(3)
+    for t in range(5):
+        ring.append(float(t), t * 10.0)
+    assert list(ring) == [(2.0, 20.0), (3.0, 30.0), (4.0, 40.0)]
+    assert ring.since(3.0) == [(3.0, 30.0), (4.0, 40.0)]
+    assert ring.first_time() == 2.0 and ring.last() == (4.0, 40.0)
+
+
+def test_series_is_bounded_and_answers_long_windows_from_coarse_tiers() -> None:
+    s = Series()
+    for t in range(3 * 3600):  # three hours at 1 Hz
+        s.add(float(t), float(t % 100))
+    assert s.memory_points() == sum(capacity for _, capacity in DEFAULT_TIERS)
+    recent = s.points(3 * 3600 - 60)
+    assert len(recent) == 60  # raw points for the last minute
+    old = s.points(3600.0)
+    assert 100 < len(old) < 400  # an old window comes from the 60 s tier
+    buckets = s.resample(0.0, 3 * 3600.0, 600.0)
+    assert len(buckets) == 18 and all(abs(v - 49.5) < 1 for _, v in buckets)
+
+
+def test_series_skips_missing_values_instead_of_storing_zero() -> None:
+    s = Series()
+    s.add(0.0, None)
+    s.add(1.0, 5.0)
+    s.add(2.0, None)
+    assert s.points(0.0) == [(1.0, 5.0)] and s.latest() == (1.0, 5.0) and s.first_time == 1.0
+
+
+def test_series_slope() -> None:
+    s = Series()
+    for t in range(301):
+        s.add(float(t), 1000.0 + 2.0 * t)
+    slope = s.slope(300.0, 300.0)
+    assert slope is not None and math.isclose(slope, 2.0)
+    assert Series().slope(300.0, 0.0) is None
+
+
+def test_chart_step_is_round_never_finer_than_the_interval_and_grows_with_the_run() -> None:
+    assert chart_step(10.0, 140, 1.0) == 5  # at least 10 minutes in 140 points
+    assert chart_step(10.0, 140, 30.0) == 30
+    assert chart_step(6 * 3600.0, 140, 1.0) == 300
+    assert chart_step(10 * 86400.0, 100, 1.0) >= 7200
+
+
+def test_rows_are_keyed_by_worker_id_across_respawns() -> None:
+    state = DashboardState()
+    first = make_snapshot()
+    state.ingest(first)
+    respawned = []
+    for p in first.processes:
+        if p.role == "worker" and p.state != "Z":
+            p = dataclasses.replace(p, pid=p.pid + 100, start_time=p.start_time + 5000)
+        respawned.append(p)
+    loader = first.loaders[0]
+    new_pids = tuple(p.pid for p in respawned if p.role == "worker")
+    second = dataclasses.replace(
+        first,
+        time=T0 + 1,
+        processes=tuple(respawned),
+        loaders=(dataclasses.replace(loader, worker_pids=new_pids),),
+    )
+    state.ingest(second)
+    assert len(state.rows) == 5  # the same rows, not 5 + 3
+    row = state.rows[("w", "loader-1", 0)]
+    assert row.process.pid == WORKER_PIDS[0] + 100 and row.pids_seen == 2
+    assert len(row.pss.points(0.0)) == 2  # one history across both pids
+
+
+def test_rows_without_worker_ids_use_pid_and_start_time_and_vanish_later() -> None:
+    state = DashboardState()
+    procs = [
+        ProcessSample(pid=100 + i, start_time=i, ppid=1, role="worker", comm="pt_data_worker", state="S")
+        for i in range(3)
+    ]
+    base = make_snapshot(loaders=False)
+    state.ingest(dataclasses.replace(base, processes=tuple(procs)))
+    state.ingest(dataclasses.replace(base, time=T0 + 1, processes=tuple(procs[:1])))
+    gone = [r for r in state.rows.values() if r.gone]
+    assert len(gone) == 2 and {r.key for r in gone} == {("p", "101", 1), ("p", "102", 2)}
+    state.ingest(dataclasses.replace(base, time=T0 + 120, processes=tuple(procs[:1])))
+    assert len(state.rows) == 1
+
+
+def test_a_dead_worker_keeps_its_row_with_the_signal() -> None:
+    state = DashboardState()
+    snap = make_snapshot(zombie=False)
+    state.ingest(snap)
+    victim = WORKER_PIDS[1]
+    death = WorkerDeath(pid=victim, worker_id=1, loader_id="loader-1", signal=9, exit_code=None, time=T0 + 1)
+    rest = tuple(p for p in snap.processes if p.pid != victim)
+    state.ingest(dataclasses.replace(snap, time=T0 + 1, processes=rest, worker_deaths=(death,)))
+    row = state.rows[("w", "loader-1", 1)]
+    assert row.gone and row.death == death
+    cols = table_columns(200, batches=True, gpu=False)
+    cells = text_of(table_cells(row, cols, 1.0))
+    assert "killed" in cells and " 0B" not in cells
+    state.ingest(dataclasses.replace(snap, time=T0 + 200, processes=rest, worker_deaths=(death,)))
+    assert ("w", "loader-1", 1) in state.rows  # a death stays visible longer than a plain exit
+
+
+def test_sorting_puts_missing_values_last_in_both_directions() -> None:
+    state = DashboardState()
+    state.ingest(make_snapshot())
+    by_pss = [r.process.pid for r in state.sorted_rows("pss")]
+    assert by_pss[0] == MAIN_PID and by_pss[-1] == ZOMBIE_PID
+    reverse = [r.process.pid for r in state.sorted_rows("pss", reverse=True)]
+    assert reverse[-1] == ZOMBIE_PID and reverse[0] == WORKER_PIDS[0]
+    natural = [r.process.pid for r in state.sorted_rows("id")]
+    assert natural == [MAIN_PID, *WORKER_PIDS]
+
+
+def test_batch_share_comes_from_the_loader() -> None:
+    state = DashboardState()
+    state.ingest(make_snapshot())
+    shares = {r.process.pid: r.batch_share for r in state.rows.values()}
+    assert shares[MAIN_PID] is None
+    assert shares[WORKER_PIDS[0]] == pytest.approx(4000 / 12300)
+    assert shares[ZOMBIE_PID] == 0.0
+
+
+def test_the_state_stays_bounded_over_a_long_run_with_churning_workers() -> None:
+    """Non-persistent workers without the agent: a new (pid, start_time) every epoch."""
+    state = DashboardState()
+    base = make_snapshot(loaders=False, alerts=False)
+    main = base.processes[0]
+    tracemalloc.start()
+    try:
+        for k in range(4000):
+            epoch = k // 50
+            workers = tuple(
+                ProcessSample(
+                    pid=10_000 + epoch * 8 + i,
+                    start_time=epoch,
+                    ppid=MAIN_PID,
+                    role="worker",
+                    comm="pt_data_worker",
+                    state="S",
+                    rss_bytes=1 << 30,
+                    pss_bytes=1 << 28,
+                    cpu_percent=50.0,
+                )
+                for i in range(8)
+            )
+            state.ingest(dataclasses.replace(base, time=T0 + k, processes=(main, *workers)))
+            if k == 1000:
+                early, _ = tracemalloc.get_traced_memory()
+        late, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(state.rows) <= MAX_ROWS and len(state.history) <= state.history.capacity
+    assert late - early < 4 * 1024 * 1024, (early, late)  # flat after the first minutes
+
+
+def test_compact_cells() -> None:
+    assert cbytes(None) == DASH and cbytes(0) == "0B" and cbytes(512) == "512B"
+    assert cbytes(1536) == "1.50K" and cbytes(123 * 1024**2) == "123M" and cbytes(1.5 * 1024**3) == "1.50G"
+    assert mbps(None) == DASH and mbps(0.0) == "0.0" and mbps(142.3e6) == "142"
+    assert duration(45) == "45s" and duration(3723) == "1h02m" and duration(None) == "n/a"
+
+
+def test_table_drops_low_priority_columns_when_narrow() -> None:
+    wide = table_columns(200, batches=True, gpu=True)
+    assert [c.key for c in wide] == [c.key for c in COLUMNS]
+    narrow = table_columns(60, batches=True, gpu=True)
+    keys = [c.key for c in narrow]
+    assert {"role", "pid", "state", "pss", "cpu"} <= set(keys) and "thr" not in keys
+    assert sum(c.width for c in narrow) + len(narrow) - 1 <= 60
+
+
+def test_memory_summary_reports_missing_figures_as_na() -> None:
+    state = DashboardState()
+    snap = make_snapshot()
+    memory = dataclasses.replace(
+        snap.memory, pss_sum_bytes=None, cgroup_limit_bytes=None, available_bytes=None
+    )
+    state.ingest(dataclasses.replace(snap, memory=memory, shm=None, cgroup=None))
+    text = "\n".join(text_of(line) for line in memory_lines(state, 200, False))
+    assert "PSS n/a" in text and "avail n/a" in text and "/dev/shm n/a" in text
+    assert "cgroup" not in text and "0 B (true total)" not in text
+
+
+def test_log_tail_reads_incrementally_and_bounded(tmp_path: Path) -> None:
+    log = tmp_path / "out.log"
+    log.write_bytes(b"one\ntw")
+    tail = LogTail(str(log), max_read=64)
+    assert tail.poll() == ["one"] and tail.partial == "tw"
+    with log.open("ab") as fh:
+        fh.write(b"o\n\x1b[31mred\x1b[0m\n")
+    assert tail.poll() == ["two", "red"]
+    assert tail.poll() == []
+    with log.open("ab") as fh:
+        fh.write(b"x" * 200 + b"\nlast\n")
+    lines = tail.poll()
+    assert lines[0].startswith("[dlmon: skipped") and lines[-1] == "last"
+    log.write_bytes(b"new\n")  # truncated and rewritten
+    lines = tail.poll()
+    assert "truncated" in lines[0] and lines[-1] == "new"
+    assert LogTail(str(tmp_path / "missing")).poll() == []
+
+
+def test_loader_history_is_kept_per_loader() -> None:
+    state = DashboardState()
+    snap = make_snapshot()
+    other = LoaderSample(
+        id="val", name="train.py:99", pid=MAIN_PID, batches_per_s=3.0, data_wait_fraction=0.9
+    )
+    state.ingest(dataclasses.replace(snap, loaders=(*snap.loaders, other)))
+    assert set(state.loaders) == {"loader-1", "val"}
+    assert state.loaders["val"].data_wait_percent.latest() == (T0, 90.0)
+
+
+def test_oom_kills_are_counted_from_when_dlmon_started() -> None:
+    state = DashboardState()
+    snap = make_snapshot()
+    state.ingest(dataclasses.replace(snap, memory=dataclasses.replace(snap.memory, oom_kill_count=9)))
+    text = "\n".join(text_of(line) for line in memory_lines(state, 200, False))
+    assert "OOM kills 9 since boot" in text
+    state.ingest(
+        dataclasses.replace(snap, time=T0 + 1, memory=dataclasses.replace(snap.memory, oom_kill_count=10))
+    )
+    text = "\n".join(text_of(line) for line in memory_lines(state, 200, False))
+    assert "OOM kills +1 while watching" in text

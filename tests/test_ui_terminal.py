@@ -1,0 +1,130 @@
+"""The dashboard in a real terminal (tmux) on a real process tree: real pids, real memory, and a
+clean exit that gives the terminal back to the shell."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from conftest import Spawn
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux"),
+]
+
+TREE = """
+import ctypes, os, signal, sys
+data = bytearray(48 * 1024 * 1024)
+for i in range(0, len(data), 4096):
+    data[i] = 1
+libc = ctypes.CDLL(None)
+for _ in range(2):
+    if os.fork() == 0:
+        libc.prctl(15, b"pt_data_worker", 0, 0, 0)
+        private = bytearray(16 * 1024 * 1024)
+        for i in range(0, len(private), 4096):
+            private[i] = 1
+        signal.pause()
+        os._exit(0)
+import time
+time.sleep(0.5)
+print("READY", flush=True)
+signal.pause()
+"""
+LAUNCHER = (
+    "from dlmon.ui import run_dashboard; from dlmon.sources import LiveSource; "
+    "run_dashboard(LiveSource({pid}))"
+)
+
+
+class Tmux:
+    def __init__(self, name: str) -> None:
+        self.socket = f"dlmon-test-{os.getpid()}-{name}"
+
+    def __call__(self, *args: str) -> str:
+        out = subprocess.run(["tmux", "-L", self.socket, *args], capture_output=True, text=True, timeout=10)
+        return out.stdout
+
+    def screen(self) -> str:
+        return self("capture-pane", "-p", "-t", "t")
+
+    def wait_for(self, predicate: str | re.Pattern[str], timeout: float = 30.0) -> str:
+        deadline = time.monotonic() + timeout
+        screen = ""
+        while time.monotonic() < deadline:
+            screen = self.screen()
+            found = predicate in screen if isinstance(predicate, str) else predicate.search(screen)
+            if found:
+                return screen
+            time.sleep(0.1)
+        raise AssertionError(f"never saw {predicate!r} on the screen:\n{screen}")
+
+
+@pytest.fixture
+def tmux() -> Iterator[Tmux]:
+    t = Tmux("ui")
+    env = {**os.environ, "PS1": "$ ", "TERM": "xterm-256color"}
+    env.pop("NO_COLOR", None)
+    subprocess.run(
+        [
+            "tmux",
+            "-L",
+            t.socket,
+            "new-session",
+            "-d",
+            "-s",
+            "t",
+            "-x",
+            "120",
+            "-y",
+            "40",
+            "bash --norc --noprofile",
+        ],
+        check=True,
+        env=env,
+    )
+    yield t
+    subprocess.run(["tmux", "-L", t.socket, "kill-server"], capture_output=True)
+
+
+def children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as fh:
+        return [int(p) for p in fh.read().split()]
+
+
+def test_real_terminal_shows_the_tree_and_quits_cleanly(spawn: Spawn, tmux: Tmux) -> None:
+    tree = spawn(TREE)
+    workers = children(tree.pid)
+    assert len(workers) == 2
+    tmux("send-keys", "-t", "t", f"{sys.executable} -c '{LAUNCHER.format(pid=tree.pid)}'", "Enter")
+
+    # each worker gets a row with its real pid and non-zero memory figures
+    row = re.compile(rf"worker\s+\S+\s+{workers[1]}\s")
+    screen = tmux.wait_for(row)
+    screen = tmux.wait_for(re.compile(rf"worker\s+\S+\s+{workers[0]}\s"))
+    for pid in workers:
+        line = next(li for li in screen.splitlines() if re.search(rf"\s{pid}\s", li) and "worker" in li)
+        sizes = re.findall(r"(\d+(?:\.\d+)?)([KMG])\b", line)
+        assert sizes, line
+        assert all(float(v) > 0 for v, _ in sizes), line
+        assert any(unit == "M" and float(v) >= 16 for v, unit in sizes), line  # its 16 MiB + shared 48 MiB
+    assert f"pid {tree.pid}" in screen and "dlmon" in screen
+
+    tmux("send-keys", "-t", "t", "q")
+    tmux.wait_for(re.compile(r"\n\S*[#$]\s*\Z"), timeout=20)  # the shell's prompt is back, last
+    tmux("send-keys", "-t", "t", "echo status=$?", "Enter")
+    after = tmux.wait_for("status=0", timeout=10)
+    assert "status=0" in after
+    # the terminal is the shell's again: no alternate screen, no mouse reporting, a visible cursor
+    flags = tmux(
+        "display-message", "-p", "-t", "t", "#{alternate_on} #{mouse_any_flag} #{cursor_flag}"
+    ).split()
+    assert flags == ["0", "0", "1"], flags
