@@ -13,7 +13,7 @@ import tempfile
 import time
 
 import dlmon
-from dlmon.agent import socket_path
+from dlmon.collect.agent_client import AgentClient
 
 INJECT_TIMEOUT_S = 10.0
 
@@ -49,10 +49,10 @@ def inject(pid: int, timeout: float = INJECT_TIMEOUT_S) -> str:
     os.chmod(script, 0o644)
     try:
         remote_exec(pid, script)
-        path = socket_path(pid)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if os.path.exists(path):
+            path = AgentClient.find_socket(pid)  # in the target's directories, not ours
+            if path is not None:
                 return path
             time.sleep(0.1)
         raise InjectError(

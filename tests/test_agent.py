@@ -820,22 +820,35 @@ def test_cuda_and_pinned_figures_are_read_defensively() -> None:
     cpu_torch = SimpleNamespace(cuda=SimpleNamespace(is_initialized=lambda: False))
     assert _cuda_figures(cpu_torch) == (False, [], None, None)
 
-    def stat_fn(v: int) -> Any:
-        return lambda d: v + d
+    calls: list[int] = []
+
+    def memory_stats(d: int) -> dict[str, int]:
+        calls.append(d)
+        return {
+            "allocated_bytes.all.current": 100 + d,
+            "reserved_bytes.all.current": 200 + d,
+            "allocated_bytes.all.peak": 150 + d,
+        }
+
+    def flattening_again(d: int) -> int:  # each of these flattens memory_stats under the allocator mutex
+        raise AssertionError("one memory_stats() per device, not one call per figure")
 
     fake = SimpleNamespace(
         cuda=SimpleNamespace(
             is_initialized=lambda: True,
             device_count=lambda: 2,
-            memory_allocated=stat_fn(100),
-            memory_reserved=stat_fn(200),
-            max_memory_allocated=stat_fn(150),
+            memory_stats=memory_stats,
+            memory_allocated=flattening_again,
+            memory_reserved=flattening_again,
+            max_memory_allocated=flattening_again,
             get_device_properties=lambda d: SimpleNamespace(name="H200", uuid=f"uuid-{d}"),
             host_memory_stats=lambda: {"allocated_bytes.current": 4096},
         )
     )
     init, devices, pinned, err = _cuda_figures(fake)
     assert init and err is None
+    assert calls == [0, 1]
+    assert devices[0]["allocated"] == 100
     assert devices[1] == {
         "device": 1,
         "allocated": 101,

@@ -10,7 +10,11 @@ and serves cumulative counters as one JSON line on the Unix socket ``socket_path
 Importing this package imports the standard library only, never torch; a program that never
 imports torch pays for one idle daemon thread and nothing else.
 
-Set ``DLMON_AGENT_DISABLE=1`` to make ``start()`` a no-op.
+``arm()`` installs the same hooks but starts serving only when the process builds its first
+DataLoader iterator; ``dlmon run`` uses it in children that ``multiprocessing`` spawns
+(``torch.multiprocessing.spawn`` ranks), whose spawn-context DataLoader workers never serve.
+
+Set ``DLMON_AGENT_DISABLE=1`` to make ``start()`` and ``arm()`` no-ops.
 """
 
 from __future__ import annotations
@@ -24,11 +28,13 @@ from typing import Any
 from dlmon.agent import _hooks
 from dlmon.agent._paths import socket_dir, socket_path
 
-__all__ = ["counters", "serving_path", "socket_dir", "socket_path", "start"]
+__all__ = ["arm", "counters", "serving_path", "socket_dir", "socket_path", "start"]
 
 _lock = threading.Lock()
-_server: Any = None  # dlmon.agent._server.Server while serving
-_started_pid: int | None = None
+# The Server while serving. Not named ``_server``: importing the submodule dlmon.agent._server
+# sets that attribute of this package to the module.
+_serving: Any = None
+_started_pid: int | None = None  # set once serving, so that a failed start() can be retried
 _server_error: str | None = None
 _fork_registered = False
 _atexit_registered = False
@@ -46,26 +52,59 @@ def start() -> None:
         _hooks.R.degraded["start"] = f"{type(exc).__name__}: {exc}"[:300]
 
 
+def arm() -> None:
+    """Install the hooks now, and start serving at the first DataLoader iteration of this process.
+
+    For processes that may or may not be trainings: the children that ``multiprocessing`` spawns
+    (``torch.multiprocessing.spawn`` ranks, but also spawn-context DataLoader workers, which
+    never iterate a DataLoader and so never serve). Never raises.
+    """
+    try:
+        _arm()
+    except Exception as exc:
+        _hooks.R.degraded["start"] = f"{type(exc).__name__}: {exc}"[:300]
+
+
 def _disabled() -> bool:
     return os.environ.get("DLMON_AGENT_DISABLE", "").strip().lower() not in ("", "0", "false", "no")
 
 
+def _register_fork() -> None:
+    global _fork_registered
+    if not _fork_registered and hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_after_fork_child)
+        _fork_registered = True
+
+
+def _install_hooks() -> None:
+    try:
+        _hooks.install()
+    except Exception as exc:
+        _hooks.R.degraded["install"] = f"{type(exc).__name__}: {exc}"[:300]
+
+
+def _arm() -> None:
+    if _disabled():
+        return
+    with _lock:
+        if _started_pid == os.getpid():
+            return
+        _register_fork()
+        _install_hooks()
+        _hooks.R.on_first_iter = start
+
+
 def _start() -> None:
-    global _server, _started_pid, _server_error, _fork_registered, _atexit_registered
+    global _serving, _started_pid, _server_error, _atexit_registered
     if _disabled():
         return
     with _lock:
         pid = os.getpid()
         if _started_pid == pid:
             return
-        _started_pid = pid
-        if not _fork_registered and hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=_after_fork_child)
-            _fork_registered = True
-        try:
-            _hooks.install()
-        except Exception as exc:
-            _hooks.R.degraded["install"] = f"{type(exc).__name__}: {exc}"[:300]
+        _hooks.R.on_first_iter = None
+        _register_fork()
+        _install_hooks()
         from dlmon.agent._server import Server
 
         srv = Server()
@@ -76,8 +115,10 @@ def _start() -> None:
             _hooks.R.degraded["server"] = _server_error
             srv.close(unlink=False)
             return
-        _server = srv
+        _serving = srv
+        _started_pid = pid
         _server_error = None
+        _hooks.R.degraded.pop("server", None)
         if not _atexit_registered:
             atexit.register(_at_exit)
             _atexit_registered = True
@@ -85,11 +126,12 @@ def _start() -> None:
 
 def _after_fork_child() -> None:
     """In a forked child: drop the parent's server (close our copies of its fds, never unlink)."""
-    global _server, _started_pid, _lock
+    global _serving, _started_pid, _lock
     _lock = threading.Lock()  # another thread may have held it at fork time
     _hooks.R.lock = threading.Lock()
-    srv = _server
-    _server = None
+    _hooks.R.on_first_iter = None  # a forked child does not start an agent of its own
+    srv = _serving
+    _serving = None
     _started_pid = None
     _hooks.R.by_key.clear()  # the parent's workers are our siblings, not our children
     if srv is not None:
@@ -98,19 +140,31 @@ def _after_fork_child() -> None:
 
 
 def _at_exit() -> None:
-    srv = _server
+    srv = _serving
     if srv is not None and srv.pid == os.getpid():
         srv.close(unlink=True)
 
 
 def counters() -> dict[str, Any]:
-    """The same cumulative counters the socket serves, read in-process (for tests and tools)."""
-    from dlmon.agent._server import build_counters
+    """The same cumulative counters the socket serves, read in-process (for tests and tools).
 
-    return build_counters(_server)
+    Works before ``start()`` and when the agent is disabled or failed to start; never raises.
+    """
+    try:
+        from dlmon.agent._server import build_counters
+
+        return build_counters(_serving)
+    except Exception as exc:
+        return {"v": 1, "pid": os.getpid(), "error": f"{type(exc).__name__}: {exc}"[:300]}
 
 
 def serving_path() -> str | None:
-    """The socket this process's agent serves on, or None when it is not serving."""
-    srv = _server
-    return srv.path if srv is not None and srv.listener is not None else None
+    """The socket this process's agent serves on, or None when it is not serving. Never raises."""
+    try:
+        srv = _serving
+        if srv is None or srv.listener is None:
+            return None
+        path = srv.path
+        return path if isinstance(path, str) else None
+    except Exception:
+        return None

@@ -5,10 +5,22 @@ hook when the program itself imports ``torch.utils.data.dataloader`` (which ``im
 does), or at once when it is already imported.
 
 Hot path (``_BaseDataLoaderIter.__next__``): two ``perf_counter_ns`` calls, a few attribute
-reads and integer adds into a list owned by the loader. No locks, no I/O, no allocation beyond
-what the interpreter does for ints. The serving thread reads the same lists without locking:
-every counter is cumulative and monotonic, so a torn read only means that one number is a
-few nanoseconds or one batch behind another.
+reads and writes and integer adds into a list owned by the loader. No locks, no I/O, no
+allocation beyond what the interpreter does for ints. The serving thread reads the same lists
+without locking: every counter is cumulative and monotonic, so a torn read only means that one
+number is a few nanoseconds or one batch behind another. The entry time of a call in progress
+is written to its iterator's state (``t_in``) and cleared on the way out, so that a stall shows
+while it lasts.
+
+Known cosmetic effect: a warning that torch issues inside ``__next__`` with ``stacklevel=2``
+(today only "Length of IterableDataset ... was reported to be ...") names this file, the caller
+of torch's ``__next__``, instead of the user's loop; the message itself is unchanged. Hooking
+``_next_data`` instead would avoid that, but the rest of ``__next__`` (torch's profiler range,
+two GIL releases, in which the multiprocessing queue's feeder thread runs) would then count as
+compute: about 1% of the data wait in a plain multi-worker loop, more under GIL
+contention. Timing the whole ``__next__`` is what the user's own ``next()`` sees, so it stays.
+Warnings issued with ``stacklevel=2`` in the iterator classes' ``__init__`` name dlmon's
+wrapper instead of ``DataLoader.__iter__`` (torch's own code either way).
 
 Every hook body is wrapped: an exception inside dlmon never reaches the training. The
 original torch function's own exceptions (``StopIteration``, worker errors) pass unchanged.
@@ -28,6 +40,7 @@ from types import FrameType, ModuleType
 from typing import Any
 
 DATALOADER_MODULE = "torch.utils.data.dataloader"
+TORCH_SIGNAL_MODULE = "torch.utils.data._utils.signal_handling"
 
 _pc = time.perf_counter_ns
 
@@ -36,7 +49,7 @@ B_BATCHES = 0  # batches returned by __next__ (every batch, the first of an epoc
 B_SAMPLES = 1  # samples in them
 B_WAIT = 2  # ns spent inside __next__ for steady-state batches (not the first of an epoch)
 B_COMPUTE = 3  # ns between a __next__ return and the next __next__ call, within an epoch
-B_STARTUP = 4  # ns spent inside the first __next__ of an epoch (worker start-up, prefetch fill)
+B_STARTUP = 4  # ns inside the first __next__ of an epoch and building the iterator (worker start-up)
 B_END = 5  # ns spent inside the __next__ call that raised StopIteration
 B_EPOCHS = 6  # epochs ended (StopIteration seen)
 B_EPOCHS_STARTED = 7  # epochs started (first batch of an epoch returned, or an empty epoch ended)
@@ -50,6 +63,7 @@ M_MAP = 3  # first value's .shape[0]  (dict of tensors)
 M_CONST = 4  # a constant: batch_size when collated, 1 when not
 
 MAX_LOADERS = 256  # live + retained dead loaders in the report
+MAX_LIVE_LOADERS = 256  # beyond this many live loaders, new ones are not measured (degraded)
 MAX_DEAD_LOADERS = 32
 DEAD_LOADER_KEEP_NS = 300 * 1_000_000_000
 MAX_DEATHS = 256
@@ -107,6 +121,7 @@ class _IterState:
         "per_worker",
         "pids",
         "serial",
+        "t_in",
         "wref",
     )
 
@@ -122,6 +137,7 @@ class _IterState:
         self.bs = batch_size if batch_size is not None else 1
         self.pids: tuple[int, ...] = ()
         self.wref: weakref.ref[Any] | None = None
+        self.t_in = 0  # perf_counter_ns at the entry of a call in progress (or of __init__); 0: none
 
 
 class _Registry:
@@ -143,11 +159,39 @@ class _Registry:
         self.patched = False
         self.torch_dir: str | None = None
         self.lock = threading.Lock()  # only for creating loaders; never taken on the hot path
+        # called once, at the first iterator built in this process (dlmon.agent.arm())
+        self.on_first_iter: Callable[[], None] | None = None
+
+
+class _TooManyLoaders(Exception):
+    pass
 
 
 R = _Registry()
 
 _AGENT_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+# Iterators whose state could not be attached (their class refuses the attribute, or too many
+# loaders): never tried again, so that a refusal costs one set lookup per batch, not a new state.
+_attach_failed: weakref.WeakSet[Any] = weakref.WeakSet()
+_attach_failed_types: set[type] = set()
+
+
+def _attach_refused(it: Any) -> bool:
+    if type(it) in _attach_failed_types:
+        return True
+    try:
+        return it in _attach_failed
+    except TypeError:  # not hashable
+        return False
+
+
+def _remember_attach_failure(it: Any) -> None:
+    try:
+        _attach_failed.add(it)
+    except TypeError:  # not weak-referenceable or not hashable: give up on its class
+        _attach_failed_types.add(type(it))
 
 
 def _fail(hook: str, exc: BaseException | str) -> None:
@@ -265,8 +309,9 @@ def on_dataloader_imported(module: ModuleType) -> None:
         _fail("install", exc)
 
 
-def _mark(fn: Any, orig: Any) -> Any:
+def _mark(fn: Any, orig: Any, kind: str = "") -> Any:
     fn.__dlmon_orig__ = orig
+    fn.__dlmon_kind__ = kind
     fn.__wrapped__ = orig
     for attr in ("__name__", "__qualname__", "__doc__", "__module__"):
         with contextlib.suppress(Exception):
@@ -278,6 +323,17 @@ def _is_ours(fn: Any) -> bool:
     return getattr(fn, "__dlmon_orig__", None) is not None
 
 
+def _has_hook(fn: Any, kind: str) -> bool:
+    """True if ``fn`` or one of the functions it wraps is dlmon's hook of this kind."""
+    for _ in range(16):
+        if fn is None:
+            return False
+        if getattr(fn, "__dlmon_kind__", None) == kind:
+            return True
+        fn = getattr(fn, "__dlmon_orig__", None)
+    return False
+
+
 def _patch_all(dl: ModuleType) -> None:
     base = getattr(dl, "_BaseDataLoaderIter", None)
     loader_cls = getattr(dl, "DataLoader", None)
@@ -287,13 +343,15 @@ def _patch_all(dl: ModuleType) -> None:
     try:
         if base is None:
             raise AttributeError("torch.utils.data.dataloader has no _BaseDataLoaderIter")
-        patched = 0
+        found = 0
         for cls in (base, *base.__subclasses__()):
             orig = cls.__dict__.get("__next__")
-            if orig is not None and not _is_ours(orig):
-                cls.__next__ = _mark(_make_next(orig), orig)
-                patched += 1
-        if not patched:
+            if orig is None:
+                continue
+            found += 1
+            if not _has_hook(orig, "next"):
+                cls.__next__ = _mark(_make_next(orig), orig, "next")
+        if not found:
             raise AttributeError("no __next__ found on _BaseDataLoaderIter")
         _ok("iter_next")
     except Exception as exc:
@@ -307,7 +365,7 @@ def _patch_all(dl: ModuleType) -> None:
         for cls in targets:
             orig = cls.__dict__["__init__"]
             if not _is_ours(orig):
-                cls.__init__ = _mark(_make_iter_init(orig), orig)
+                cls.__init__ = _mark(_make_iter_init(orig), orig, "iter_init")
         _ok("iter_init")
     except Exception as exc:
         _fail("iter_init", exc)
@@ -318,7 +376,7 @@ def _patch_all(dl: ModuleType) -> None:
             raise AttributeError("no DataLoader")
         orig = loader_cls.__dict__["__init__"]
         if not _is_ours(orig):
-            loader_cls.__init__ = _mark(_make_loader_init(orig), orig)
+            loader_cls.__init__ = _mark(_make_loader_init(orig), orig, "loader_init")
         _ok("loader_init")
     except Exception as exc:
         _fail("loader_init", exc)
@@ -334,9 +392,9 @@ def _patch_all(dl: ModuleType) -> None:
         set_orig = sh._set_worker_pids
         rm_orig = sh._remove_worker_pids
         if not _is_ours(set_orig):
-            sh._set_worker_pids = _mark(_make_set_pids(set_orig), set_orig)
+            sh._set_worker_pids = _mark(_make_set_pids(set_orig), set_orig, "set_pids")
         if not _is_ours(rm_orig):
-            sh._remove_worker_pids = _mark(_make_remove_pids(rm_orig), rm_orig)
+            sh._remove_worker_pids = _mark(_make_remove_pids(rm_orig), rm_orig, "remove_pids")
         _ok("worker_pids")
     except Exception as exc:
         _fail("worker_pids", f"{type(exc).__name__}: {exc}; worker pids read from iterator._workers")
@@ -351,7 +409,12 @@ def _patch_all(dl: ModuleType) -> None:
         code = getattr(orig, "__code__", None)
         if code is not None and code.co_argcount >= 3:
             if not _is_ours(orig):
-                mp_cls._process_data = _mark(_make_process_data(orig), orig)
+                ew = getattr(dl, "ExceptionWrapper", None)
+                if not isinstance(ew, type):
+                    ew = getattr(sys.modules.get("torch._utils"), "ExceptionWrapper", None)
+                mp_cls._process_data = _mark(
+                    _make_process_data(orig, ew if isinstance(ew, type) else None), orig, "process_data"
+                )
             _ok("batches_per_worker")
         else:
             # older torch: _process_data(self, data); the worker of the next in-order batch is
@@ -359,8 +422,8 @@ def _patch_all(dl: ModuleType) -> None:
             nd = mp_cls.__dict__.get("_next_data")
             if nd is None:
                 raise AttributeError("no _process_data(self, data, worker_idx) and no _next_data")
-            if not _is_ours(nd):
-                mp_cls._next_data = _mark(_make_next_data_task_info(nd), nd)
+            if not _has_hook(nd, "task_info"):  # around the timing hook, if that is there already
+                mp_cls._next_data = _mark(_make_next_data_task_info(nd), nd, "task_info")
             _ok("batches_per_worker")
             R.degraded["batches_per_worker"] = "derived from _task_info (in-order batches only)"
     except Exception as exc:
@@ -374,7 +437,7 @@ def _patch_all(dl: ModuleType) -> None:
             raise AttributeError("os.waitid with WNOWAIT is not available on this platform")
         set_h = sh._set_SIGCHLD_handler
         if not _is_ours(set_h):
-            sh._set_SIGCHLD_handler = _mark(_make_set_sigchld(set_h), set_h)
+            sh._set_SIGCHLD_handler = _mark(_make_set_sigchld(set_h), set_h, "sigchld")
         _ok("sigchld")
         if getattr(sh, "_SIGCHLD_handler_set", False):  # torch's handler is already there
             _install_sigchld_observer()
@@ -395,18 +458,31 @@ def _make_next(orig: Callable[[Any], Any]) -> Callable[[Any], Any]:
         try:
             first = self._num_yielded == 0
         except Exception:
-            first = st is not None and not st.in_epoch
+            first = False
+        if st is not None:
+            try:
+                st.t_in = t0  # a call in progress, visible to the serving thread
+                if first:  # a new epoch, even one begun without finishing the last
+                    st.in_epoch = False
+                    st.last_ret = 0
+            except Exception:
+                pass
         try:
             data = orig(self)
         except StopIteration:
             if st is not None:
                 _on_stop(st, t0, first)
             raise
+        except BaseException:
+            if st is not None:
+                _call_ended(st)
+            raise
         t1 = pc()
         if st is None:
             _late_attach(self, data, t0, t1, first)
             return data
         try:
+            st.t_in = 0
             c = st.c
             if first:
                 c[4] += t1 - t0  # B_STARTUP
@@ -442,9 +518,17 @@ def _make_next(orig: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return __next__
 
 
+def _call_ended(st: Any) -> None:
+    try:  # noqa: SIM105
+        st.t_in = 0
+    except Exception:
+        pass
+
+
 def _on_stop(st: _IterState, t0: int, first: bool) -> None:
     try:
         t1 = _pc()
+        st.t_in = 0
         c = st.c
         if st.in_epoch or first:
             c[5] += t1 - t0  # B_END
@@ -506,6 +590,8 @@ def _first_dim(x: Any) -> int | None:
 def _late_attach(it: Any, data: Any, t0: int, t1: int, first: bool) -> None:
     """An iterator built before the hooks were installed: attach state now and count this batch."""
     try:
+        if _attach_refused(it):
+            return
         st = _attach(it, None)
         if st is None:
             return
@@ -538,17 +624,35 @@ def _make_loader_init(orig: Callable[..., None]) -> Callable[..., None]:
 
 def _make_iter_init(orig: Callable[..., None]) -> Callable[..., None]:
     def __init__(self: Any, loader: Any, *args: Any, **kwargs: Any) -> None:
+        if R.on_first_iter is not None:
+            _first_iter()
         st: _IterState | None = None
         with contextlib.suppress(Exception):
             st = _attach(self, loader)
+        t0 = _pc()
+        if st is not None:
+            st.t_in = t0  # building the iterator (starting workers) is start-up wait
         try:
             orig(self, loader, *args, **kwargs)
         finally:
             if st is not None:
                 with contextlib.suppress(Exception):
+                    st.t_in = 0
+                    st.c[B_STARTUP] += _pc() - t0
                     _iter_constructed(self, st)
 
     return __init__
+
+
+def _first_iter() -> None:
+    """The first DataLoader iterator of this process is being built: run the armed callback once."""
+    cb = R.on_first_iter
+    R.on_first_iter = None
+    if cb is not None:
+        try:
+            cb()
+        except Exception as exc:
+            R.degraded["start"] = f"{type(exc).__name__}: {exc}"[:300]
 
 
 def _user_site(skip_self: Any = None) -> tuple[str | None, int | None, str | None]:
@@ -573,11 +677,18 @@ def _user_site(skip_self: Any = None) -> tuple[str | None, int | None, str | Non
 
 
 def _new_loader_state() -> _LoaderState:
+    if len(R.loaders) >= MAX_LIVE_LOADERS:
+        prune_loaders()
+        live = sum(1 for ls in list(R.loaders.values()) if ls.alive)
+        if live >= MAX_LIVE_LOADERS:
+            R.degraded["loaders"] = f"over {MAX_LIVE_LOADERS} live DataLoaders: newer ones are not measured"
+            raise _TooManyLoaders(MAX_LIVE_LOADERS)
     with R.lock:
         serial = R.next_serial
         R.next_serial += 1
         ls = _LoaderState(serial)
         R.loaders[serial] = ls
+    R.degraded.pop("loaders", None)
     prune_loaders()
     return ls
 
@@ -689,27 +800,38 @@ def _read_loader_settings(ls: _LoaderState, loader: Any) -> None:
 
 
 def _attach(it: Any, loader: Any) -> _IterState | None:
-    """Create the iterator's preallocated state (loader None: the iterator predates the hooks)."""
-    if loader is not None:
-        ls = _loader_state_for(loader)
-        _read_loader_settings(ls, loader)  # num_workers etc. may have been changed since
-    else:
-        ls = _new_loader_state()
-        _set_site(ls, _user_site(), "first_iterated")
-        _read_iter_settings(ls, it)
-    with R.lock:
-        serial = R.next_iter_serial
-        R.next_iter_serial += 1
-    st = _IterState(ls, serial, id(it), ls.settings.get("batch_size"))
-    if not ls.settings.get("collated", True):
-        st.mode = M_CONST
-        st.bs = 1
+    """Create the iterator's preallocated state (loader None: the iterator predates the hooks).
+
+    None, and never again for this iterator, when it cannot carry the state (``_dlmon_st``
+    refused) or when there are too many live loaders already.
+    """
+    new_ls: _LoaderState | None = None
+    try:
+        if loader is not None:
+            ls = _loader_state_for(loader)
+            _read_loader_settings(ls, loader)  # num_workers etc. may have been changed since
+        else:
+            ls = new_ls = _new_loader_state()
+            _set_site(ls, _user_site(), "first_iterated")
+            _read_iter_settings(ls, it)
+        with R.lock:
+            serial = R.next_iter_serial
+            R.next_iter_serial += 1
+        st = _IterState(ls, serial, id(it), ls.settings.get("batch_size"))
+        if not ls.settings.get("collated", True):
+            st.mode = M_CONST
+            st.bs = 1
+        it._dlmon_st = st  # first: nothing is registered for an iterator that refuses it
+    except Exception:
+        if new_ls is not None:
+            R.loaders.pop(new_ls.serial, None)
+        _remember_attach_failure(it)
+        return None
     with contextlib.suppress(TypeError):
         st.wref = weakref.ref(it, _iter_died(ls.serial, serial, id(it)))
     ls.iters[serial] = st
     if ls.settings.get("num_workers"):
         R.by_key[id(it)] = st  # so _set_worker_pids(id(it), ...) finds it
-    it._dlmon_st = st
     if loader is None:
         _iter_constructed(it, st)
     return st
@@ -738,10 +860,14 @@ def _read_iter_settings(ls: _LoaderState, it: Any) -> None:
 
 
 def _iter_constructed(it: Any, st: _IterState) -> None:
-    """After the iterator's __init__: fall back to _workers for pids; drop the pid-table entry if none."""
-    if not st.pids:
+    """After the iterator's __init__: fall back to _workers for pids; drop the pid-table entry if none.
+
+    The fallback also serves iterators built before the hooks (their pids were set before the
+    worker-pid hook existed), whatever the state of that hook.
+    """
+    if not st.pids and not getattr(it, "_shutdown", False):
         workers = getattr(it, "_workers", None)
-        if workers and R.hooks.get("worker_pids") is not True:
+        if workers:
             pids = tuple(int(w.pid) for w in workers if getattr(w, "pid", None))
             st.pids = pids
             if pids:
@@ -817,12 +943,19 @@ def _make_remove_pids(orig: Callable[..., Any]) -> Callable[..., Any]:
     return _remove_worker_pids
 
 
-def _make_process_data(orig: Callable[..., Any]) -> Callable[..., Any]:
+class _NoSuchType:
+    pass
+
+
+def _make_process_data(orig: Callable[..., Any], exc_wrapper: type | None) -> Callable[..., Any]:
+    ew: type = exc_wrapper if exc_wrapper is not None else _NoSuchType
+
     def _process_data(self: Any, data: Any, worker_idx: Any, *args: Any, **kwargs: Any) -> Any:
-        try:  # noqa: SIM105 -- hot path: a with-block costs more than a try
-            self._dlmon_st.per_worker[worker_idx] += 1
-        except Exception:
-            pass
+        if not isinstance(data, ew):  # a worker's exception, re-raised by torch: not a batch
+            try:  # noqa: SIM105 -- hot path: a with-block costs more than a try
+                self._dlmon_st.per_worker[worker_idx] += 1
+            except Exception:
+                pass
         return orig(self, data, worker_idx, *args, **kwargs)
 
     return _process_data
@@ -866,20 +999,26 @@ def _make_set_sigchld(orig: Callable[[], Any]) -> Callable[[], Any]:
 
 
 def _install_sigchld_observer() -> None:
-    """Put an observer in front of the current SIGCHLD handler (torch's); it chains to it."""
+    """Put an observer in front of torch's SIGCHLD handler; it chains to it.
+
+    Only torch's own handler is ever wrapped: SIG_IGN, SIG_DFL or a handler the program set
+    (perhaps after torch's) is left exactly as it is, and deaths are then found when polled.
+    """
     if threading.current_thread() is not threading.main_thread():
         R.degraded["sigchld"] = "handler not installed (not the main thread); deaths found when polled"
         return
     prev = signal.getsignal(signal.SIGCHLD)
     if getattr(prev, "__dlmon_observer__", False):
         return
+    if not callable(prev) or getattr(prev, "__module__", None) != TORCH_SIGNAL_MODULE:
+        R.degraded["sigchld"] = "SIGCHLD handler is the program's, not torch's: deaths found when polled"
+        return
+    torch_handler = prev
 
     def observer(signum: int, frame: FrameType | None) -> Any:
         with contextlib.suppress(Exception):
             scan_worker_deaths()
-        if callable(prev):
-            return prev(signum, frame)  # torch's handler: raises "DataLoader worker ... is killed"
-        return None
+        return torch_handler(signum, frame)  # raises "DataLoader worker ... is killed"
 
     observer.__dlmon_observer__ = True  # type: ignore[attr-defined]
     signal.signal(signal.SIGCHLD, observer)
@@ -887,15 +1026,25 @@ def _install_sigchld_observer() -> None:
 
 
 def scan_worker_deaths() -> None:
-    """Record dead worker processes without reaping them (waitid WNOWAIT): torch still sees them."""
+    """Record dead worker processes without reaping them (waitid WNOWAIT): torch still sees them.
+
+    Workers that are not our children (started by a forkserver) cannot be waited for: that is
+    reported under ``degraded["worker_deaths"]``.
+    """
+    scanned = False
+    not_ours: int | None = None
     for st in list(R.by_key.values()):
         pids = st.pids
         for worker_id, pid in enumerate(pids):
             if pid in R.dead_pids:
                 continue
+            scanned = True
             try:
                 res = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-            except (ChildProcessError, OSError):
+            except ChildProcessError:
+                not_ours = pid
+                continue
+            except OSError:
                 continue
             if res is None or res.si_pid == 0:
                 continue
@@ -929,6 +1078,13 @@ def scan_worker_deaths() -> None:
                 if len(R.dead_pids) > 4 * MAX_DEATHS:
                     R.dead_pids.clear()
                     R.dead_pids.update({int(d["pid"]): d for d in R.deaths})
+    if not_ours is not None:
+        R.degraded["worker_deaths"] = (
+            f"worker {not_ours} is not a child of this process (forkserver workers?): "
+            "waitid gives ECHILD, so its death cannot be seen"
+        )
+    elif scanned:
+        R.degraded.pop("worker_deaths", None)
 
 
 def _signal_name(sig: int | None) -> str | None:

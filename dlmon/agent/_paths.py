@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import os
 import stat
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Collection
 
 _DIR_NAME = "dlmon"
 
@@ -42,21 +46,100 @@ def socket_path(pid: int) -> str:
     return os.path.join(socket_dir(), f"{int(pid)}.sock")
 
 
-def candidate_socket_paths(pid: int) -> tuple[str, ...]:
-    """Every place an agent of ``pid`` may serve, the likeliest first.
+def _read_proc(pid: int, name: str) -> bytes | None:
+    try:
+        with open(f"/proc/{int(pid)}/{name}", "rb") as f:
+            return f.read(1 << 20)
+    except (OSError, ValueError):
+        return None
 
-    The target may have been started with a different ``XDG_RUNTIME_DIR`` (or none) than the
-    monitor, so a client looks in both directories.
+
+def target_uids(pid: int) -> tuple[int, int] | None:
+    """(real uid, effective uid) of process ``pid`` from ``/proc/PID/status``; None if unknown."""
+    data = _read_proc(pid, "status")
+    if data is None:
+        return None
+    for line in data.splitlines():
+        if line.startswith(b"Uid:"):
+            parts = line.split()
+            try:
+                return int(parts[1]), int(parts[2])
+            except (IndexError, ValueError):
+                return None
+    return None
+
+
+def target_environ(pid: int) -> dict[str, str] | None:
+    """The environment ``pid`` was started with (``/proc/PID/environ``); None when unreadable.
+
+    Only the initial environment: a variable the program sets in ``os.environ`` later is not here.
     """
-    name = f"{int(pid)}.sock"
+    data = _read_proc(pid, "environ")
+    if data is None:
+        return None
+    env: dict[str, str] = {}
+    for item in data.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep and key:
+            env[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
+    return env
+
+
+def candidate_socket_dirs(pid: int, ruid: int) -> tuple[str, ...]:
+    """Every directory an agent in process ``pid`` (real uid ``ruid``) may serve in, likeliest first.
+
+    The target's own ``XDG_RUNTIME_DIR`` (from ``/proc/PID/environ``, when readable), then
+    ``/run/user/<uid>/dlmon``, then ``<tempdir>/dlmon-<uid>`` for the target's ``TMPDIR`` and for
+    ours, and last, when the target is our own user, the directories of our own environment (the
+    target may have set ``XDG_RUNTIME_DIR`` in ``os.environ`` before starting the agent).
+    """
+    import tempfile  # lazily: tempfile pulls in random and shutil
+
     dirs: list[str] = []
-    xdg = _xdg_dir()
-    if xdg is not None:
-        dirs.append(xdg)
-    tmp = _tmp_dir()
-    if tmp not in dirs:
-        dirs.append(tmp)
-    return tuple(os.path.join(d, name) for d in dirs)
+
+    def add(d: str | None) -> None:
+        if d and os.path.isabs(d):
+            d = os.path.normpath(d)
+            if d not in dirs:
+                dirs.append(d)
+
+    env = target_environ(pid) or {}
+    xdg = env.get("XDG_RUNTIME_DIR")
+    if xdg and os.path.isabs(xdg):
+        add(os.path.join(xdg, _DIR_NAME))
+    add(f"/run/user/{int(ruid)}/{_DIR_NAME}")
+    tmp_name = f"{_DIR_NAME}-{int(ruid)}"
+    for var in ("TMPDIR", "TEMP", "TMP"):
+        v = env.get(var)
+        if v and os.path.isabs(v):
+            add(os.path.join(v, tmp_name))
+            break
+    add(os.path.join(tempfile.gettempdir(), tmp_name))
+    add(os.path.join("/tmp", tmp_name))
+    if ruid == os.getuid():
+        own = _xdg_dir()
+        if own is not None:
+            add(own)
+        add(_tmp_dir())
+    return tuple(dirs)
+
+
+def candidate_socket_paths(pid: int) -> tuple[str, ...]:
+    """Every place an agent of ``pid`` may serve (see :func:`candidate_socket_dirs`)."""
+    uids = target_uids(pid)
+    if uids is None:
+        return ()
+    name = f"{int(pid)}.sock"
+    return tuple(os.path.join(d, name) for d in candidate_socket_dirs(pid, uids[0]))
+
+
+def dir_is_private(path: str, owners: Collection[int]) -> bool:
+    """True if ``path`` is a real directory (not a symlink) of one of ``owners``, mode 0700 or stricter."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid in owners and not st.st_mode & 0o077
 
 
 def check_private_dir(path: str) -> None:

@@ -16,11 +16,20 @@ Reply (wire version ``v`` 1; every counter cumulative since the agent started; n
               multiprocessing_context, dataset, dataset_kind, batches_total, samples_total,
               wait_ns_total, compute_ns_total, startup_wait_ns_total, end_wait_ns_total,
               epochs, epochs_started, worker_pids, batches_per_worker,
-              iterators [{id, worker_pids}]}],
+              wait_ns_pending, startup_wait_ns_pending, compute_ns_pending,
+              iterators [{id, worker_pids, in_call_ns}]}],
     worker_deaths [{pid, worker_id, loader_id, iterator_id, signal, signal_name, exit_code,
                     core_dumped, time_ns, unix_time}],
     cuda_initialized, cuda [{device, allocated, reserved, peak_allocated, name, uuid}],
     pinned {bytes, source} | null, num_threads, num_threads_time_ns
+
+``*_pending`` are what a call to the loader that is still in progress (the training is waiting
+for a batch right now) will add to the matching ``*_total`` when it returns, measured up to
+``time_ns``: a client adds them to see a stall while it lasts. ``in_call_ns`` is how long the
+iterator's current call has been running (0: none).
+
+Replies are cached for up to ``REPLY_CACHE_S`` when clients ask faster than ``REPLY_RATE`` a
+second, so ``time_ns`` (when the reply was built) may be a little older than the request.
 
 The thread never blocks the training: non-blocking sockets under one ``selectors`` loop, at most
 ``MAX_CONNS`` connections, a 4 KiB read limit and a deadline per connection. The only time it
@@ -51,6 +60,14 @@ CONN_DEADLINE_S = 2.0
 MAX_CONNS = 16
 MAX_REPLY = 4 * 1024 * 1024
 STALE_MIN_AGE_S = 10.0
+ACCEPT_PAUSE_S = 1.0  # accept() failing for want of fds or memory: stop watching the listener this long
+# Replies are rebuilt at most REPLY_RATE times a second on average (bursts of REPLY_BURST); between
+# rebuilds a client gets the previous reply if it is younger than REPLY_CACHE_S. A dashboard polling
+# once a second always gets a fresh reply; a client polling in a loop cannot slow the training down.
+REPLY_CACHE_S = 0.2
+REPLY_RATE = 5.0
+REPLY_BURST = 8.0
+_TRANSIENT_ACCEPT_ERRNOS = frozenset({errno.ECONNABORTED, errno.EPROTO, errno.EINTR, errno.EAGAIN})
 
 
 class _Conn:
@@ -90,6 +107,13 @@ class Server:
         self.allowed_uids = {os.geteuid(), os.getuid(), 0}  # root may read /proc/PID/mem anyway
         self.served = 0
         self.refused = 0
+        self.accept_paused_until: float | None = None
+        self.accept_error: str | None = None
+        self.reply_cache: bytes | None = None
+        self.reply_cache_t = 0.0
+        self.reply_tokens = REPLY_BURST
+        self.reply_tokens_t = time.monotonic()
+        self.builds = 0
 
     # -- setup ---------------------------------------------------------------------------------
 
@@ -117,7 +141,12 @@ class Server:
 
     @staticmethod
     def _clear_stale(path: str) -> None:
-        """Remove a socket left by a dead process with our pid; refuse one that is still answered."""
+        """Remove a socket left by a dead process with our pid; refuse one that may still be served.
+
+        Only a refused connect (ECONNREFUSED: nobody listens) makes a socket stale. A connect that
+        succeeds or finds the backlog full (EAGAIN) means a live agent, perhaps of another pid
+        namespace; any other error is not proof either, so the socket is left alone.
+        """
         try:
             st = os.lstat(path)
         except FileNotFoundError:
@@ -126,18 +155,24 @@ class Server:
             raise OSError(errno.EEXIST, f"{path} is a directory")
         if stat.S_ISSOCK(st.st_mode):
             probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            probe.settimeout(0.2)
+            probe.setblocking(False)
             try:
                 probe.connect(path)
-            except OSError:
+            except ConnectionRefusedError:
                 pass  # nobody listens: stale
+            except FileNotFoundError:
+                return
+            except OSError as exc:
+                raise OSError(
+                    errno.EADDRINUSE, f"{path} may be served by a live process ({exc.strerror or exc})"
+                ) from exc
             else:
                 raise OSError(
                     errno.EADDRINUSE, f"{path} is served by a live process (another pid namespace?)"
                 )
             finally:
                 probe.close()
-        os.unlink(path)
+        _unlink_if_same(path, st)
 
     @staticmethod
     def sweep_stale(directory: str, min_age_s: float = STALE_MIN_AGE_S, limit: int = 512) -> int:
@@ -166,8 +201,8 @@ class Server:
                 try:
                     probe.connect(path)
                 except ConnectionRefusedError:
-                    os.unlink(path)
-                    removed += 1
+                    if _unlink_if_same(path, st):  # not if another agent bound the name meanwhile
+                        removed += 1
                 except OSError:
                     pass  # EAGAIN: a live agent with a full backlog
                 finally:
@@ -198,9 +233,16 @@ class Server:
             self.stopping = True
             return
         timeout = 0.5
+        now = time.monotonic()
+        paused = self.accept_paused_until
+        if paused is not None:
+            if now >= paused:
+                self._resume_accepting()
+            else:
+                timeout = min(timeout, paused - now)
         if self.conns:
-            now = time.monotonic()
-            timeout = max(0.0, min(timeout, min(c.deadline for c in self.conns.values()) - now))
+            timeout = min(timeout, min(c.deadline for c in self.conns.values()) - now)
+        timeout = max(0.0, timeout)
         for key, mask in sel.select(timeout):
             if key.data is None:
                 self._accept()
@@ -226,8 +268,13 @@ class Server:
                 sock, _addr = lst.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError:
+            except OSError as exc:
+                if exc.errno not in _TRANSIENT_ACCEPT_ERRNOS:
+                    # EMFILE, ENFILE, ENOBUFS, ENOMEM...: the connection stays in the backlog and the
+                    # listener stays readable; watching it now would spin. Look again in a while.
+                    self._pause_accepting(exc)
                 return
+            self.accept_error = None
             try:
                 uid = peer_uid(sock)
             except OSError:
@@ -242,6 +289,24 @@ class Server:
             conn = _Conn(sock, time.monotonic() + CONN_DEADLINE_S)
             self.conns[sock.fileno()] = conn
             self.sel.register(sock, selectors.EVENT_READ, conn)
+
+    def _pause_accepting(self, exc: OSError) -> None:
+        self.accept_error = f"accept: {errno.errorcode.get(exc.errno or 0, exc.errno)}: {exc.strerror}"
+        self.accept_paused_until = time.monotonic() + ACCEPT_PAUSE_S
+        if self.sel is not None and self.listener is not None:
+            with contextlib.suppress(KeyError, ValueError, OSError):
+                self.sel.unregister(self.listener)
+
+    def _resume_accepting(self) -> None:
+        self.accept_paused_until = None
+        if self.sel is not None and self.listener is not None:
+            try:
+                self.sel.register(self.listener, selectors.EVENT_READ, None)
+            except KeyError:
+                pass  # still registered
+            except (ValueError, OSError) as exc:
+                self.accept_error = f"re-register: {type(exc).__name__}: {exc}"
+                self.accept_paused_until = time.monotonic() + ACCEPT_PAUSE_S
 
     def _read(self, conn: _Conn) -> None:
         try:
@@ -295,13 +360,23 @@ class Server:
             return b'{"error": "bad request: not a JSON line"}\n'
         if not isinstance(req, dict) or req.get("get") != "counters":
             return b'{"error": "unknown request; send {\\"get\\": \\"counters\\"}"}\n'
+        now = time.monotonic()
+        self.reply_tokens = min(REPLY_BURST, self.reply_tokens + (now - self.reply_tokens_t) * REPLY_RATE)
+        self.reply_tokens_t = now
+        cached = self.reply_cache
+        if cached is not None and self.reply_tokens < 1.0 and now - self.reply_cache_t < REPLY_CACHE_S:
+            return cached
+        self.reply_tokens = max(0.0, self.reply_tokens - 1.0)
+        self.builds += 1
         try:
             body = json.dumps(build_counters(self), separators=(",", ":"), default=str)
         except Exception as exc:
             body = json.dumps({"error": f"internal: {type(exc).__name__}: {exc}"})
         data = body.encode("utf-8") + b"\n"
         if len(data) > MAX_REPLY:
-            return b'{"error": "reply too large"}\n'
+            data = b'{"error": "reply too large"}\n'
+        self.reply_cache = data
+        self.reply_cache_t = time.monotonic()
         return data
 
     # -- teardown ------------------------------------------------------------------------------
@@ -330,6 +405,22 @@ class Server:
                 pass
 
 
+def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    # inode numbers are reused at once: a socket bound after an unlink may get the same one
+    return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns
+
+
+def _unlink_if_same(path: str, st: os.stat_result) -> bool:
+    """Unlink ``path`` only if it is still the file ``st`` describes (device, inode, times)."""
+    try:
+        if _identity(os.lstat(path)) != _identity(st):
+            return False
+        os.unlink(path)
+        return True
+    except FileNotFoundError:
+        return False
+
+
 # ---------------------------------------------------------------------------------------------
 # the reply
 
@@ -337,6 +428,33 @@ class Server:
 def _torch_version(torch_mod: Any) -> str | None:
     v = getattr(torch_mod, "__version__", None)
     return str(v) if v is not None else None
+
+
+_DEVICE_STAT_KEYS = (
+    ("allocated", "allocated_bytes.all.current"),  # torch.cuda.memory_allocated
+    ("reserved", "reserved_bytes.all.current"),  # torch.cuda.memory_reserved
+    ("peak_allocated", "allocated_bytes.all.peak"),  # torch.cuda.max_memory_allocated
+)
+
+
+def _device_memory(cuda: Any, d: int) -> dict[str, Any]:
+    """One ``memory_stats(d)`` call (each call flattens the stats under the allocator's mutex)."""
+    dev: dict[str, Any] = {"device": d}
+    try:
+        stats = cuda.memory_stats(d)
+    except Exception:
+        stats = None
+    for key, stat_key in _DEVICE_STAT_KEYS:
+        v = stats.get(stat_key, 0) if isinstance(stats, dict) else None
+        dev[key] = int(v) if isinstance(v, int) and not isinstance(v, bool) else None
+    try:
+        p = cuda.get_device_properties(d)
+        uuid = getattr(p, "uuid", None)
+        props = (str(getattr(p, "name", None) or "") or None, str(uuid) if uuid is not None else None)
+    except Exception:
+        props = (None, None)
+    dev["name"], dev["uuid"] = props
+    return dev
 
 
 def _cuda_figures(torch_mod: Any) -> tuple[bool, list[dict[str, Any]], dict[str, Any] | None, str | None]:
@@ -353,25 +471,7 @@ def _cuda_figures(torch_mod: Any) -> tuple[bool, list[dict[str, Any]], dict[str,
     error: str | None = None
     try:
         for d in range(int(cuda.device_count())):
-            dev: dict[str, Any] = {"device": d}
-            for key, fn in (
-                ("allocated", "memory_allocated"),
-                ("reserved", "memory_reserved"),
-                ("peak_allocated", "max_memory_allocated"),
-            ):
-                try:
-                    dev[key] = int(getattr(cuda, fn)(d))
-                except Exception:
-                    dev[key] = None
-            try:
-                props = cuda.get_device_properties(d)
-                dev["name"] = str(getattr(props, "name", None) or "") or None
-                uuid = getattr(props, "uuid", None)
-                dev["uuid"] = str(uuid) if uuid is not None else None
-            except Exception:
-                dev["name"] = None
-                dev["uuid"] = None
-            devices.append(dev)
+            devices.append(_device_memory(cuda, d))
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"
     return True, devices, _pinned(cuda), error
@@ -413,14 +513,26 @@ def _pinned(cuda: Any) -> dict[str, Any] | None:
     return {"bytes": got[0], "source": f"torch.cuda.host_memory_stats:{got[1]}"}
 
 
-def _loader_wire(ls: _hooks._LoaderState) -> dict[str, Any]:
-    c = list(ls.c)
+def _loader_wire(ls: _hooks._LoaderState, now_pc: int) -> dict[str, Any]:
     iters = []
     pids: list[int] = []
+    pend_wait = pend_startup = pend_compute = 0
     for it in list(ls.iters.values()):
         ip = list(it.pids)
-        iters.append({"id": it.serial, "worker_pids": ip})
+        # a call in progress (t_in: perf_counter_ns at its entry; 0 when none): what it will add
+        # to the counters when it returns, as of now. The step before it counts as compute.
+        t_in, in_epoch, last_ret = it.t_in, it.in_epoch, it.last_ret
+        in_call = max(0, now_pc - t_in) if t_in else 0
+        if in_call:
+            if in_epoch:
+                pend_wait += in_call
+                if last_ret:
+                    pend_compute += max(0, t_in - last_ret)
+            else:
+                pend_startup += in_call
+        iters.append({"id": it.serial, "worker_pids": ip, "in_call_ns": in_call})
         pids.extend(ip)
+    c = list(ls.c)
     s = dict(ls.settings)
     return {
         "id": ls.serial,
@@ -449,6 +561,9 @@ def _loader_wire(ls: _hooks._LoaderState) -> dict[str, Any]:
         "end_wait_ns_total": int(c[_hooks.B_END]),
         "epochs": int(c[_hooks.B_EPOCHS]),
         "epochs_started": int(c[_hooks.B_EPOCHS_STARTED]),
+        "wait_ns_pending": pend_wait,
+        "startup_wait_ns_pending": pend_startup,
+        "compute_ns_pending": pend_compute,
         "worker_pids": pids,
         "batches_per_worker": [int(x) for x in list(ls.per_worker)],
         "iterators": iters,
@@ -477,7 +592,10 @@ def build_counters(server: Server | None) -> dict[str, Any]:
     }
     if server is not None and server.error:
         out["degraded"]["server"] = server.error
-    out["loaders"] = [_loader_wire(ls) for ls in list(R.loaders.values())]
+    if server is not None and server.accept_error:
+        out["degraded"]["server_accept"] = server.accept_error
+    now_pc = time.perf_counter_ns()
+    out["loaders"] = [_loader_wire(ls, now_pc) for ls in list(R.loaders.values())]
     out["worker_deaths"] = [dict(d) for d in list(R.deaths)]
     cuda_init: bool = False
     devices: list[dict[str, Any]] = []

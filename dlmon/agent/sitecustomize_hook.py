@@ -35,15 +35,34 @@ def env_with_agent(env: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def is_multiprocessing_helper(orig_argv: list[str] | None = None) -> bool:
-    """True in a spawn/forkserver child or the resource tracker: no agent of their own there."""
+    """True in a spawn/forkserver child or the resource tracker: no agent of their own at start-up."""
     argv = orig_argv if orig_argv is not None else list(getattr(sys, "orig_argv", sys.argv))
     if "--multiprocessing-fork" in argv:
         return True
     return any(a.lstrip().startswith("from multiprocessing.") for a in argv)
 
 
+def is_spawned_child(orig_argv: list[str] | None = None) -> bool:
+    """True in a child started by multiprocessing's spawn method (``--multiprocessing-fork``).
+
+    That is a ``torch.multiprocessing.spawn`` rank as much as a spawn-context DataLoader worker.
+    """
+    argv = orig_argv if orig_argv is not None else list(getattr(sys, "orig_argv", sys.argv))
+    return "--multiprocessing-fork" in argv
+
+
 def maybe_start() -> bool:
-    """Start the agent unless disabled or in a multiprocessing helper; True if start() was called."""
+    """Start the agent, or arm it in a spawned child; nothing in other multiprocessing helpers.
+
+    A spawned child gets the hooks at once but serves only from its first DataLoader iteration
+    (:func:`dlmon.agent.arm`): a rank does, a DataLoader worker never does. The resource tracker
+    and the forkserver get nothing. True if the agent was started or armed.
+    """
+    if is_spawned_child():
+        import dlmon.agent
+
+        dlmon.agent.arm()
+        return True
     if is_multiprocessing_helper():
         return False
     import dlmon.agent

@@ -8,22 +8,31 @@ the longer interval.
 Polling never takes more than ``timeout_s`` (200 ms by default) in all, whatever the number of
 pids: the sockets are read side by side under one deadline. A missing, dead, slow or garbled
 agent is "no agent" for that pid, quietly.
+
+The socket is looked for where the *target* puts it (its uid and its ``XDG_RUNTIME_DIR``, read
+from ``/proc``), and trusted only when its directory is private to the target's user (a real
+directory, owned by that uid, mode 0700) and the process listening on it is the target itself
+(``SO_PEERCRED``: that pid, that uid or root). Replies are type-checked: a malformed one is
+dropped for that pid, it never raises.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import selectors
 import socket
+import stat
+import struct
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
-from dlmon.agent._paths import candidate_socket_paths
+from dlmon.agent._paths import candidate_socket_dirs, dir_is_private, target_uids
 from dlmon.model.snapshot import GpuDevice, LoaderSample, PinnedMemory, WorkerDeath
 
 REQUEST = b'{"get": "counters"}\n'
@@ -90,6 +99,19 @@ class _Prev:
     loaders: dict[Any, dict[str, Any]]
 
 
+_One = tuple[
+    _Prev,
+    list[LoaderSample],
+    list[LoaderDetail],
+    list[TorchDeviceMemory],
+    list[WorkerDeath],
+    int | None,
+    str | None,
+    dict[str, str],
+    tuple[int, str] | None,
+]  # one pid's reply, converted: (state, loaders, details, devices, deaths, threads, torch, degraded, pinned)
+
+
 def _int(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
@@ -100,6 +122,32 @@ def _bool(v: Any) -> bool | None:
 
 def _str(v: Any) -> str | None:
     return v if isinstance(v, str) else None
+
+
+def _num(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    f = float(v)
+    return f if math.isfinite(f) else None
+
+
+def _list(v: Any) -> list[Any]:
+    return v if isinstance(v, list) else []
+
+
+def peer_cred(sock: socket.socket) -> tuple[int, int] | None:
+    """(pid, uid) of the process at the other end of a Unix socket (Linux SO_PEERCRED)."""
+    opt = getattr(socket, "SO_PEERCRED", None)
+    if opt is None:
+        return None
+    size = struct.calcsize("3i")
+    pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, opt, size)[:size])
+    return int(pid), int(uid)
+
+
+def _pending(wl: Mapping[str, Any], key: str) -> int:
+    v = _int(wl.get(key))
+    return v if v is not None and v > 0 else 0
 
 
 def _int_tuple(v: Any) -> tuple[int, ...]:
@@ -125,23 +173,49 @@ class AgentClient:
     # -- transport -----------------------------------------------------------------------------
 
     @staticmethod
-    def find_socket(pid: int) -> str | None:
-        """The socket of pid's agent, if one exists (it may still be stale)."""
-        for path in candidate_socket_paths(pid):
-            if os.path.exists(path):
-                return path
-        return None
-
-    @staticmethod
-    def _connect(pid: int) -> socket.socket | None:
-        """A connected socket with the request sent, trying each place pid's agent may serve."""
-        for path in candidate_socket_paths(pid):
-            if not os.path.exists(path):
+    def _candidates(pid: int) -> tuple[tuple[int, int], list[str]] | None:
+        """(target's (real, effective) uid, socket paths in private directories of that user)."""
+        uids = target_uids(pid)
+        if uids is None:  # no such process (or no /proc)
+            return None
+        owners = set(uids)
+        paths: list[str] = []
+        for d in candidate_socket_dirs(pid, uids[0]):
+            if not dir_is_private(d, owners):
+                continue  # missing, a symlink, another user's, or open to group/other
+            path = os.path.join(d, f"{int(pid)}.sock")
+            try:
+                if stat.S_ISSOCK(os.lstat(path).st_mode):
+                    paths.append(path)
+            except OSError:
                 continue
+        return uids, paths
+
+    @classmethod
+    def find_socket(cls, pid: int) -> str | None:
+        """The socket of pid's agent, if one exists in a private directory (it may still be stale)."""
+        got = cls._candidates(pid)
+        return got[1][0] if got is not None and got[1] else None
+
+    @classmethod
+    def _connect(cls, pid: int) -> socket.socket | None:
+        """A connected socket with the request sent, trying each place pid's agent may serve.
+
+        The process listening must be ``pid`` itself, running as the target's uid or as root.
+        """
+        got = cls._candidates(pid)
+        if got is None:
+            return None
+        uids, paths = got
+        for path in paths:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 sock.setblocking(False)
                 sock.connect(path)
+                peer = peer_cred(sock)
+                if peer is None or peer[0] != pid or peer[1] not in (*uids, 0):
+                    sock.close()
+                    continue  # someone else's socket under pid's name: never talk to it
                 sock.send(REQUEST)  # 20 bytes into an empty socket buffer: never partial
             except OSError:  # stale (refused), backlog full, or not ours to read: try the next
                 sock.close()
@@ -202,9 +276,9 @@ class AgentClient:
             obj = json.loads(data)
         except ValueError:
             return None
-        if not isinstance(obj, dict) or "error" in obj or obj.get("pid") != pid:
+        if not isinstance(obj, dict) or "error" in obj or _int(obj.get("pid")) != pid:
             return None
-        if not isinstance(obj.get("time_ns"), int) or not isinstance(obj.get("loaders", []), list):
+        if _int(obj.get("time_ns")) is None or not isinstance(obj.get("loaders", []), list):
             return None
         return obj
 
@@ -218,10 +292,15 @@ class AgentClient:
             del self._prev[gone]
         if not raw:
             return None
-        return self.convert(raw)
+        reading = self.convert(raw)
+        return reading if reading.pids else None
 
     def convert(self, raw: Mapping[int, Mapping[str, Any]]) -> AgentReading:
-        """Turn raw replies (pid -> reply) into a reading, updating the previous-reading state."""
+        """Turn raw replies (pid -> reply) into a reading, updating the previous-reading state.
+
+        A reply that is not what an agent sends (wrong types where it matters) is dropped for
+        its pid: that pid is left out of the reading, and its previous reading is kept.
+        """
         loaders: list[LoaderSample] = []
         details: list[LoaderDetail] = []
         devices: list[TorchDeviceMemory] = []
@@ -231,64 +310,31 @@ class AgentClient:
         degraded: dict[str, str] = {}
         pinned_bytes: int | None = None
         pinned_source: str | None = None
-        for pid in sorted(raw):
-            r = raw[pid]
-            prev = self._prev.get(pid)
-            time_ns = int(r["time_ns"])
-            same_agent = prev is not None and prev.agent_id == r.get("agent_id") and time_ns > prev.time_ns
-            dt_s = (time_ns - prev.time_ns) / 1e9 if prev is not None and same_agent else None
-            cur_loaders: dict[Any, dict[str, Any]] = {}
-            for wl in r.get("loaders", []):
-                if not isinstance(wl, dict) or "id" not in wl:
-                    continue
-                cur_loaders[wl["id"]] = wl
-                before = prev.loaders.get(wl["id"]) if prev is not None and same_agent else None
-                ls, det = self._loader(pid, wl, before, dt_s)
-                loaders.append(ls)
-                details.append(det)
-            self._prev[pid] = _Prev(r.get("agent_id"), time_ns, cur_loaders)
-            for d in r.get("cuda", []) or []:
-                if isinstance(d, dict) and isinstance(d.get("device"), int):
-                    devices.append(
-                        TorchDeviceMemory(
-                            pid=pid,
-                            device=d["device"],
-                            uuid=_str(d.get("uuid")),
-                            name=_str(d.get("name")),
-                            allocated_bytes=_int(d.get("allocated")),
-                            reserved_bytes=_int(d.get("reserved")),
-                            peak_allocated_bytes=_int(d.get("peak_allocated")),
-                        )
-                    )
-            pinned = r.get("pinned")
-            if isinstance(pinned, dict) and _int(pinned.get("bytes")) is not None:
-                pinned_bytes = (pinned_bytes or 0) + int(pinned["bytes"])
-                pinned_source = pinned_source or _str(pinned.get("source")) or "torch.cuda.host_memory_stats"
-            for d in r.get("worker_deaths", []) or []:
-                if isinstance(d, dict) and _int(d.get("pid")) is not None:
-                    lid = d.get("loader_id")
-                    ut = d.get("unix_time")
-                    deaths.append(
-                        WorkerDeath(
-                            pid=int(d["pid"]),
-                            reported_by=pid,
-                            worker_id=_int(d.get("worker_id")),
-                            loader_id=f"{pid}:{lid}" if lid is not None else None,
-                            signal=_int(d.get("signal")),
-                            signal_name=_str(d.get("signal_name")),
-                            exit_code=_int(d.get("exit_code")),
-                            time=float(ut) if isinstance(ut, (int, float)) else None,
-                        )
-                    )
-            nt = _int(r.get("num_threads"))
+        pids: list[int] = []
+        for pid in sorted(p for p in raw if isinstance(p, int)):
+            try:
+                one = self._convert_one(pid, raw[pid])
+            except Exception:
+                one = None
+            if one is None:
+                continue
+            prev, ls, det, devs, dths, nt, ver, deg, pin = one
+            self._prev[pid] = prev
+            pids.append(pid)
+            loaders.extend(ls)
+            details.extend(det)
+            devices.extend(devs)
+            deaths.extend(dths)
             if nt is not None:
                 threads[pid] = nt
-            versions[pid] = _str(r.get("torch_version"))
-            for hook, why in (r.get("degraded") or {}).items():
-                degraded[f"{pid}:{hook}"] = str(why)
+            versions[pid] = ver
+            degraded.update(deg)
+            if pin is not None:
+                pinned_bytes = (pinned_bytes or 0) + pin[0]
+                pinned_source = pinned_source or pin[1]
         return AgentReading(
             time=time.time(),
-            pids=tuple(sorted(raw)),
+            pids=tuple(pids),
             loaders=tuple(loaders),
             pinned=PinnedMemory(pinned_bytes, pinned_source or "") if pinned_bytes is not None else None,
             devices=tuple(devices),
@@ -297,6 +343,92 @@ class AgentClient:
             details=tuple(details),
             torch_versions=MappingProxyType(versions),
             degraded=MappingProxyType(degraded),
+        )
+
+    def _convert_one(self, pid: int, r: Any) -> _One | None:
+        """One pid's reply converted, or None when it is malformed. Touches no state."""
+        if not isinstance(r, Mapping):
+            return None
+        time_ns = _int(r.get("time_ns"))
+        agent_id = r.get("agent_id")
+        if time_ns is None or not (agent_id is None or isinstance(agent_id, (str, int))):
+            return None
+        wire_loaders = r.get("loaders", [])
+        cuda = r.get("cuda") or []
+        wire_deaths = r.get("worker_deaths") or []
+        wire_degraded = r.get("degraded") or {}
+        pinned = r.get("pinned")
+        if not (
+            isinstance(wire_loaders, list)
+            and isinstance(cuda, list)
+            and isinstance(wire_deaths, list)
+            and isinstance(wire_degraded, dict)
+            and (pinned is None or isinstance(pinned, dict))
+        ):
+            return None
+        prev = self._prev.get(pid)
+        same_agent = prev is not None and prev.agent_id == agent_id and time_ns > prev.time_ns
+        dt_s = (time_ns - prev.time_ns) / 1e9 if prev is not None and same_agent else None
+        cur_loaders: dict[Any, dict[str, Any]] = {}
+        loaders: list[LoaderSample] = []
+        details: list[LoaderDetail] = []
+        for wl in wire_loaders:
+            if not isinstance(wl, dict):
+                continue
+            wid = wl.get("id")
+            if isinstance(wid, bool) or not isinstance(wid, (int, str)):
+                continue
+            cur_loaders[wid] = wl
+            before = prev.loaders.get(wid) if prev is not None and same_agent else None
+            ls, det = self._loader(pid, wl, before, dt_s)
+            loaders.append(ls)
+            details.append(det)
+        devices: list[TorchDeviceMemory] = []
+        for d in cuda:
+            if isinstance(d, dict) and _int(d.get("device")) is not None:
+                devices.append(
+                    TorchDeviceMemory(
+                        pid=pid,
+                        device=d["device"],
+                        uuid=_str(d.get("uuid")),
+                        name=_str(d.get("name")),
+                        allocated_bytes=_int(d.get("allocated")),
+                        reserved_bytes=_int(d.get("reserved")),
+                        peak_allocated_bytes=_int(d.get("peak_allocated")),
+                    )
+                )
+        pin: tuple[int, str] | None = None
+        if pinned is not None:
+            pb = _int(pinned.get("bytes"))
+            if pb is not None and pb >= 0:
+                pin = (pb, _str(pinned.get("source")) or "torch.cuda.host_memory_stats")
+        deaths: list[WorkerDeath] = []
+        for d in wire_deaths:
+            if isinstance(d, dict) and _int(d.get("pid")) is not None:
+                lid = d.get("loader_id")
+                deaths.append(
+                    WorkerDeath(
+                        pid=int(d["pid"]),
+                        reported_by=pid,
+                        worker_id=_int(d.get("worker_id")),
+                        loader_id=f"{pid}:{lid}" if isinstance(lid, (int, str)) else None,
+                        signal=_int(d.get("signal")),
+                        signal_name=_str(d.get("signal_name")),
+                        exit_code=_int(d.get("exit_code")),
+                        time=_num(d.get("unix_time")),
+                    )
+                )
+        degraded = {f"{pid}:{str(hook)[:100]}": str(why)[:300] for hook, why in wire_degraded.items()}
+        return (
+            _Prev(agent_id, time_ns, cur_loaders),
+            loaders,
+            details,
+            devices,
+            deaths,
+            _int(r.get("num_threads")),
+            _str(r.get("torch_version")),
+            degraded,
+            pin,
         )
 
     @staticmethod
@@ -308,12 +440,9 @@ class AgentClient:
         if before is not None and dt_s is not None and dt_s > 0:
             db = _delta(wl, before, "batches_total")
             ds = _delta(wl, before, "samples_total")
-            dw = _delta(wl, before, "wait_ns_total")
-            dc = _delta(wl, before, "compute_ns_total")
             bps = db / dt_s if db is not None else None
             sps = ds / dt_s if ds is not None else None
-            if dw is not None and dc is not None and dw + dc > 0:
-                frac = dw / (dw + dc)
+            frac = _wait_fraction(wl, before, dt_s)
 
         def secs(key: str) -> float | None:
             v = _int(wl.get(key))
@@ -355,6 +484,29 @@ class AgentClient:
             compute_s_total=secs("compute_ns_total"),
         )
         return sample, detail
+
+
+def _wait_fraction(cur: Mapping[str, Any], prev: Mapping[str, Any], dt_s: float) -> float | None:
+    """The share of the interval's steady-state time the training spent waiting for this loader.
+
+    A call still in progress counts up to the reading (``*_pending``), so a loader that hangs
+    shows about 1.0 while it hangs rather than nothing until it returns. A first call of an epoch
+    (start-up, excluded from the fraction) that has lasted the whole interval also gives 1.0:
+    the training did nothing but wait for this loader.
+    """
+    w2, w1 = _int(cur.get("wait_ns_total")), _int(prev.get("wait_ns_total"))
+    c2, c1 = _int(cur.get("compute_ns_total")), _int(prev.get("compute_ns_total"))
+    if w2 is None or w1 is None or c2 is None or c1 is None:
+        return None
+    dw = (w2 + _pending(cur, "wait_ns_pending")) - (w1 + _pending(prev, "wait_ns_pending"))
+    dc = (c2 + _pending(cur, "compute_ns_pending")) - (c1 + _pending(prev, "compute_ns_pending"))
+    if dw < 0 or dc < 0:
+        return None
+    if dw + dc > 0:
+        return min(1.0, dw / (dw + dc))
+    if _pending(cur, "startup_wait_ns_pending") >= dt_s * 1e9:
+        return 1.0
+    return None
 
 
 def _norm_uuid(u: str | None) -> str | None:
