@@ -128,3 +128,26 @@ def test_real_terminal_shows_the_tree_and_quits_cleanly(spawn: Spawn, tmux: Tmux
         "display-message", "-p", "-t", "t", "#{alternate_on} #{mouse_any_flag} #{cursor_flag}"
     ).split()
     assert flags == ["0", "0", "1"], flags
+
+
+def test_dlmon_demo_quit_leaves_the_training_running(tmux: Tmux) -> None:
+    """The whole product in a real terminal: `dlmon demo` shows the demo's workers and its loader;
+    q asks whether to stop the training; the default leaves it running and says how to re-attach."""
+    pytest.importorskip("torch")
+    tmux("send-keys", "-t", "t", f"{sys.executable} -m dlmon demo --workers 2 --duration 120", "Enter")
+    screen = tmux.wait_for(re.compile(r"worker\s+1\s+\d+"), timeout=60)  # ids come from the agent
+    tmux.wait_for(re.compile(r"\d+\s*batch/s"), timeout=30)
+    assert "dlmon.demo" in screen
+    tmux("send-keys", "-t", "t", "q")
+    tmux.wait_for(re.compile(r"(?i)stop the training"), timeout=10)
+    tmux("send-keys", "-t", "t", "Enter")  # the default: leave it running
+    after = tmux.wait_for(re.compile(r"dlmon attach (\d+)"), timeout=20)
+    training_pid = int(re.findall(r"dlmon attach (\d+)", after)[-1])
+    try:
+        time.sleep(1.0)
+        with open(f"/proc/{training_pid}/stat") as fh:
+            state = fh.read().rsplit(")", 1)[1].split()[0]
+        assert state not in ("Z", "X"), "the training died with the dashboard"
+        assert len(children(training_pid)) == 2  # and its workers with it
+    finally:
+        os.killpg(training_pid, 9)
