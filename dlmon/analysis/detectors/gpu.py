@@ -1,0 +1,73 @@
+"""vram_pressure: a GPU near full, or torch's caching allocator holding far more than it uses."""
+
+from __future__ import annotations
+
+from dlmon.analysis.detectors._base import Candidate, Context, size
+from dlmon.analysis.kinds import CRITICAL, VRAM_PRESSURE, WARNING
+
+
+def detect_vram_pressure(ctx: Context) -> list[Candidate]:
+    cfg = ctx.config
+    out: list[Candidate] = []
+    for gpu in ctx.latest.gpus:
+        name = f"GPU {gpu.index}" + (f" ({gpu.name})" if gpu.name else "")
+        used, total = gpu.memory_used_bytes, gpu.memory_total_bytes
+        if used is not None and total:
+            key = f"gpu:{gpu.index}"
+            fraction = used / total
+            threshold = (
+                cfg.vram_hold_used_fraction if ctx.is_active(VRAM_PRESSURE, key) else cfg.vram_used_fraction
+            )
+            if fraction >= threshold:
+                out.append(
+                    Candidate(
+                        VRAM_PRESSURE,
+                        key,
+                        CRITICAL if fraction >= cfg.vram_critical_used_fraction else WARNING,
+                        f"GPU {gpu.index}",
+                        f"{name} memory is {fraction:.0%} full ({size(used)} of {size(total)}); the next "
+                        "larger batch or activation spike is a CUDA out-of-memory error.",
+                        "Use gradient accumulation (batch 32 x 4 steps trains like batch 128; the seed "
+                        "measured ResNet50 at 18 -> 5 GB for ~15% more time), mixed precision "
+                        "(torch.autocast), or activation checkpointing; VRAM is parameters + "
+                        "gradients + optimizer state + activations (linear in batch) + the CUDA context.",
+                        {
+                            "used_bytes": used,
+                            "total_bytes": total,
+                            "used_fraction": round(fraction, 4),
+                            "torch_allocated_bytes": gpu.torch_allocated_bytes,
+                            "torch_reserved_bytes": gpu.torch_reserved_bytes,
+                            "torch_peak_allocated_bytes": gpu.torch_peak_allocated_bytes,
+                        },
+                    )
+                )
+        reserved, allocated = gpu.torch_reserved_bytes, gpu.torch_allocated_bytes
+        if reserved is not None and allocated is not None:
+            key = f"gpu:{gpu.index}:allocator"
+            held = ctx.is_active(VRAM_PRESSURE, key)
+            factor = 0.8 if held else 1.0
+            slack = reserved - allocated
+            if (
+                reserved >= cfg.vram_fragmentation_ratio * factor * max(allocated, 1)
+                and slack >= cfg.vram_fragmentation_bytes * factor
+            ):
+                out.append(
+                    Candidate(
+                        VRAM_PRESSURE,
+                        key,
+                        WARNING,
+                        f"GPU {gpu.index} allocator",
+                        f"torch on {name} has reserved {size(reserved)} but uses {size(allocated)}: "
+                        f"{size(slack)} sits in the caching allocator's free blocks (fragmentation).",
+                        "Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, avoid varying tensor "
+                        "shapes between steps (pad or bucket batch sizes); torch.cuda.empty_cache() "
+                        "only returns memory to other processes.",
+                        {
+                            "torch_reserved_bytes": reserved,
+                            "torch_allocated_bytes": allocated,
+                            "slack_bytes": slack,
+                            "total_bytes": total,
+                        },
+                    )
+                )
+    return out

@@ -1,0 +1,328 @@
+"""The DataLoader against the machine: input_bound, shm_exhaustion, oversubscription."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from dlmon.analysis.detectors._base import Candidate, Context, duration, size
+from dlmon.analysis.detectors.io import saturated_disks
+from dlmon.analysis.kinds import CRITICAL, INPUT_BOUND, OVERSUBSCRIPTION, SHM_EXHAUSTION, WARNING
+from dlmon.analysis.stats import mean, median
+from dlmon.model import LoaderSample, Snapshot
+
+NO_WORKERS = "no_workers"
+IO = "io"
+MAIN = "main_process"
+CPU = "cpu"
+LATENCY = "too_few_workers"
+UNCLEAR = "unclear"
+
+
+def _worker_stats(window: Sequence[Snapshot], pids: set[int] | None) -> tuple[float | None, float, int]:
+    """(mean over ticks of the median worker CPU %, share of worker-ticks in D state, workers now)."""
+    cpus: list[float] = []
+    in_d = total = 0
+    count = 0
+    for s in window:
+        tick: list[float] = []
+        count = 0
+        for p in s.processes:
+            if p.role != "worker" or p.state in ("Z", "X") or (pids is not None and p.pid not in pids):
+                continue
+            count += 1
+            total += 1
+            if p.state == "D":
+                in_d += 1
+            if p.cpu_percent is not None:
+                tick.append(p.cpu_percent)
+        if tick:
+            cpus.append(median(tick))
+    return (mean(cpus) if cpus else None), (in_d / total if total else 0.0), count
+
+
+def _main_cpu(window: Sequence[Snapshot], pid: int) -> float | None:
+    values = [
+        p.cpu_percent for s in window for p in s.processes if p.pid == pid and p.cpu_percent is not None
+    ]
+    return mean(values) if values else None
+
+
+def detect_input_bound(ctx: Context) -> list[Candidate]:
+    cfg = ctx.config
+    s = ctx.latest
+    if not s.loaders:
+        return []
+    window = ctx.window(cfg.input_window_s)
+    out: list[Candidate] = []
+    for loader in s.loaders:
+        if not loader.alive:
+            continue
+        key = f"loader:{loader.id}"
+        held = ctx.is_active(INPUT_BOUND, key)
+        values = [
+            other.data_wait_fraction
+            for snap in window
+            for other in snap.loaders
+            if other.id == loader.id and other.data_wait_fraction is not None
+        ]
+        if not values:
+            continue
+        wait = mean(values)
+        if wait < (cfg.input_hold_wait_fraction if held else cfg.input_wait_fraction):
+            continue
+        out.append(_input_bound(ctx, loader, wait, len(values), window))
+    return out
+
+
+def _input_bound(
+    ctx: Context, loader: LoaderSample, wait: float, n: int, window: Sequence[Snapshot]
+) -> Candidate:
+    cfg = ctx.config
+    cores = ctx.cores
+    with_workers = [x for x in ctx.latest.loaders if (x.num_workers or 0) > 0]
+    pids: set[int] | None = set(loader.worker_pids) if loader.worker_pids else None
+    if pids is None and len(with_workers) > 1:
+        pids = set()  # several loaders and no pid lists: cannot tell whose workers are whose
+    worker_cpu, dstate, n_workers = _worker_stats(window, pids)
+    main_cpu = _main_cpu(window, loader.pid)
+    nw = loader.num_workers if loader.num_workers is not None else n_workers
+    disks = saturated_disks(ctx)
+    pressure = ctx.latest.pressure.io_some_avg10 if ctx.latest.pressure is not None else None
+    suggested = max(1, cores - 1)
+    what = (
+        f"Loader {loader.name} waits for data {wait:.0%} of the time "
+        f"(mean over {duration(cfg.input_window_s)})"
+    )
+    if nw == 0:
+        cause = NO_WORKERS
+        why = "with num_workers=0 the main process loads every batch itself"
+        advice = f"Set num_workers (start at {min(8, suggested)}: this machine has {cores} cores)."
+    elif (
+        disks
+        or dstate >= cfg.io_dstate_fraction
+        or (pressure is not None and pressure >= 2 * cfg.io_pressure_percent)
+    ):
+        cause = IO
+        where = (
+            f"disk {disks[0].name} is saturated"
+            if disks
+            else f"workers are in D state {dstate:.0%} of the time"
+        )
+        why = f"it is input-bound because of IO: {where}"
+        advice = (
+            "More workers will not help a saturated disk: cache the data in RAM or on faster "
+            "storage, read large sequential shards instead of many small files, store smaller "
+            "or pre-decoded samples."
+        )
+    elif main_cpu is not None and main_cpu >= cfg.main_busy_cpu_percent:
+        cause = MAIN
+        why = f"the main process is at {main_cpu:.0f}% CPU (collate, the pin_memory thread, the GIL)"
+        advice = (
+            "The trainer's own Python is the bottleneck: do per-sample work in the workers' "
+            "__getitem__, keep collate_fn cheap, use pin_memory only with CUDA, and profile the "
+            "training step for Python overhead."
+        )
+    elif worker_cpu is not None and worker_cpu >= cfg.busy_cpu_percent:
+        cause = CPU
+        why = f"its {nw} workers are CPU-bound at {worker_cpu:.0f}% each"
+        if nw + 1 >= cores:
+            advice = (
+                f"Every core is busy ({cores} cores): make transforms cheaper, decode or augment on "
+                "the GPU (DALI, torchvision.io.decode_jpeg on CUDA), or cache pre-processed samples."
+            )
+        else:
+            advice = f"Cores are free: raise num_workers from {nw} to {suggested} (cores - 1)."
+    elif worker_cpu is not None and worker_cpu < cfg.idle_cpu_percent:
+        cause = LATENCY
+        why = (
+            f"its {nw} workers are mostly idle ({worker_cpu:.0f}% CPU each) and no disk is saturated: "
+            "too few workers to hide per-sample latency"
+        )
+        advice = (
+            f"Raise num_workers (up to {suggested} on {cores} cores) or prefetch_factor (now "
+            f"{loader.prefetch_factor if loader.prefetch_factor is not None else 'default 2'}) so more "
+            "reads overlap; for remote storage, batch the reads."
+        )
+    else:
+        cause = UNCLEAR
+        cpu_text = "unknown" if worker_cpu is None else f"{worker_cpu:.0f}%"
+        why = f"its workers run at {cpu_text} CPU and no disk is saturated"
+        advice = "Profile a worker's __getitem__ (py-spy dump --pid) to see where the time goes."
+    return Candidate(
+        INPUT_BOUND,
+        f"loader:{loader.id}",
+        CRITICAL if wait >= cfg.input_critical_wait_fraction else WARNING,
+        f"loader {loader.name}",
+        f"{what}: {why}.",
+        advice,
+        {
+            "data_wait_fraction": round(wait, 3),
+            "samples": n,
+            "cause": cause,
+            "num_workers": nw,
+            "worker_cpu_percent": None if worker_cpu is None else round(worker_cpu, 1),
+            "main_cpu_percent": None if main_cpu is None else round(main_cpu, 1),
+            "worker_dstate_fraction": round(dstate, 2),
+            "saturated_disk": disks[0].name if disks else None,
+            "io_pressure_some_avg10": pressure,
+            "cores": cores,
+            "batch_size": loader.batch_size,
+            "prefetch_factor": loader.prefetch_factor,
+        },
+    )
+
+
+# -- shm_exhaustion --------------------------------------------------------------------------
+
+
+def detect_shm_exhaustion(ctx: Context) -> list[Candidate]:
+    cfg = ctx.config
+    s = ctx.latest
+    shm = s.shm
+    if shm is None or shm.available_bytes is None or not shm.total_bytes:
+        return []
+    workers = ctx.tree().workers()
+    loaders = [x for x in s.loaders if x.alive and (x.num_workers or 0) > 0]
+    if not workers and not loaders:
+        return []  # nothing passes batches through shared memory
+    held = ctx.is_active(SHM_EXHAUSTION, "shm")
+    factor = cfg.shm_hold_factor if held else 1.0
+    if loaders:
+        in_flight = sum(
+            (x.num_workers or 0) * (x.prefetch_factor or cfg.default_prefetch_factor) for x in loaders
+        )
+        how = " + ".join(
+            f"{x.num_workers} workers x prefetch {x.prefetch_factor or cfg.default_prefetch_factor}"
+            for x in loaders
+        )
+    else:
+        in_flight = len(workers) * cfg.default_prefetch_factor
+        how = f"{len(workers)} workers x prefetch {cfg.default_prefetch_factor} (assumed)"
+    floor = max(cfg.shm_free_fraction * shm.total_bytes, cfg.shm_free_bytes)
+    free = shm.available_bytes
+    batch = max((w.shmem_bytes or 0 for w in workers), default=0)
+    if batch and free < 4 * in_flight * batch:  # close enough to matter: the 30 s maximum
+        pids = {w.pid for w in workers}
+        batch = max(
+            (p.shmem_bytes or 0 for snap in ctx.window(30.0) for p in snap.processes if p.pid in pids),
+            default=batch,
+        )
+    if batch < cfg.shm_min_batch_bytes:
+        batch = 0  # a worker's resident shared memory this small is not a batch: estimate unknown
+    need = in_flight * batch if batch > 0 else None
+    short = need is not None and free < need * factor
+    low = free < floor * factor
+    if not (short or low):
+        return []
+    severity = CRITICAL if short or free < cfg.shm_critical_free_fraction * shm.total_bytes else WARNING
+    message = f"/dev/shm has {size(free)} free of {size(shm.total_bytes)}"
+    if need is not None:
+        message += (
+            f" while {how} batches of ~{size(batch)} (the workers' resident shared memory) "
+            f"need ~{size(need)} in flight"
+        )
+    else:
+        message += f" (under {size(floor)}) for {how} in-flight batches"
+    message += "; the next step is a worker dying of 'Bus error' (SIGBUS)."
+    return [
+        Candidate(
+            SHM_EXHAUSTION,
+            "shm",
+            severity,
+            f"/dev/shm of pid {s.target.pid}",
+            message,
+            "Give the job more shared memory (docker run --shm-size=8g, a bigger tmpfs on /dev/shm, "
+            "or emptyDir medium: Memory in Kubernetes), or lower num_workers, prefetch_factor or "
+            "the batch size.",
+            {
+                "shm_path": shm.path,
+                "shm_total_bytes": shm.total_bytes,
+                "shm_available_bytes": free,
+                "in_flight_batches": in_flight,
+                "batch_bytes_estimate": batch or None,
+                "batch_bytes_source": "largest worker RssShmem over 30 s" if batch else None,
+                "need_bytes": need,
+                "floor_bytes": round(floor),
+            },
+        )
+    ]
+
+
+# -- oversubscription ------------------------------------------------------------------------
+
+
+def detect_oversubscription(ctx: Context) -> list[Candidate]:
+    cfg = ctx.config
+    cores = ctx.cores
+    workers = ctx.tree().workers()
+    nw = len(workers)
+    if nw < 2:
+        return []
+    threads_known = [w.num_threads for w in workers if w.num_threads is not None]
+    threads = median([float(t) for t in threads_known]) if threads_known else 1.0
+    too_many = nw > cores
+    too_threaded = nw * threads >= cfg.oversub_thread_factor * cores
+    if not (too_many or too_threaded):
+        return []
+    held = ctx.is_active(OVERSUBSCRIPTION, "job")
+    relax = 0.5 if held else 1.0
+    pressure = ctx.latest.pressure.cpu_some_avg10 if ctx.latest.pressure is not None else None
+    # a cheap look at the latest tick first: the window is only read when it may matter
+    busy_now = sum(w.cpu_percent or 0.0 for w in workers)
+    switching_now = [w.nonvoluntary_ctxt_switches_per_s or 0.0 for w in workers]
+    if busy_now < 0.5 * cfg.oversub_busy_fraction * relax * cores * 100.0:
+        return []
+    if median(switching_now) < 0.5 * cfg.oversub_nvcsw_per_s * relax and (
+        pressure is None or pressure < cfg.oversub_cpu_pressure_percent * relax
+    ):
+        return []
+    pids = {w.pid for w in workers}
+    nvcsw: dict[int, list[float]] = {}
+    cpu_ticks: list[float] = []
+    for snap in ctx.window(cfg.oversub_window_s):
+        tick = 0.0
+        for p in snap.processes:
+            if p.pid in pids:
+                if p.nonvoluntary_ctxt_switches_per_s is not None:
+                    nvcsw.setdefault(p.pid, []).append(p.nonvoluntary_ctxt_switches_per_s)
+                if p.cpu_percent is not None:
+                    tick += p.cpu_percent
+        cpu_ticks.append(tick)
+    switches = median([mean(v) for v in nvcsw.values()]) if nvcsw else None
+    busy = mean(cpu_ticks) if cpu_ticks else 0.0
+    contended = (switches is not None and switches >= cfg.oversub_nvcsw_per_s * relax) or (
+        pressure is not None and pressure >= cfg.oversub_cpu_pressure_percent * relax
+    )
+    if not contended or busy < cfg.oversub_busy_fraction * relax * cores * 100.0:
+        return []
+    suggested = max(1, cores - 1)
+    parts = [f"{nw} DataLoader workers"]
+    if threads > 1:
+        parts.append(f"with {threads:.0f} threads each")
+    message = " ".join(parts) + f" share {cores} cores (using {busy / 100:.1f} of them)"
+    if switches is not None:
+        message += f"; each is switched out involuntarily {switches:.0f} times/s"
+    if pressure is not None:
+        message += f", CPU pressure {pressure:.0f}%"
+    message += "."
+    return [
+        Candidate(
+            OVERSUBSCRIPTION,
+            "job",
+            WARNING,
+            f"workers of pid {ctx.latest.target.pid}",
+            message,
+            f"Use at most {suggested} workers (cores - 1) and one thread per worker: in "
+            "worker_init_fn call torch.set_num_threads(1) and cv2.setNumThreads(0), or set "
+            "OMP_NUM_THREADS=1; past the physical cores more workers only add scheduling overhead.",
+            {
+                "workers": nw,
+                "threads_per_worker": threads,
+                "cores": cores,
+                "nonvoluntary_switches_per_s": None if switches is None else round(switches, 1),
+                "workers_cpu_percent": round(busy, 1),
+                "cpu_pressure_some_avg10": pressure,
+                "suggested_num_workers": suggested,
+            },
+        )
+    ]

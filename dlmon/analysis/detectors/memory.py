@@ -1,0 +1,366 @@
+"""memory_growth (the staircase to the OOM killer) and swap_activity."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from dlmon.analysis.detectors._base import (
+    Candidate,
+    Context,
+    GrowthWindow,
+    Thresholds,
+    describe_headroom,
+    duration,
+    headroom,
+    per_min,
+    size,
+    sum_known,
+)
+from dlmon.analysis.digest import DEAD, Digest, Series
+from dlmon.analysis.kinds import CRITICAL, INFO, MEMORY_GROWTH, SWAP_ACTIVITY, WARNING
+from dlmon.analysis.stats import Trend, median, subsample, theil_sen, trend
+from dlmon.model import Snapshot
+
+COPY_ON_READ = "copy_on_read"
+MAIN_PROCESS = "main_process"
+SOME_WORKERS = "some_workers"
+UNATTRIBUTED = "unattributed"
+
+_PROCESS_POINTS = 12  # per-process attribution: a cheaper Theil-Sen
+
+
+def is_growth(t: Trend, window: GrowthWindow, cfg: Thresholds, held: bool, prior_high: float | None) -> bool:
+    """The rule: a robust slope above the window's rate, mostly rising pairs, a real net rise
+    that is neither one jump nor given back by drops, not levelling off, and (to raise) a new
+    high above anything in the lookback before the window (a sawtooth's next tooth is not).
+    ``held``: the alert is raised, so the looser hold thresholds apply."""
+    min_slope = window.min_slope_bytes_per_s * (cfg.growth_hold_slope if held else 1.0)
+    if t.slope < min_slope:
+        return False
+    if t.score < (cfg.growth_hold_score if held else cfg.growth_min_score):
+        return False
+    if t.rise <= t.tolerance or t.single_step or t.sawtooth:
+        return False
+    ratio = t.levelling(last_quarter=not held)  # a staircase's last quarter may fall between steps
+    if ratio is not None and ratio < (cfg.growth_hold_levelling if held else cfg.growth_min_levelling):
+        return False
+    return held or prior_high is None or t.end_level > prior_high + t.tolerance
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessGrowth:
+    label: str
+    role: str
+    pid: int
+    slope: float  # bytes/s of USS (PSS when USS is unknown, RssAnon for that signal)
+
+
+def grid_end(t: float, window_s: float) -> float:
+    """``t`` floored to a grid of 1/30 of the window (at least 2 s): a window's contents then
+    change only a few dozen times per window length, so its trend is computed that often."""
+    step = max(2.0, window_s / 30.0)
+    return math.floor(t / step) * step
+
+
+def process_slopes(digest: Digest, now: float, window_s: float, anon: bool = False) -> list[ProcessGrowth]:
+    """The USS (or with ``anon`` the RssAnon) slope of every live process with at least 3
+    readings in the window."""
+    out: list[ProcessGrowth] = []
+    end = grid_end(now, window_s)
+    for track in digest.live():
+        series = track.anon if anon else track.uss if len(track.uss) else track.pss
+        points = series.between(end - window_s, end)
+        if len(points) < 3:
+            continue
+        key = ("anon" if anon else "uss", track.pid, track.start_time, window_s, end, len(points))
+        cached = digest.memo.get(key)
+        if isinstance(cached, float):
+            slope: float | None = cached
+        else:
+            slope = theil_sen(subsample(points, _PROCESS_POINTS))
+            if slope is not None:
+                digest.remember(key, slope)
+        if slope is not None:
+            out.append(ProcessGrowth(track.label, track.role, track.pid, slope))
+    return out
+
+
+JOB_PSS = "job PSS"
+WORKERS_USS = "workers' USS"
+JOB_ANON = "job RssAnon"
+SIGNALS = (JOB_PSS, WORKERS_USS, JOB_ANON)
+_WHAT = {
+    JOB_PSS: "The job's memory (PSS)",
+    WORKERS_USS: "The workers' private memory (USS)",
+    JOB_ANON: "The job's anonymous memory (RssAnon)",
+}
+
+
+def _series(digest: Digest, name: str) -> Series:
+    if name == JOB_PSS:
+        return digest.job_pss
+    return digest.workers_uss if name == WORKERS_USS else digest.job_anon
+
+
+def _job_trend(digest: Digest, name: str, end: float, window: GrowthWindow, cfg: Thresholds) -> Trend | None:
+    points = _series(digest, name).between(end - window.window_s, end)
+    if len(points) < window.min_points or points[-1][0] - points[0][0] < window.min_span_s:
+        return None
+    # cheap pre-check: growth at the window's rate must show between the ends (most ticks stop here)
+    k = min(3, len(points) // 2)
+    ends_rise = median([v for _, v in points[-k:]]) - median([v for _, v in points[:k]])
+    min_rise = 0.3 * window.min_slope_bytes_per_s * cfg.growth_hold_slope * (points[-1][0] - points[0][0])
+    if ends_rise < min_rise:
+        return None
+    key = (name, window.window_s, end, len(points))
+    cached = digest.memo.get(key)
+    if isinstance(cached, Trend):
+        return cached
+    t = trend(points, cfg.growth_tolerance_bytes, step_span_s=cfg.growth_step_span_s)
+    if t is not None:
+        digest.remember(key, t)
+    return t
+
+
+@dataclass(frozen=True, slots=True)
+class Attribution:
+    cause: str
+    growing: tuple[ProcessGrowth, ...]
+    workers: int
+    phrase: str  # e.g. "in all 4 workers in step"
+
+
+def attribute(
+    digest: Digest, now: float, window_s: float, job_slope: float, cfg: Thresholds, anon: bool = False
+) -> Attribution:
+    slopes = process_slopes(digest, now, window_s, anon)
+    label = "RssAnon" if anon else "USS"
+    n_workers = sum(1 for t in digest.live() if t.role == "worker")
+    floor = max(cfg.process_growth_min_bytes_per_s, 0.2 * job_slope / max(1, len(slopes)))
+    growing = tuple(sorted((g for g in slopes if g.slope >= floor), key=lambda g: -g.slope))
+    growing_workers = [g for g in growing if g.role == "worker"]
+    main = [g for g in growing if g.role == "main"]
+    if n_workers >= 2 and len(growing_workers) >= max(2, -(-3 * n_workers // 4)):
+        rates = [g.slope for g in growing_workers]
+        if max(rates) <= cfg.in_step_ratio * min(rates):
+            return Attribution(
+                COPY_ON_READ,
+                growing,
+                n_workers,
+                f"in {len(growing_workers)} of {n_workers} workers in step "
+                f"({label} +{per_min(median(rates))} each)",
+            )
+    if growing_workers:
+        names = ", ".join(g.label for g in growing_workers[:3])
+        more = f" and {len(growing_workers) - 3} more" if len(growing_workers) > 3 else ""
+        return Attribution(
+            SOME_WORKERS,
+            growing,
+            n_workers,
+            f"in {names}{more} ({label} +{per_min(growing_workers[0].slope)})",
+        )
+    if main:
+        return Attribution(
+            MAIN_PROCESS, growing, n_workers, f"in the {main[0].label} ({label} +{per_min(main[0].slope)})"
+        )
+    return Attribution(UNATTRIBUTED, growing, n_workers, "in no single process's private memory")
+
+
+_ADVICE = {
+    COPY_ON_READ: (
+        "This is copy-on-read (pytorch#13246): every read of a Python object in the Dataset "
+        "writes its refcount and copies its page into each worker, so RSS stays flat while USS "
+        "and PSS climb; keep samples in numpy arrays or torch tensors (or an np.memmap) instead "
+        "of Python lists/dicts of objects, or restart workers (persistent_workers=False)."
+    ),
+    SOME_WORKERS: (
+        "A worker keeps what it reads: look for caches in the Dataset or its transforms "
+        "(memoised samples, a Lambda converting to numpy, lru_cache) and bound or remove them."
+    ),
+    MAIN_PROCESS: (
+        "The trainer keeps references across steps: accumulate loss.item() rather than loss, "
+        "detach tensors you store, do not keep outputs of every batch, and check for growing caches."
+    ),
+    UNATTRIBUTED: (
+        "The growth is in shared memory or in processes whose USS is not read yet: check "
+        "/dev/shm and shared tensors; lower num_workers or batch_size if the ETA is short."
+    ),
+}
+
+
+def growth(ctx: Context) -> tuple[GrowthWindow, str, Trend] | None:
+    """The shortest window in which one of three views of the job's memory passes the growth
+    rule: the PSS total (the truth, but on a shared machine it moves when unrelated processes map
+    or unmap the same libraries), the sum of the workers' USS (copy-on-read, without the
+    trainer's own ups and downs) and the RssAnon total (fresh every tick; new allocations)."""
+    cfg = ctx.config
+    digest = ctx.digest
+    held = ctx.is_active(MEMORY_GROWTH, "job")
+    for window in cfg.growth_windows:
+        for name in SIGNALS:
+            series = _series(digest, name)
+            last = series.last()
+            if last is None:
+                continue
+            end = grid_end(last[0], window.window_s)
+            t = _job_trend(digest, name, end, window, cfg)
+            if t is None:
+                continue
+            start = end - window.window_s
+            lookback = start - (cfg.growth_lookback_factor - 1.0) * window.window_s
+            prior = [v for _, v in series.between(lookback, start - 1e-9)]
+            if is_growth(t, window, cfg, held, max(prior) if prior else None):
+                return window, name, t
+    return None
+
+
+def detect_memory_growth(ctx: Context) -> list[Candidate]:
+    cfg = ctx.config
+    digest = ctx.digest
+    found = growth(ctx)
+    if found is None:
+        return []
+    now = ctx.now
+    window, signal, t = found
+    rate = t.slope
+    s = ctx.latest
+    room = headroom(s)
+    eta = None if room is None or rate <= 0 else room.bytes / rate
+    attribution = attribute(digest, now, window.window_s, rate, cfg, anon=signal == JOB_ANON)
+    rss = digest.job_rss.since(now - window.window_s)
+    rss_change = rss[-1][1] - rss[0][1] if len(rss) >= 2 else None
+    rss_flat = rss_change is not None and abs(rss_change) < 0.25 * max(t.rise, 1.0)
+    if eta is None:
+        severity = WARNING
+    elif eta <= cfg.growth_critical_eta_s:
+        severity = CRITICAL
+    elif eta > cfg.growth_info_eta_s:
+        severity = INFO
+    else:
+        severity = WARNING
+    shape = "steadily" if t.steps.steady or not 2 <= t.steps.ups <= 6 else f"in {t.steps.ups} steps"
+    message = (
+        f"{_WHAT[signal]} grew {shape} from {size(t.start_level)} to {size(t.end_level)} "
+        f"over the last {duration(t.span_s)} ({per_min(rate)}), {attribution.phrase}"
+    )
+    if rss_flat and signal != JOB_ANON:
+        message += ", while RSS stayed flat"
+    if room is not None and eta is not None:
+        message += f"; at this rate it reaches {describe_headroom(room)} in about {duration(eta)}."
+    else:
+        message += "."
+    evidence: dict[str, float | int | str | None] = {
+        "rate_bytes_per_s": round(rate, 1),
+        "signal": signal,
+        "window_s": window.window_s,
+        "span_s": round(t.span_s, 1),
+        "points": t.points,
+        "trend_score": round(t.score, 3),
+        "steps_up": t.steps.ups,
+        "steps_down": t.steps.downs,
+        "start_bytes": round(t.start_level),  # of the signal: job PSS, workers' USS or job RssAnon
+        "end_bytes": round(t.end_level),
+        "rss_change_bytes": None if rss_change is None else round(rss_change),
+        "headroom_bytes": None if room is None else room.bytes,
+        "headroom_source": None if room is None else room.source,
+        "limit_bytes": None if room is None else room.limit_bytes,
+        "eta_s": None if eta is None else round(eta, 1),
+        "cause": attribution.cause,
+        "workers": attribution.workers,
+        "growing_processes": len(attribution.growing),
+        "growing_workers": sum(1 for g in attribution.growing if g.role == "worker"),
+        "top_process": attribution.growing[0].label if attribution.growing else None,
+        "top_process_rate_bytes_per_s": round(attribution.growing[0].slope, 1)
+        if attribution.growing
+        else None,
+    }
+    return [
+        Candidate(
+            MEMORY_GROWTH,
+            "job",
+            severity,
+            f"job (pid {s.target.pid})",
+            message,
+            _ADVICE[attribution.cause],
+            evidence,
+        )
+    ]
+
+
+# -- swap_activity ---------------------------------------------------------------------------
+
+
+def _job_swap(s: Snapshot) -> float | None:
+    return sum_known(p.swap_bytes for p in s.processes if p.state not in DEAD)
+
+
+def _spread(snaps: list[Snapshot], k: int = 5) -> list[Snapshot]:
+    if len(snaps) <= k:
+        return snaps
+    step = (len(snaps) - 1) / (k - 1)
+    return [snaps[round(i * step)] for i in range(k)]
+
+
+def detect_swap_activity(ctx: Context) -> list[Candidate]:
+    cfg = ctx.config
+    window = list(ctx.window(cfg.swap_window_s))
+    if len(window) < 2 or window[-1].time - window[0].time < 0.3 * cfg.swap_window_s:
+        return []
+    held = ctx.is_active(SWAP_ACTIVITY, "job")
+    factor = 0.25 if held else 1.0
+    first, last = window[0].memory.swap_used_bytes, window[-1].memory.swap_used_bytes
+    if first is not None and last is not None and last - first < cfg.swap_job_rise_bytes * factor:
+        machine_quiet = max(s.memory.swap_used_bytes or 0 for s in _spread(window)) - first
+        if machine_quiet < cfg.swap_job_rise_bytes * factor:
+            return []  # the job's swap is part of the machine's: nothing can have risen
+    probes = _spread(window)
+    job = [v for v in (_job_swap(s) for s in probes) if v is not None]
+    machine = [s.memory.swap_used_bytes for s in probes if s.memory.swap_used_bytes is not None]
+    job_rise = job[-1] - min(job) if len(job) >= 2 else 0.0
+    machine_rise = float(machine[-1] - min(machine)) if len(machine) >= 2 else 0.0
+    job_swaps = job_rise >= cfg.swap_job_rise_bytes * factor
+    machine_swaps = machine_rise >= cfg.swap_machine_rise_bytes * factor
+    if not (job_swaps or machine_swaps):
+        return []
+    s = ctx.latest
+    pressure = s.pressure.memory_some_avg10 if s.pressure is not None else None
+    if job_swaps:
+        severity = (
+            CRITICAL if pressure is not None and pressure >= cfg.swap_critical_memory_pressure else WARNING
+        )
+        message = (
+            f"The job's swapped-out memory rose {size(job_rise)} in the last {duration(cfg.swap_window_s)} "
+            f"to {size(job[-1])}"
+        )
+    else:
+        severity = INFO
+        message = (
+            f"The machine's swap use rose {size(machine_rise)} in the last {duration(cfg.swap_window_s)}"
+        )
+    if machine:
+        message += f" (machine swap in use: {size(machine[-1])}"
+        message += f", memory pressure {pressure:.0f}%)." if pressure is not None else ")."
+    else:
+        message += "."
+    return [
+        Candidate(
+            SWAP_ACTIVITY,
+            "job",
+            severity,
+            f"job (pid {s.target.pid})",
+            message,
+            "Memory is over-committed and pages go to disk, which stalls the job: lower num_workers "
+            "or batch_size, fix any memory_growth, and watch pinned memory (page-locked, it cannot "
+            "be swapped, so everything else is).",
+            {
+                "job_swap_bytes": None if not job else round(job[-1]),
+                "job_swap_rise_bytes": round(job_rise),
+                "machine_swap_used_bytes": None if not machine else machine[-1],
+                "machine_swap_rise_bytes": round(machine_rise),
+                "memory_pressure_some_avg10": pressure,
+                "window_s": cfg.swap_window_s,
+                "rise_threshold_bytes": cfg.swap_job_rise_bytes * factor,
+            },
+        )
+    ]

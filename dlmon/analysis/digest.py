@@ -1,0 +1,298 @@
+"""The long memory of the analysis: compact, thinned series that an hour at 1 Hz keeps small.
+
+Full snapshots are kept for a couple of minutes only (the short-window detectors need no more).
+What the slow detectors need over tens of minutes is extracted here, one snapshot at a time:
+
+* each process's **fresh** USS/PSS readings. PSS/USS are refreshed on a CPU budget, so most
+  snapshots repeat an old value; a reading is placed at the time it was really taken
+  (``snapshot.time - pss_age_s``) and a repeat of the same reading is ignored;
+* the job's PSS total, recorded only when some reading in it is new, at the mean time its
+  readings were taken; and the same for the sum of the workers' USS (copy-on-read shows there
+  without the main process's own ups and downs);
+* the job's RSS and RssAnon totals, and each process's RssAnon (fresh every tick). RssAnon is
+  immune to what PSS suffers on a shared machine (a shared library's pages are split among
+  however many processes map them, so an unrelated process starting moves everyone's PSS), and
+  new allocations show there at once; copy-on-read does not move it (the page was resident).
+* the OOM-kill counters (machine and cgroup), kept only when they change.
+
+``Digest.ingest`` is O(processes) per snapshot; ``Digest.from_history`` builds the same digest
+from a sequence of snapshots (the pure form the detectors' tests use).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from dlmon.analysis.stats import Point
+from dlmon.model import Snapshot
+
+Identity = tuple[int, int]  # (pid, start_time)
+
+DEAD = ("Z", "X")
+
+
+class Series:
+    """``(time, value)`` points, oldest first, at least ``min_gap_s`` apart and at most ``capacity``.
+
+    When full, every second point of the older half is dropped: recent points stay dense, old ones
+    get sparser, and the whole span is kept however long it runs.
+    """
+
+    __slots__ = ("_points", "_times", "capacity", "min_gap_s")
+
+    def __init__(self, min_gap_s: float = 2.0, capacity: int = 256) -> None:
+        if capacity < 4:
+            raise ValueError("capacity must be at least 4")
+        self.min_gap_s = min_gap_s
+        self.capacity = capacity
+        self._points: list[Point] = []
+        self._times: list[float] = []
+
+    def add(self, t: float, value: float) -> bool:
+        """Append a point; False when it is not after the last one by ``min_gap_s``."""
+        if self._times and t < self._times[-1] + self.min_gap_s:
+            return False
+        self._points.append((t, value))
+        self._times.append(t)
+        if len(self._points) > self.capacity:
+            half = len(self._points) // 2
+            kept = self._points[:half:2] + self._points[half:]
+            self._points = kept
+            self._times = [p[0] for p in kept]
+        return True
+
+    def since(self, start: float) -> list[Point]:
+        """The points with time >= ``start``."""
+        return self._points[bisect.bisect_left(self._times, start) :]
+
+    def between(self, start: float, end: float) -> list[Point]:
+        """The points with ``start`` <= time <= ``end``."""
+        return self._points[bisect.bisect_left(self._times, start) : bisect.bisect_right(self._times, end)]
+
+    def last(self) -> Point | None:
+        return self._points[-1] if self._points else None
+
+    def first(self) -> Point | None:
+        return self._points[0] if self._points else None
+
+    def __len__(self) -> int:
+        return len(self._points)
+
+    @property
+    def points(self) -> list[Point]:
+        return list(self._points)
+
+
+@dataclass(slots=True)
+class ProcessMemory:
+    """One process's fresh memory readings."""
+
+    pid: int
+    start_time: int
+    role: str
+    worker_id: int | None
+    uss: Series
+    pss: Series
+    anon: Series
+    last_seen: float
+    alive: bool = True
+    last_reading: float | None = None  # real time of the newest reading seen
+
+    @property
+    def label(self) -> str:
+        return process_label(self.role, self.pid, self.worker_id)
+
+
+def process_label(role: str, pid: int, worker_id: int | None = None) -> str:
+    """``worker 3 (pid 1234)``, ``main (pid 1000)``, ``child (pid 77)``."""
+    if role == "worker" and worker_id is not None:
+        return f"worker {worker_id} (pid {pid})"
+    return f"{role} (pid {pid})"
+
+
+@dataclass(frozen=True, slots=True)
+class DigestLimits:
+    process_points: int = 240  # per process: 8 min at one reading per 2 s before thinning
+    anon_points: int = 120  # per process RssAnon (every tick): 4 min at full density
+    job_points: int = 512
+    min_gap_s: float = 2.0
+    same_reading_s: float = 0.2  # two readings this close in real time are the same reading
+    forget_gone_s: float = 900.0  # series of vanished processes are kept this long
+    max_processes: int = 512
+    oom_records: int = 64
+
+
+@dataclass(slots=True)
+class WorkerSum:
+    total: int = 0
+    time_total: float = 0.0
+    count: int = 0
+    fresh: bool = False
+    complete: bool = True
+
+    def add(self, uss: int | None, taken: float, fresh: bool) -> None:
+        if uss is None:
+            self.complete = False
+            return
+        self.total += uss
+        self.time_total += taken
+        self.count += 1
+        self.fresh = self.fresh or fresh
+
+
+@dataclass(frozen=True, slots=True)
+class OomRecord:
+    time: float
+    machine: int | None
+    cgroup: int | None
+
+
+@dataclass(slots=True)
+class Digest:
+    limits: DigestLimits = field(default_factory=DigestLimits)
+    processes: dict[Identity, ProcessMemory] = field(default_factory=dict)
+    job_pss: Series = field(init=False)
+    workers_uss: Series = field(init=False)
+    job_rss: Series = field(init=False)
+    job_anon: Series = field(init=False)
+    oom: list[OomRecord] = field(default_factory=list)
+    deaths_seen: dict[tuple[int, float | None], float] = field(default_factory=dict)  # first seen
+    first_time: float | None = None
+    last_time: float | None = None
+    readings: int = 0  # fresh PSS readings taken in so far: a cheap change marker for caches
+    memo: dict[tuple[object, ...], object] = field(default_factory=dict)  # detectors' pure caches
+
+    def __post_init__(self) -> None:
+        self.job_pss = Series(self.limits.min_gap_s, self.limits.job_points)
+        self.workers_uss = Series(self.limits.min_gap_s, self.limits.job_points)
+        self.job_rss = Series(self.limits.min_gap_s, self.limits.job_points)
+        self.job_anon = Series(self.limits.min_gap_s, self.limits.job_points)
+
+    @classmethod
+    def from_history(cls, history: Iterable[Snapshot], limits: DigestLimits | None = None) -> Digest:
+        digest = cls(limits or DigestLimits())
+        for snapshot in history:
+            digest.ingest(snapshot)
+        return digest
+
+    def ingest(self, s: Snapshot) -> None:
+        now = s.time
+        if self.first_time is None:
+            self.first_time = now
+        self.last_time = now
+        limits = self.limits
+        seen: set[Identity] = set()
+        fresh_any = False
+        complete = True
+        pss_total = 0
+        time_total = 0.0
+        counted = 0
+        rss_total = anon_total = 0
+        rss_known = anon_known = False
+        workers = WorkerSum()
+        for p in s.processes:
+            if p.state in DEAD:
+                continue
+            identity = (p.pid, p.start_time)
+            seen.add(identity)
+            if p.rss_bytes is not None:
+                rss_total += p.rss_bytes
+                rss_known = True
+            track = self.processes.get(identity)
+            if track is None:
+                track = ProcessMemory(
+                    p.pid,
+                    p.start_time,
+                    p.role,
+                    p.worker_id,
+                    Series(limits.min_gap_s, limits.process_points),
+                    Series(limits.min_gap_s, limits.process_points),
+                    Series(limits.min_gap_s, limits.anon_points),
+                    now,
+                )
+                self.processes[identity] = track
+            track.last_seen = now
+            track.alive = True
+            if p.rss_anon_bytes is not None:
+                anon_total += p.rss_anon_bytes
+                anon_known = True
+                track.anon.add(now, float(p.rss_anon_bytes))
+            track.role = p.role
+            if p.worker_id is not None:
+                track.worker_id = p.worker_id
+            if p.pss_bytes is None:
+                if "smaps" not in p.unavailable:  # denied for good: the total is without it
+                    complete = False
+                    if p.role == "worker":
+                        workers.complete = False
+                continue
+            taken = now - (p.pss_age_s or 0.0)
+            pss_total += p.pss_bytes
+            time_total += taken
+            counted += 1
+            fresh = track.last_reading is None or taken > track.last_reading + limits.same_reading_s
+            if p.role == "worker":
+                workers.add(p.uss_bytes, taken, fresh)
+            if not fresh:
+                continue  # the same (stale) reading again
+            track.last_reading = taken
+            fresh_any = True
+            self.readings += 1
+            track.pss.add(taken, float(p.pss_bytes))
+            if p.uss_bytes is not None:
+                track.uss.add(taken, float(p.uss_bytes))
+        if rss_known:
+            self.job_rss.add(now, float(rss_total))
+        if anon_known:
+            self.job_anon.add(now, float(anon_total))
+        if fresh_any and complete and counted:
+            self.job_pss.add(time_total / counted, float(pss_total))
+        if workers.fresh and workers.complete and workers.count:
+            self.workers_uss.add(workers.time_total / workers.count, float(workers.total))
+        self._forget(seen, now)
+        self._note_oom(s)
+        for death in s.worker_deaths:
+            key = (death.pid, death.time)
+            if key not in self.deaths_seen and len(self.deaths_seen) < 4096:
+                self.deaths_seen[key] = now
+
+    def _forget(self, seen: set[Identity], now: float) -> None:
+        gone = [k for k in self.processes if k not in seen]
+        for key in gone:
+            track = self.processes[key]
+            track.alive = False
+            if now - track.last_seen > self.limits.forget_gone_s:
+                del self.processes[key]
+        if len(self.processes) > self.limits.max_processes:
+            dead = sorted((t.last_seen, k) for k, t in self.processes.items() if not t.alive)
+            for _, key in dead[: len(self.processes) - self.limits.max_processes]:
+                del self.processes[key]
+
+    def _note_oom(self, s: Snapshot) -> None:
+        machine = s.memory.oom_kill_count
+        cgroup = s.cgroup.oom_kill_count if s.cgroup is not None else None
+        last = self.oom[-1] if self.oom else None
+        if last is None or last.machine != machine or last.cgroup != cgroup:
+            self.oom.append(OomRecord(s.time, machine, cgroup))
+            if len(self.oom) > self.limits.oom_records:
+                del self.oom[1]  # keep the first: it says since when we know the counters
+
+    def oom_at(self, t: float) -> OomRecord | None:
+        """The counters as they stood at time ``t``; None before monitoring began."""
+        found: OomRecord | None = None
+        for record in self.oom:
+            if record.time > t:
+                break
+            found = record
+        return found
+
+    def remember(self, key: tuple[object, ...], value: object) -> None:
+        """Cache a pure result keyed by everything it depends on (bounded: cleared when full)."""
+        if len(self.memo) >= 1024:
+            self.memo.clear()
+        self.memo[key] = value
+
+    def live(self) -> list[ProcessMemory]:
+        return [t for t in self.processes.values() if t.alive]

@@ -1,0 +1,1 @@
+"""Helpers for the analysis tests: synthetic snapshots and scripts for real scenarios."""

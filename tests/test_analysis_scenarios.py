@@ -1,0 +1,275 @@
+"""dlmon.analysis on real processes sampled by the real Sampler: the failures it exists to catch.
+
+Each scenario starts a real job (tests/scenarios/loader_job.py: a torch DataLoader, or fio),
+samples it every 0.25 s and passes every snapshot through a strict Analyzer (a detector bug
+fails the test instead of being swallowed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from dlmon.analysis import Analyzer
+from dlmon.collect.sampler import Sampler
+from dlmon.model import Alert, Snapshot
+from dlmon.sources import LiveSource
+
+pytest.importorskip("torch")
+
+JOB = str(Path(__file__).parent / "scenarios" / "loader_job.py")
+INTERVAL = 0.25
+Start = Callable[..., subprocess.Popen[str]]
+
+
+@pytest.fixture
+def start() -> Iterator[Start]:
+    """Start a command in its own session; wait for READY if asked; kill the session at the end."""
+    started: list[subprocess.Popen[str]] = []
+
+    def _start(argv: list[str], *, ready: bool = True, timeout: float = 90.0) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True
+        )
+        started.append(proc)
+        if ready:
+            assert proc.stdout is not None
+            got, _, _ = select.select([proc.stdout], [], [], timeout)
+            line = proc.stdout.readline() if got else ""
+            if line.strip() != "READY":
+                raise RuntimeError(f"{argv[:3]} did not get ready: {line!r}, exit {proc.poll()}")
+        return proc
+
+    yield _start
+    for proc in started:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def job(*args: str) -> list[str]:
+    return [sys.executable, JOB, *args]
+
+
+class Watch:
+    """A Sampler and a strict Analyzer on one target; ``until`` samples until an alert shows."""
+
+    def __init__(self, pid: int, cores: int | None = None) -> None:
+        self.sampler = Sampler(pid)
+        self.analyzer = Analyzer(cores=cores, strict=True)
+        self.snapshots: list[Snapshot] = []
+        self.start = time.monotonic()
+        self._next = self.start
+
+    def tick(self) -> Snapshot:
+        now = time.monotonic()
+        if self._next > now:
+            time.sleep(self._next - now)
+        self._next = max(self._next + INTERVAL, time.monotonic())
+        s = self.analyzer(self.sampler.sample())
+        self.snapshots.append(s)
+        return s
+
+    def until(self, kind: str, seconds: float) -> Alert | None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            for alert in self.tick().alerts:
+                if alert.kind == kind:
+                    return alert
+        return None
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def kinds_seen(self) -> set[str]:
+        return {a.kind for s in self.snapshots for a in s.alerts}
+
+    def close(self) -> None:
+        self.sampler.close()
+
+
+@pytest.mark.slow
+def test_copy_on_read_leak_is_alerted_within_a_minute_and_a_tensor_store_is_not(start: Start) -> None:
+    # Same loader, same pace (1000 samples/s over 2 shuffled workers: ~2 MB/s of copied pages per
+    # worker at first); one Dataset holds 3M Python strings, the other the same bytes in a tensor.
+    common = [
+        "--items",
+        "3000000",
+        "--workers",
+        "2",
+        "--batch",
+        "50",
+        "--rate",
+        "20",
+        "--shuffle",
+        "--persistent",
+    ]
+    leak = start(job("--store", "list", *common))
+    flat = start(job("--store", "tensor", *common))
+    watches = [Watch(leak.pid), Watch(flat.pid)]
+    try:
+        found: float | None = None
+        deadline = time.monotonic() + 62.0
+        while time.monotonic() < deadline:
+            for w in watches:
+                w.tick()
+            if found is None and "memory_growth" in watches[0].kinds_seen():
+                found = watches[0].elapsed()
+        assert found is not None and found <= 60.0, f"no memory_growth alert within 60 s ({found})"
+        alert = next(a for s in watches[0].snapshots for a in s.alerts if a.kind == "memory_growth")
+        assert alert.evidence["cause"] == "copy_on_read", alert.message
+        assert alert.evidence["growing_workers"] == 2
+        rate = alert.evidence["rate_bytes_per_s"]
+        assert isinstance(rate, float) and rate >= 2 * 1e6 * 0.8  # >= ~1 MB/s in each worker
+        assert "pytorch#13246" in alert.advice
+        assert "memory_growth" not in watches[1].kinds_seen(), [
+            a.message for s in watches[1].snapshots for a in s.alerts
+        ]
+        assert watches[1].snapshots[-1].memory.pss_sum_bytes is not None
+    finally:
+        for w in watches:
+            w.close()
+
+
+def test_sigkilled_worker_is_a_zombie_while_its_iterator_lives(start: Start) -> None:
+    proc = start(
+        job("--store", "tensor", "--items", "100000", "--workers", "2", "--rate", "20", "--persistent")
+    )
+    # through the real live path: LiveSource runs the analyzer on its sampling thread
+    got: list[Snapshot] = []
+    source = LiveSource(proc.pid, interval=INTERVAL, analyzer=Analyzer(strict=True))
+    source.start(got.append, lambda reason: None)
+    try:
+        deadline = time.monotonic() + 10
+        while not any(s.workers() for s in got) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        victim = got[-1].workers()[0].pid
+        os.kill(victim, signal.SIGKILL)
+        killed = time.monotonic()
+        alert = None
+        while alert is None and time.monotonic() < killed + 10:
+            time.sleep(0.1)
+            alert = next((a for a in got[-1].alerts if a.kind == "zombie_worker"), None)
+        assert alert is not None, "no zombie_worker alert"
+        assert time.monotonic() - killed < 6.0
+        assert str(victim) in alert.message and alert.subject.endswith(f"(pid {victim})")
+        assert alert.since >= got[0].time
+    finally:
+        source.stop()
+        source.sampler.close()
+
+
+def test_sigkilled_trainer_leaves_orphaned_workers(start: Start) -> None:
+    proc = start(
+        job("--store", "tensor", "--items", "100000", "--workers", "2", "--rate", "20", "--persistent")
+    )
+    w = Watch(proc.pid)
+    try:
+        workers = []
+        while len(workers) < 2:
+            workers = [p.pid for p in w.tick().workers()]
+        os.kill(proc.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        alert = w.until("orphan_worker", 8.0)  # workers linger 4-11 s after their trainer dies
+        assert alert is not None, "no orphan_worker alert"
+        assert time.monotonic() - killed < 4.0
+        assert alert.evidence["count"] == 2
+        assert alert.evidence["pids"] == ",".join(str(p) for p in sorted(workers))
+        rss = alert.evidence["rss_bytes"]
+        assert isinstance(rss, float) and rss > 10e6
+        assert "exited" in alert.message and "RSS" in alert.message
+    finally:
+        w.close()
+
+
+def _disk_of(path: Path) -> str | None:
+    """The whole disk under ``path`` (sysfs name), or None."""
+    st = os.stat(path)
+    major, minor = os.major(st.st_dev), os.minor(st.st_dev)
+    sys_dev = Path(f"/sys/dev/block/{major}:{minor}")
+    if not sys_dev.exists():
+        return None
+    real = sys_dev.resolve()
+    return real.parent.name if (real / "partition").exists() else real.name
+
+
+@pytest.mark.slow
+def test_disk_saturated_by_a_real_reader(start: Start, tmp_path: Path) -> None:
+    if shutil.which("fio") is None:
+        pytest.skip("fio is not installed")
+    disk = _disk_of(tmp_path)
+    if disk is None:
+        pytest.skip(f"{tmp_path} is not on a block device")
+    data = tmp_path / "fio.dat"
+    fio = ["fio", "--name=t", f"--filename={data}", "--size=512m", "--output=/dev/null"]
+    subprocess.run([*fio, "--rw=write", "--bs=1m", "--end_fsync=1"], check=True, timeout=120)
+    # 16 synchronous O_DIRECT random readers: deep queue, every reader in D state, PSI io climbs
+    load = "--rw=randread --direct=1 --bs=4k --numjobs=16 --ioengine=psync --time_based --runtime=40"
+    reader = start([*fio, *load.split(), "--group_reporting"], ready=False)
+    time.sleep(0.5)
+    w = Watch(reader.pid)
+    try:
+        alert = w.until("io_saturation", 25.0)
+        utils = [d.util_percent for s in w.snapshots for d in s.disks if d.name == disk and d.util_percent]
+        if alert is None and (not utils or max(utils) < 75.0):
+            pytest.skip(f"disk {disk} could not be saturated here (max %util {max(utils, default=0):.0f})")
+        assert alert is not None, f"no io_saturation alert; %util seen: {[round(u) for u in utils]}"
+        assert alert.subject == f"disk {disk}"
+        util = alert.evidence["util_percent"]
+        assert isinstance(util, float) and util >= 80.0
+        assert alert.evidence["witnesses"]  # queueing, not just busy: pressure, D state, await or queue
+        assert alert.severity in ("warning", "critical")  # the job itself is the reader
+    finally:
+        w.close()
+
+
+def test_small_dev_shm_in_a_private_mount_namespace(start: Start) -> None:
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        pytest.skip("needs unshare and root to mount a private /dev/shm")
+    probe = subprocess.run(
+        ["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=8m tmpfs /dev/shm"], capture_output=True
+    )
+    if probe.returncode != 0:
+        pytest.skip(f"cannot mount a private tmpfs here: {probe.stderr.decode().strip()}")
+    args = "--store big --items 100000 --workers 2 --batch 1 --rate 20 --tensor-bytes 1048576 --persistent"
+    args += " --fill-shm 3000000"  # 3 of the 8 MB taken: the batches in flight nearly fill the rest
+    script = f"mount -t tmpfs -o size=8m tmpfs /dev/shm && exec {sys.executable} {JOB} {args}"
+    proc = start(["unshare", "-m", "sh", "-c", script])
+    w = Watch(proc.pid)
+    try:
+        alert = w.until("shm_exhaustion", 5.0)
+        assert alert is not None, "no shm_exhaustion alert"
+        shm = w.snapshots[-1].shm
+        assert shm is not None and shm.path == f"/proc/{proc.pid}/root/dev/shm"
+        assert shm.total_bytes == 8 * 1024 * 1024  # the private one, not the machine's
+        assert alert.evidence["shm_total_bytes"] == 8 * 1024 * 1024
+        assert "Bus error" in alert.message and "--shm-size" in alert.advice
+    finally:
+        w.close()
+
+
+@pytest.mark.slow
+def test_oversubscribed_workers(start: Start) -> None:
+    # 6 workers, each doing matmuls on 4 torch threads, on the 2 cores of this machine
+    args = "--store busy --items 100000 --workers 6 --batch 4 --busy-threads 4 --persistent"
+    proc = start(job(*args.split()))
+    w = Watch(proc.pid, cores=2)
+    try:
+        alert = w.until("oversubscription", 25.0)
+        assert alert is not None, "no oversubscription alert"
+        assert alert.evidence["workers"] == 6 and alert.evidence["cores"] == 2
+        threads = alert.evidence["threads_per_worker"]
+        assert isinstance(threads, float) and threads >= 4
+        assert "at most 1 workers" in alert.advice
+    finally:
+        w.close()
