@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from dlmon.model import Snapshot
     from dlmon.recording import RecordWriter
     from dlmon.runner import Training
+    from dlmon.ui.result import DashboardResult
 
 EXIT_USAGE = 2
 
@@ -123,29 +124,47 @@ def attach(pid: str, interval: str, record_path: str | None, once: bool, as_json
     if once:
         _attach_once(target, as_json)
         return
+    if sys.stdout.isatty() and not as_json:
+        sys.exit(_attach_dashboard(target, seconds, record_path))
+    from dlmon.analysis import Analyzer
     from dlmon.format import one_line
-    from dlmon.loop import sample_until_done, stop_on_signals
+    from dlmon.loop import Pipeline, sample_until_done, stop_on_signals
     from dlmon.recording import encode_snapshot
+    from dlmon.session import AlertLog
 
-    writer = open_record(record_path) if record_path else None
     sampler = open_sampler(target)
 
     def show(snapshot: Snapshot) -> None:
-        if writer is not None:
-            writer.write(snapshot)
-        if as_json:
-            sys.stdout.write(encode_snapshot(snapshot).decode())
-        else:
-            sys.stdout.write(one_line(snapshot) + "\n")
+        sys.stdout.write(encode_snapshot(snapshot).decode() if as_json else one_line(snapshot) + "\n")
         sys.stdout.flush()
 
+    writer = open_record(record_path) if record_path else None
+    pipeline = Pipeline(Analyzer(), writer, (AlertLog(), show))
     stop = threading.Event()
     with stop_on_signals(stop):
-        reason = sample_until_done(sampler, seconds, show, stop)
-    if writer is not None:
-        writer.end(reason)
-        writer.close()
+        pipeline.finish(sample_until_done(sampler, seconds, pipeline, stop))
     sampler.close()
+
+
+def _attach_dashboard(pid: int, interval: float, record_path: str | None) -> int:
+    from dlmon.analysis import Analyzer
+    from dlmon.collect.sampler import NoSuchProcess
+    from dlmon.sources import LiveSource
+    from dlmon.ui import run_dashboard
+
+    if record_path:
+        open_record(record_path).close()
+    try:
+        source = LiveSource(pid, interval, record_path=record_path, analyzer=Analyzer())
+    except NoSuchProcess:
+        fail(f"no such process: {pid}")
+    _report_screenshots(run_dashboard(source, interval=interval))
+    return 0
+
+
+def _report_screenshots(result: DashboardResult) -> None:
+    for path in result.screenshots:
+        click.echo(f"dlmon: screenshot saved: {path}", err=True)
 
 
 def _attach_once(pid: int, as_json: bool) -> None:
@@ -167,7 +186,14 @@ def _attach_once(pid: int, as_json: bool) -> None:
 
 @main.command()
 @click.argument("pid")
-@click.option("-o", "--output", "output", required=True, metavar="FILE", help="JSON-lines file to append to.")
+@click.option(
+    "-o",
+    "--output",
+    "output",
+    required=True,
+    metavar="FILE",
+    help="JSON-lines file to write (replaced if it exists).",
+)
 @click.option("--interval", default="1", metavar="S", help=INTERVAL_HELP)
 @click.option(
     "--duration", default=None, metavar="S", help="Stop after S seconds (default: until the target exits)."
@@ -177,15 +203,16 @@ def record(pid: str, output: str, interval: str, duration: str | None) -> None:
     target = parse_pid(pid)
     seconds = positive_seconds(interval, "--interval")
     limit = positive_seconds(duration, "--duration") if duration is not None else None
-    from dlmon.loop import sample_until_done, stop_on_signals
+    from dlmon.analysis import Analyzer
+    from dlmon.loop import Pipeline, sample_until_done, stop_on_signals
+    from dlmon.session import AlertLog
 
     sampler = open_sampler(target)
-    writer = open_record(output)
+    pipeline = Pipeline(Analyzer(), open_record(output), (AlertLog(),))
     stop = threading.Event()
     with stop_on_signals(stop):
-        reason = sample_until_done(sampler, seconds, writer.write, stop, duration=limit)
-        writer.end(reason)
-    writer.close()
+        reason = sample_until_done(sampler, seconds, pipeline, stop, duration=limit)
+        pipeline.finish(reason)
     sampler.close()
     click.echo(f"dlmon: recorded to {output} ({reason.replace('_', ' ')})", err=True)
 
@@ -282,9 +309,10 @@ def _run_training(command: list[str], interval: float, record_path: str | None, 
         open_record(record_path).close()  # fail early, before the training starts
     try:
         if headless:
-            from dlmon.session import run_headless
+            from dlmon.analysis import Analyzer
+            from dlmon.session import AlertLog, run_headless
 
-            return run_headless(command, interval, record_path)
+            return run_headless(command, interval, record_path, analyzer=Analyzer(), on_alerts=AlertLog())
         training = launch(command, to_log=True)
     except OSError as exc:
         fail(f"cannot start {command[0]}: {exc.strerror or exc}")
@@ -296,14 +324,18 @@ def _run_dashboard(training: Training, interval: float, record_path: str | None)
     from dlmon.ui import run_dashboard
 
     click.echo(f"dlmon: training log: {training.log_path}", err=True)
+    from dlmon.analysis import Analyzer
+
     source = LiveSource(
         training.pid,
         interval,
+        analyzer=Analyzer(),
         record_path=record_path,
         exit_code=training.exit_code,
         log_path=training.log_path,
     )
-    result = run_dashboard(source)
+    result = run_dashboard(source, interval=interval, ask_stop_on_quit=True)
+    _report_screenshots(result)
     code = training.exit_code()
     if code is not None:
         return code
@@ -316,3 +348,58 @@ def _run_dashboard(training: Training, interval: float, record_path: str | None)
         err=True,
     )
     return 0
+
+
+@main.command()
+@click.argument("pid")
+@click.option("--seconds", default="5", metavar="S", help="How long to measure before advising (default 5).")
+@click.option("--json", "as_json", is_flag=True, help="Print the advice as JSON.")
+def advise(pid: str, seconds: str, as_json: bool) -> None:
+    """Measure PID for a few seconds and advise on num_workers, batch size and memory.
+
+    Uses the seed's rule, peak ~ (num_workers + 1) x batch_size x memory per sample, fed with
+    measured per-worker memory and the real (cgroup-aware) headroom.
+    """
+    import time
+
+    from dlmon.analysis import Analyzer, advice_to_dict, advise, format_advice
+
+    target = parse_pid(pid)
+    duration = positive_seconds(seconds, "--seconds")
+    sampler = open_sampler(target, unlimited_smaps=True)
+    analyzer = Analyzer()
+    history = [analyzer(sampler.sample())]
+    deadline = time.monotonic() + duration
+    while time.monotonic() < deadline and history[-1].target.alive:
+        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+        history.append(analyzer(sampler.sample()))
+    sampler.close()
+    result = advise(history)
+    if as_json:
+        click.echo(json.dumps(advice_to_dict(result), indent=2, allow_nan=False))
+    else:
+        click.echo(format_advice(result))
+
+
+@main.command()
+@click.argument("file")
+@click.option(
+    "--speed", default="1", metavar="X", help="Play X times faster than recorded (default 1; 0: all at once)."
+)
+def replay(file: str, speed: str) -> None:
+    """Play a record file (from record, attach --record or run --record) in the dashboard."""
+    from dlmon.sources import ReplaySource
+    from dlmon.ui import run_dashboard
+
+    factor = positive_seconds(speed, "--speed", allow_zero=True)
+    try:
+        source = ReplaySource(file, speed=factor or None)
+    except OSError as exc:
+        fail(f"cannot read {file}: {exc.strerror or exc}")
+    if not source.record.snapshots:
+        problems = source.record.problems
+        why = f" (line {problems[0].line}: {problems[0].reason})" if problems else ""
+        fail(f"{file} holds no snapshots{why}")
+    for problem in source.record.problems[:5]:
+        click.echo(f"dlmon: skipping line {problem.line} of {file}: {problem.reason}", err=True)
+    _report_screenshots(run_dashboard(source))

@@ -9,26 +9,57 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from types import FrameType
 
 from dlmon.collect.sampler import Sampler
 from dlmon.model import Snapshot
-from dlmon.recording import END_DURATION, END_INTERRUPTED, END_TARGET_EXITED
+from dlmon.recording import END_DURATION, END_INTERRUPTED, END_TARGET_EXITED, RecordWriter
 
 
 @contextmanager
-def stop_on_signals(stop: threading.Event) -> Iterator[None]:
-    """SIGINT and SIGTERM set ``stop`` instead of raising mid-write."""
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+def handle_signals(
+    handler: Callable[[int, FrameType | None], None], *signals: signal.Signals
+) -> Iterator[None]:
+    """Install ``handler`` for ``signals`` for the duration of the block, then restore the old ones."""
+    previous = {sig: signal.signal(sig, handler) for sig in signals}
     try:
         yield
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+
+
+@contextmanager
+def stop_on_signals(stop: threading.Event) -> Iterator[None]:
+    """SIGINT and SIGTERM set ``stop`` instead of raising mid-write."""
+    with handle_signals(lambda signum, frame: stop.set(), signal.SIGINT, signal.SIGTERM):
+        yield
+
+
+@dataclass
+class Pipeline:
+    """What happens to each snapshot after sampling, in every mode: the analyzer adds alerts, the
+    record file gets the line, then the consumers (dashboard, stdout, alert log) see it."""
+
+    analyzer: Callable[[Snapshot], Snapshot] | None = None
+    writer: RecordWriter | None = None
+    sinks: tuple[Callable[[Snapshot], None], ...] = ()
+
+    def __call__(self, snapshot: Snapshot) -> None:
+        if self.analyzer is not None:
+            snapshot = self.analyzer(snapshot)
+        if self.writer is not None:
+            self.writer.write(snapshot)
+        for sink in self.sinks:
+            sink(snapshot)
+
+    def finish(self, reason: str) -> None:
+        """The record file's last line says why it ended."""
+        if self.writer is not None:
+            self.writer.end(reason)
+            self.writer.close()
+            self.writer = None
 
 
 def sample_until_done(

@@ -3,17 +3,35 @@
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from types import FrameType
+from typing import TextIO
 
+from dlmon.analysis import events, format_event
 from dlmon.collect.sampler import Sampler
-from dlmon.loop import sample_until_done
-from dlmon.model import Snapshot
+from dlmon.loop import Pipeline, handle_signals, sample_until_done
+from dlmon.model import Alert, Snapshot
 from dlmon.recording import RecordWriter
 from dlmon.runner import Training, exit_status, launch
 
 AlertPrinter = Callable[[Snapshot], None]
+
+
+class AlertLog:
+    """Headless: each alert raised, escalated or cleared, as lines on stderr when it happens."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self._previous: tuple[Alert, ...] = ()
+        self._stream = stream
+
+    def __call__(self, snapshot: Snapshot) -> None:
+        for event in events(self._previous, snapshot.alerts):
+            print(
+                f"dlmon: {format_event(event, at=snapshot.time)}", file=self._stream or sys.stderr, flush=True
+            )
+        self._previous = snapshot.alerts
 
 
 def run_headless(
@@ -40,15 +58,11 @@ def run_headless(
         else:
             training.popen.send_signal(signum)
 
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    try:
+    with handle_signals(forward, signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         training = launch(command, to_log=False)  # OSError for a bad command: the caller says so
         for signum in pending:
             forward(signum, None)
         return _watch(training, interval, record_path, analyzer, on_alerts)
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
 
 
 def _watch(
@@ -58,22 +72,13 @@ def _watch(
     analyzer: Callable[[Snapshot], Snapshot] | None,
     on_alerts: AlertPrinter | None,
 ) -> int:
-    writer = RecordWriter(record_path) if record_path else None
+    pipeline = Pipeline(
+        analyzer, RecordWriter(record_path) if record_path else None, (on_alerts,) if on_alerts else ()
+    )
     sampler = Sampler(training.pid, exit_code=training.exit_code)
-
-    def deliver(snapshot: Snapshot) -> None:
-        if analyzer is not None:
-            snapshot = analyzer(snapshot)
-        if writer is not None:
-            writer.write(snapshot)
-        if on_alerts is not None:
-            on_alerts(snapshot)
-
     try:
-        reason = sample_until_done(sampler, interval, deliver, threading.Event())
+        reason = sample_until_done(sampler, interval, pipeline, threading.Event())
     finally:
         sampler.close()
-    if writer is not None:
-        writer.end(reason)
-        writer.close()
+    pipeline.finish(reason)
     return exit_status(training.popen.wait())

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from dlmon.collect.sampler import ExitCodeProvider, Sampler
-from dlmon.loop import sample_until_done
+from dlmon.loop import Pipeline, sample_until_done
 from dlmon.model import Snapshot
 from dlmon.model.serialize import SnapshotFormatError, snapshot_from_dict
 from dlmon.recording import RecordWriter
@@ -101,20 +101,12 @@ class LiveSource:
         return True
 
     def start(self, on_snapshot: SnapshotSink, on_end: EndSink) -> None:
-        def deliver(snapshot: Snapshot) -> None:
-            if self.analyzer is not None:
-                snapshot = self.analyzer(snapshot)
-            if self.writer is not None:
-                self.writer.write(snapshot)
-            on_snapshot(snapshot)
+        pipeline = Pipeline(self.analyzer, self.writer, (on_snapshot,))
 
         def body() -> None:
             name_this_thread(b"dlmon-sampler")  # so top -H and the benchmarks can tell it apart
-            reason = sample_until_done(self.sampler, self.interval, deliver, self._stop)
-            if self.writer is not None:
-                self.writer.end(reason)
-                self.writer.close()
-                self.writer = None
+            reason = sample_until_done(self.sampler, self.interval, pipeline, self._stop)
+            pipeline.finish(reason)
             on_end(reason)
 
         self._thread = threading.Thread(target=body, name="dlmon-sampler", daemon=True)

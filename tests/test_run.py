@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -235,7 +236,7 @@ from torch.utils.data import DataLoader, TensorDataset
 dist.init_process_group("gloo")
 data = TensorDataset(torch.zeros(100_000, 4))
 loader = DataLoader(data, batch_size=16, num_workers=1, persistent_workers=True)
-end = time.monotonic() + 5
+end = time.monotonic() + 7
 while time.monotonic() < end:
     for (batch,) in loader:
         time.sleep(0.002)
@@ -245,17 +246,12 @@ dist.destroy_process_group()
 """
     )
     out = tmp_path / "rec.jsonl"
-    cmd = dlmon_cmd("run", "--headless", "--interval", "0.5", "--record", str(out), "--")
-    cmd += [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_port",
-        "29517",
-        str(script),
-    ]
+    with socket.socket() as probe:  # a free port for the rendezvous
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
+    cmd = dlmon_cmd("run", "--headless", "--interval", "0.25", "--record", str(out), "--")
+    cmd += [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", port]
+    cmd += [str(script)]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stderr[-2000:]
     snapshots = [json.loads(line) for line in out.read_text().splitlines()][:-1]
