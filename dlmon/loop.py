@@ -16,6 +16,12 @@ from dlmon.collect.sampler import Sampler
 from dlmon.model import Snapshot
 from dlmon.recording import END_DURATION, END_INTERRUPTED, END_TARGET_EXITED, RecordWriter
 
+ORPHAN_WATCH_S = 15.0
+
+
+def _orphans(snapshot: Snapshot) -> bool:
+    return any(p.pid != snapshot.target.pid and p.state not in ("Z", "X") for p in snapshot.processes)
+
 
 @contextmanager
 def handle_signals(
@@ -72,11 +78,17 @@ def sample_until_done(
     """Sample every ``interval`` seconds; returns why it stopped (a recording END_* reason)."""
     start = time.monotonic()
     tick = 0
+    target_gone_at: float | None = None
     while True:
         snapshot = sampler.sample()
         on_snapshot(snapshot)
         if not snapshot.target.alive:
-            return END_TARGET_EXITED
+            # Workers orphaned by a killed trainer linger for seconds, holding memory (and VRAM):
+            # keep watching them, for a while, rather than stop at the moment they matter.
+            now = time.monotonic()
+            target_gone_at = target_gone_at or now
+            if not _orphans(snapshot) or now - target_gone_at >= ORPHAN_WATCH_S:
+                return END_TARGET_EXITED
         tick += 1
         next_time = start + tick * interval
         now = time.monotonic()

@@ -171,3 +171,26 @@ def test_inject_explains_why_not_on_older_python(spawn: Spawn) -> None:
     result = dlmon("attach", str(proc.pid), "--inject", "--once")
     assert_one_line_error(result, "--inject needs Python 3.14 or newer")
     assert "dlmon run" in result.stderr and "dlmon.agent.start()" in result.stderr
+
+
+def test_record_keeps_watching_orphans_after_the_target_dies(spawn: Spawn, tmp_path: Path) -> None:
+    proc = spawn(
+        """
+        import os, time
+        if os.fork() == 0:
+            time.sleep(2.5)          # outlives its parent, like a DataLoader worker of a killed trainer
+            os._exit(0)
+        print("READY", flush=True)
+        time.sleep(0.6)
+        os._exit(0)
+        """
+    )
+    out = tmp_path / "rec.jsonl"
+    result = dlmon("record", str(proc.pid), "-o", str(out), "--interval", "0.2")
+    assert result.returncode == 0, result.stderr
+    records = read_records(out)
+    assert records[-1]["reason"] == "target_exited"
+    after_death = [r for r in records[:-1] if not r["target"]["alive"]]  # type: ignore[index]
+    assert len(after_death) >= 5  # ~2 s of the orphan, not one snapshot
+    assert any(r["processes"] for r in after_death)
+    assert all(p["ppid"] != proc.pid for p in after_death[0]["processes"])  # type: ignore[index]
