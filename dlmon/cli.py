@@ -388,12 +388,13 @@ def advise(pid: str, seconds: str, as_json: bool) -> None:
 )
 def replay(file: str, speed: str) -> None:
     """Play a record file (from record, attach --record or run --record) in the dashboard."""
+    from dlmon.analysis import Analyzer
     from dlmon.sources import ReplaySource
     from dlmon.ui import run_dashboard
 
     factor = positive_seconds(speed, "--speed", allow_zero=True)
     try:
-        source = ReplaySource(file, speed=factor or None)
+        source = ReplaySource(file, speed=factor or None, analyzer=Analyzer())  # verdicts of this dlmon
     except OSError as exc:
         fail(f"cannot read {file}: {exc.strerror or exc}")
     if not source.record.snapshots:

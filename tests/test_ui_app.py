@@ -27,7 +27,7 @@ from textual.widgets import RichLog
 
 from dlmon.ui import DashboardResult, create_app
 from dlmon.ui.app import MIN_RENDER_GAP_S, DlmonApp, MainScreen, SnapshotArrived
-from dlmon.ui.screens import HelpScreen, QuitScreen, WorkerDetailScreen
+from dlmon.ui.screens import AdviceScreen, HelpScreen, QuitScreen, WorkerDetailScreen
 from dlmon.ui.widgets import LinesView, Panel, WorkerTable
 
 Scenario = Callable[[DlmonApp, Pilot[DashboardResult]], Awaitable[None]]
@@ -297,13 +297,36 @@ def test_help_and_command_palette_cover_every_action() -> None:
         await pilot.press("escape")
         assert isinstance(app.screen, MainScreen)
         titles = [c.title for c in app.get_system_commands(app.screen)]
-        for expected in ("Quit", "Pause / resume", "Help", "Screenshot", "Show Memory", "Show Workers"):
+        for expected in (
+            "Quit",
+            "Pause / resume",
+            "Help",
+            "Screenshot",
+            "Advice",
+            "Show Memory",
+            "Show Workers",
+        ):
             assert expected in titles
         assert sum(t.startswith("Sort workers by") for t in titles) == 7
         assert "Show Logs" not in titles  # no log without `dlmon run`
         assert "Open worker detail" in titles and "Next panel" in titles and "Reverse the sort" in titles
 
     drive(make(FakeSource([make_snapshot()])), scenario)
+
+
+def test_advice_key_shows_the_sizing_advice_from_the_measured_history() -> None:
+    """`a` runs dlmon advise over the snapshots the dashboard holds: no new sampling needed."""
+    seen: list[str] = []
+
+    async def scenario(app: DlmonApp, pilot: Pilot[DashboardResult]) -> None:
+        await pilot.press("a")
+        assert isinstance(app.screen, AdviceScreen)
+        seen.append(str(app.screen.query_one("#advice-text").render()))
+        await pilot.press("escape")
+        assert isinstance(app.screen, MainScreen)
+
+    drive(make(FakeSource([make_snapshot()])), scenario)
+    assert "largest safe num_workers" in seen[0] and "advice" in seen[0]
 
 
 def test_screenshot_key_saves_an_svg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

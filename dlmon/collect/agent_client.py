@@ -36,6 +36,7 @@ from dlmon.agent._paths import candidate_socket_dirs, dir_is_private, target_uid
 from dlmon.model.snapshot import GpuDevice, LoaderSample, PinnedMemory, WorkerDeath
 
 REQUEST = b'{"get": "counters"}\n'
+WHERE_CACHE_S = 10.0  # how long a target's uid and agent directories are trusted
 MAX_REPLY = 4 * 1024 * 1024
 DEFAULT_TIMEOUT_S = 0.2
 
@@ -169,18 +170,44 @@ class AgentClient:
     def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         self.timeout_s = min(max(timeout_s, 0.001), DEFAULT_TIMEOUT_S)
         self._prev: dict[int, _Prev] = {}
+        # pid -> (expires, uids, candidate dirs): reading them from /proc/PID/status and environ
+        # cost ~80 us per pid per tick; a running process keeps both.
+        self._dirs: dict[int, tuple[float, tuple[int, int], tuple[str, ...]]] = {}
 
     # -- transport -----------------------------------------------------------------------------
 
     @staticmethod
-    def _candidates(pid: int) -> tuple[tuple[int, int], list[str]] | None:
-        """(target's (real, effective) uid, socket paths in private directories of that user)."""
+    def _where(pid: int) -> tuple[tuple[int, int], tuple[str, ...]] | None:
+        """The target's (real, effective) uid and the directories its agent may serve in."""
         uids = target_uids(pid)
         if uids is None:  # no such process (or no /proc)
             return None
+        return uids, tuple(candidate_socket_dirs(pid, uids[0]))
+
+    def _where_cached(self, pid: int) -> tuple[tuple[int, int], tuple[str, ...]] | None:
+        now = time.monotonic()
+        hit = self._dirs.get(pid)
+        if hit is not None and hit[0] > now:
+            return hit[1], hit[2]
+        where = self._where(pid)
+        if where is None:
+            self._dirs.pop(pid, None)
+        else:
+            self._dirs[pid] = (now + WHERE_CACHE_S, *where)
+        return where
+
+    @staticmethod
+    def _candidates(
+        pid: int, where: tuple[tuple[int, int], tuple[str, ...]] | None = None
+    ) -> tuple[tuple[int, int], list[str]] | None:
+        """(target's (real, effective) uid, socket paths in private directories of that user)."""
+        where = where or AgentClient._where(pid)
+        if where is None:
+            return None
+        uids, dirs = where
         owners = set(uids)
         paths: list[str] = []
-        for d in candidate_socket_dirs(pid, uids[0]):
+        for d in dirs:
             if not dir_is_private(d, owners):
                 continue  # missing, a symlink, another user's, or open to group/other
             path = os.path.join(d, f"{int(pid)}.sock")
@@ -197,13 +224,12 @@ class AgentClient:
         got = cls._candidates(pid)
         return got[1][0] if got is not None and got[1] else None
 
-    @classmethod
-    def _connect(cls, pid: int) -> socket.socket | None:
+    def _connect(self, pid: int) -> socket.socket | None:
         """A connected socket with the request sent, trying each place pid's agent may serve.
 
         The process listening must be ``pid`` itself, running as the target's uid or as root.
         """
-        got = cls._candidates(pid)
+        got = self._candidates(pid, self._where_cached(pid))
         if got is None:
             return None
         uids, paths = got
@@ -290,6 +316,8 @@ class AgentClient:
         raw = self.read_raw(want)
         for gone in set(self._prev) - set(want):
             del self._prev[gone]
+        for gone in set(self._dirs) - set(want):
+            del self._dirs[gone]
         if not raw:
             return None
         reading = self.convert(raw)

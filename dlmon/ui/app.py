@@ -29,7 +29,7 @@ from dlmon.model import Snapshot
 from dlmon.sources import Source
 from dlmon.ui.logtail import LogTail
 from dlmon.ui.result import DashboardResult
-from dlmon.ui.screens import QUIT_STOP, HelpScreen, QuitScreen, WorkerDetailScreen
+from dlmon.ui.screens import QUIT_STOP, AdviceScreen, HelpScreen, QuitScreen, WorkerDetailScreen
 from dlmon.ui.state import SORT_NAMES, DashboardState
 from dlmon.ui.views import (
     HeaderInfo,
@@ -55,6 +55,7 @@ PANELS: tuple[tuple[str, str, str], ...] = (
 LOG_POLL_S = 1.0
 MIN_RENDER_GAP_S = 0.25  # a fast interval (or a replay) repaints at most 4 times a second
 LOG_LINES = 5000
+ADVICE_WINDOW = 600  # snapshots advise() looks at: ten minutes at 1 Hz
 
 
 class SnapshotArrived(Message):
@@ -316,6 +317,7 @@ class DlmonApp(App[DashboardResult]):
         Binding("p", "toggle_pause", "Pause"),
         Binding("question_mark", "help", "Help"),
         Binding("s", "save_svg", "Screenshot"),
+        Binding("a", "advice", "Advice"),
     ]
 
     def __init__(
@@ -480,6 +482,13 @@ class DlmonApp(App[DashboardResult]):
         if not isinstance(self.screen, HelpScreen):
             self.push_screen(HelpScreen())
 
+    def action_advice(self) -> None:
+        from dlmon.analysis import advise, format_advice
+
+        history = list(self.state.history)[-ADVICE_WINDOW:]
+        text = format_advice(advise(history)) if history else "No measurements yet."
+        self.push_screen(AdviceScreen(text))
+
     def action_save_svg(self) -> None:
         directory = "screenshots" if os.path.isdir("screenshots") else "."
         stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(self.clock()))
@@ -539,6 +548,9 @@ class DlmonApp(App[DashboardResult]):
         yield SystemCommand("Help", "Keys and how to read the figures (?)", self.action_help)
         yield SystemCommand(
             "Screenshot", "Save an SVG of the screen in screenshots/ or here (s)", self.action_save_svg
+        )
+        yield SystemCommand(
+            "Advice", "num_workers, memory and loader settings from the measurements (a)", self.action_advice
         )
         main = self.main_screen
         if screen is main:

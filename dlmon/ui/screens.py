@@ -17,6 +17,7 @@ HELP_TEXT = """\
 [b]Keys[/b]
   [b]q[/b] quit              [b]p[/b] pause the view (sampling goes on)
   [b]?[/b] this help         [b]s[/b] save an SVG screenshot (to screenshots/ or here)
+  [b]a[/b] advice: num_workers, memory, pin_memory... from what was measured
   [b]1[/b]-[b]7[/b] one panel in full: 1 memory 2 workers 3 GPU 4 IO 5 throughput
       6 alerts 7 logs (dlmon run); the same key again, [b]0[/b] or [b]esc[/b]: all
   [b]tab[/b] [b]shift+tab[/b] next / previous panel   [b]z[/b] the focused panel in full
@@ -52,6 +53,31 @@ class HelpScreen(ModalScreen[None]):
     def on_mount(self) -> None:
         box = self.query_one("#help-box")
         box.border_title = "dlmon help"
+        box.border_subtitle = "esc to close"
+
+    async def action_dismiss(self, result: None = None) -> None:
+        self.dismiss(None)
+
+
+class AdviceScreen(ModalScreen[None]):
+    """``dlmon advise`` inside the dashboard: the seed's sizing rules fed with what was measured."""
+
+    BINDINGS = [
+        Binding("escape,a,enter", "dismiss", "Close"),
+    ]
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self._text = text
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(id="help-box"):
+            yield Static(escape(self._text), id="advice-text")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        box = self.query_one("#help-box")
+        box.border_title = "dlmon advice (from the measurements so far)"
         box.border_subtitle = "esc to close"
 
     async def action_dismiss(self, result: None = None) -> None:
