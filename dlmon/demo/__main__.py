@@ -34,6 +34,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--duration", type=float, default=0.0, help="seconds to run; 0 = until stopped")
     p.add_argument("--items", type=int, default=0, help="dataset size (default depends on the scenario)")
+    p.add_argument(
+        "--step-ms",
+        type=float,
+        default=-1.0,
+        help="extra milliseconds per training step, as a bigger model would take "
+        "(default: 30 for leak, so pages are copied over minutes as in a real run; else 0)",
+    )
     return p.parse_args(argv)
 
 
@@ -159,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
         loss_fn = nn.CrossEntropyLoss()
+        step_s = (args.step_ms if args.step_ms >= 0 else (30.0 if args.scenario == "leak" else 0.0)) / 1000
         deadline = time.monotonic() + args.duration if args.duration > 0 else None
         epoch = 0
         while deadline is None or time.monotonic() < deadline:
@@ -169,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
                 loss = loss_fn(model(images), labels)
                 loss.backward()
                 optimizer.step()
+                if step_s:
+                    time.sleep(step_s)
                 batches += 1
                 if batches % 50 == 0:
                     rate = batches / (time.monotonic() - started)
