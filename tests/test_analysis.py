@@ -659,6 +659,24 @@ def test_advise_without_the_agent_says_what_it_can_and_how_to_get_the_rest() -> 
     json.dumps(advice_to_dict(adv))
 
 
+def test_advise_threads_only_when_worker_threads_really_compete() -> None:
+    """A worker's feeder thread is not oversubscription: idle extra OS threads get no advice."""
+
+    def history(cpu: float, nvcsw: float) -> list[Snapshot]:
+        workers = [
+            proc(1001 + i, uss=100 * MIB, pss=150 * MIB, cpu=cpu, threads=3, nvcsw=nvcsw) for i in range(2)
+        ]
+        main = proc(MAIN_PID, "main", uss=800 * MIB, pss=900 * MIB, cpu=60.0)
+        return [snap(T0 + t, [main, *workers]) for t in range(5)]
+
+    def topics(h: list[Snapshot]) -> set[str]:
+        return {line.topic for line in advise(h, cores=2).lines}
+
+    assert "threads" not in topics(history(cpu=40.0, nvcsw=2.0))  # 3 threads each, one of them runs
+    assert "threads" in topics(history(cpu=180.0, nvcsw=2.0))  # several threads busy in each worker
+    assert "threads" in topics(history(cpu=90.0, nvcsw=500.0))  # preempted all the time
+
+
 # -- robustness ------------------------------------------------------------------------------------
 
 

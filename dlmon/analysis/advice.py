@@ -333,15 +333,31 @@ def advise(history: Sequence[Snapshot], *, cores: int | None = None) -> Advice:
             )
 
     # -- threads per worker --------------------------------------------------------------------
+    # A DataLoader worker has ~3 OS threads even at torch.set_num_threads(1) (its main thread and
+    # multiprocessing's queue feeder): only threads that run compete, so ask for that evidence.
     threads = [float(w.num_threads) for w in workers if w.num_threads is not None]
     per_worker = median(threads) if threads else 1.0
-    if per_worker > 2 and len(workers) * per_worker > 2 * n_cores:
+    worker_cpu = [w.cpu_percent for w in workers if w.cpu_percent is not None]
+    switches = [
+        w.nonvoluntary_ctxt_switches_per_s for w in workers if w.nonvoluntary_ctxt_switches_per_s is not None
+    ]
+    cpu_med = median(worker_cpu) if worker_cpu else None
+    switches_med = median(switches) if switches else None
+    several_busy = cpu_med is not None and cpu_med > 110.0  # more than one core: several threads run
+    preempted = switches_med is not None and switches_med >= 100.0
+    if per_worker > 2 and len(workers) * per_worker > 2 * n_cores and (several_busy or preempted):
+        evidence = (
+            f"median worker CPU {cpu_med:.0f}%"
+            if several_busy
+            else f"{switches_med:.0f} involuntary switches/s"
+        )
         lines.append(
             AdviceLine(
                 "threads",
                 "Give each worker one thread: torch.set_num_threads(1) and cv2.setNumThreads(0) in "
                 "worker_init_fn, or OMP_NUM_THREADS=1.",
-                f"{len(workers)} workers x {per_worker:.0f} threads on {n_cores} cores",
+                f"{len(workers)} workers x {per_worker:.0f} threads on {n_cores} cores; "
+                f"{evidence} per worker",
             )
         )
 
