@@ -80,14 +80,23 @@ class Training:
             os.killpg(self.popen.pid, sig)  # the whole group: workers and ranks too
 
 
+def log_name(command: list[str]) -> str:
+    """What the log file is named after: the script, the ``-m`` module, else the program."""
+    args = command[1:] if os.path.basename(command[0]).startswith("python") else []
+    for i, arg in enumerate(args):
+        if arg == "-m" and i + 1 < len(args):
+            return args[i + 1]
+        if not arg.startswith("-"):
+            return os.path.basename(arg)
+    return os.path.basename(command[0])
+
+
 def launch(command: list[str], *, to_log: bool, cwd: str | None = None) -> Training:
     """Start ``command`` with the agent; raises FileNotFoundError/PermissionError for a bad command."""
     log_path: str | None = None
     if to_log:
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        name = os.path.basename(
-            command[1] if len(command) > 1 and command[0] == sys.executable else command[0]
-        )
+        name = log_name(command)
         log_path = os.path.join(log_dir(), f"{stamp}-{name}-{os.getpid()}.log")
         log = open(log_path, "wb")  # noqa: SIM115 - handed to the child, closed below
         out: int | object = log

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from dlmon.runner import log_name
+
 
 def dlmon_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "dlmon", *args]
@@ -60,6 +62,18 @@ def test_the_agent_is_on_the_trainings_path(tmp_path: Path) -> None:
         dlmon_cmd("run", "--headless", str(script)), capture_output=True, text=True, timeout=60
     )
     assert result.stdout.strip() == "agent", result.stderr
+
+
+@pytest.mark.parametrize(
+    ("command", "name"),
+    [
+        ([sys.executable, "-m", "dlmon.demo", "--workers", "2"], "dlmon.demo"),
+        ([sys.executable, "-u", "/data/train.py", "--epochs", "3"], "train.py"),
+        (["/usr/bin/torchrun", "--nproc_per_node", "2", "train.py"], "torchrun"),
+    ],
+)
+def test_log_files_are_named_after_what_runs(command: list[str], name: str) -> None:
+    assert log_name(command) == name
 
 
 def test_missing_script_and_missing_command_are_one_line_errors() -> None:
