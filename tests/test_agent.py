@@ -11,7 +11,6 @@ import contextlib
 import json
 import os
 import queue
-import shutil
 import signal
 import socket
 import stat
@@ -29,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from agent_support import private_agent_env
 from dlmon.agent import _paths
 from dlmon.agent._server import Server, _cuda_figures, parse_host_memory_stats
 from dlmon.agent.sitecustomize_hook import (
@@ -52,24 +52,8 @@ IDLE = str(SCRIPTS / "idle.py")
 @pytest.fixture(scope="module")
 def env() -> Iterator[dict[str, str]]:
     """A private XDG_RUNTIME_DIR for the whole module (the client reads the same variable)."""
-    d = tempfile.mkdtemp(prefix="dlmon-agent-test-")
-    os.chmod(d, 0o755)  # the agent's own dlmon/ inside it is 0700; the test opens holes next to it
-    old = os.environ.get("XDG_RUNTIME_DIR")
-    os.environ["XDG_RUNTIME_DIR"] = d
-    e = dict(os.environ)
-    e["PYTHONPATH"] = pythonpath_with_bootstrap(
-        os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
-    )
-    e["PYTHONUNBUFFERED"] = "1"
-    e.pop("DLMON_AGENT_DISABLE", None)
-    try:
+    with private_agent_env("dlmon-agent-test-") as e:
         yield e
-    finally:
-        if old is None:
-            os.environ.pop("XDG_RUNTIME_DIR", None)
-        else:
-            os.environ["XDG_RUNTIME_DIR"] = old
-        shutil.rmtree(d, ignore_errors=True)
 
 
 class Proc:

@@ -26,9 +26,10 @@ from typing import Any
 
 import pytest
 
+from agent_support import private_agent_env
 from dlmon.agent import _hooks, _paths
 from dlmon.agent._server import REPLY_BURST, Server
-from dlmon.agent.sitecustomize_hook import is_spawned_child, pythonpath_with_bootstrap
+from dlmon.agent.sitecustomize_hook import is_spawned_child
 from dlmon.collect.agent_client import AgentClient
 
 server_mod = importlib.import_module("dlmon.agent._server")  # not dlmon.agent._server: see finding 2
@@ -40,24 +41,8 @@ REQUEST = b'{"get": "counters"}\n'
 @pytest.fixture(scope="module")
 def env() -> Iterator[dict[str, str]]:
     """A private XDG_RUNTIME_DIR for the module, in this process and in the children's environment."""
-    d = tempfile.mkdtemp(prefix="dlmon-agent-safety-")
-    os.chmod(d, 0o755)
-    old = os.environ.get("XDG_RUNTIME_DIR")
-    os.environ["XDG_RUNTIME_DIR"] = d
-    e = dict(os.environ)
-    e["PYTHONPATH"] = pythonpath_with_bootstrap(
-        os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
-    )
-    e["PYTHONUNBUFFERED"] = "1"
-    e.pop("DLMON_AGENT_DISABLE", None)
-    try:
+    with private_agent_env("dlmon-agent-safety-") as e:
         yield e
-    finally:
-        if old is None:
-            os.environ.pop("XDG_RUNTIME_DIR", None)
-        else:
-            os.environ["XDG_RUNTIME_DIR"] = old
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def plain_env(env: dict[str, str]) -> dict[str, str]:
