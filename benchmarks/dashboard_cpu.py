@@ -39,7 +39,7 @@ from sampler import build_tree  # the sibling benchmark's tree builder
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 SOCKET = f"dlmon-bench-{os.getpid()}"
 LAUNCHER = (
-    "from dlmon.ui import run_dashboard; from dlmon.sources import LiveSource; "
+    "from dlmon.ui import run_dashboard; from dlmon.flow.sources import LiveSource; "
     "run_dashboard(LiveSource({pid}))"
 )
 HTOPRC_PSS = """htop_version=3.2.2

@@ -14,9 +14,9 @@ from dlmon import __version__
 
 if TYPE_CHECKING:
     from dlmon.collect.sampler import Sampler
+    from dlmon.flow.recording import RecordWriter
+    from dlmon.launch.runner import Training
     from dlmon.model import Snapshot
-    from dlmon.recording import RecordWriter
-    from dlmon.runner import Training
     from dlmon.ui.result import DashboardResult
 
 EXIT_USAGE = 2
@@ -61,7 +61,7 @@ def open_sampler(pid: int, *, unlimited_smaps: bool = False) -> Sampler:
 
 
 def open_record(path: str) -> RecordWriter:
-    from dlmon.recording import RecordWriter
+    from dlmon.flow.recording import RecordWriter
 
     try:
         return RecordWriter(path)
@@ -114,8 +114,8 @@ def attach(pid: str, interval: str, record_path: str | None, once: bool, as_json
     target = parse_pid(pid)
     seconds = positive_seconds(interval, "--interval")
     if inject:
-        from dlmon.inject import InjectError
-        from dlmon.inject import inject as inject_agent
+        from dlmon.launch.inject import InjectError
+        from dlmon.launch.inject import inject as inject_agent
 
         try:
             inject_agent(target)
@@ -127,10 +127,10 @@ def attach(pid: str, interval: str, record_path: str | None, once: bool, as_json
     if sys.stdout.isatty() and not as_json:
         sys.exit(_attach_dashboard(target, seconds, record_path))
     from dlmon.analysis import Analyzer
-    from dlmon.format import one_line
-    from dlmon.loop import Pipeline, sample_until_done, stop_on_signals
-    from dlmon.recording import encode_snapshot
-    from dlmon.session import AlertLog
+    from dlmon.flow.loop import Pipeline, sample_until_done, stop_on_signals
+    from dlmon.flow.recording import encode_snapshot
+    from dlmon.launch.session import AlertLog
+    from dlmon.model.format import one_line
 
     sampler = open_sampler(target)
 
@@ -149,7 +149,7 @@ def attach(pid: str, interval: str, record_path: str | None, once: bool, as_json
 def _attach_dashboard(pid: int, interval: float, record_path: str | None) -> int:
     from dlmon.analysis import Analyzer
     from dlmon.collect.sampler import NoSuchProcess
-    from dlmon.sources import LiveSource
+    from dlmon.flow.sources import LiveSource
     from dlmon.ui import run_dashboard
 
     if record_path:
@@ -170,7 +170,7 @@ def _report_screenshots(result: DashboardResult) -> None:
 def _attach_once(pid: int, as_json: bool) -> None:
     import time
 
-    from dlmon.format import one_line
+    from dlmon.model.format import one_line
     from dlmon.model.serialize import snapshot_to_dict
 
     sampler = open_sampler(pid, unlimited_smaps=True)
@@ -204,8 +204,8 @@ def record(pid: str, output: str, interval: str, duration: str | None) -> None:
     seconds = positive_seconds(interval, "--interval")
     limit = positive_seconds(duration, "--duration") if duration is not None else None
     from dlmon.analysis import Analyzer
-    from dlmon.loop import Pipeline, sample_until_done, stop_on_signals
-    from dlmon.session import AlertLog
+    from dlmon.flow.loop import Pipeline, sample_until_done, stop_on_signals
+    from dlmon.launch.session import AlertLog
 
     sampler = open_sampler(target)
     pipeline = Pipeline(Analyzer(), open_record(output), (AlertLog(),))
@@ -253,7 +253,7 @@ def run(
       dlmon run train.py --epochs 3
       dlmon run -- torchrun --nproc_per_node 2 train.py
     """
-    from dlmon.runner import command_for
+    from dlmon.launch.runner import command_for
 
     seconds = positive_seconds(interval, "--interval")
     is_command = _is_command_mode(ctx, command)
@@ -303,14 +303,14 @@ def demo(
 
 
 def _run_training(command: list[str], interval: float, record_path: str | None, headless: bool) -> int:
-    from dlmon.runner import launch
+    from dlmon.launch.runner import launch
 
     if record_path:
         open_record(record_path).close()  # fail early, before the training starts
     try:
         if headless:
             from dlmon.analysis import Analyzer
-            from dlmon.session import AlertLog, run_headless
+            from dlmon.launch.session import AlertLog, run_headless
 
             return run_headless(command, interval, record_path, analyzer=Analyzer(), on_alerts=AlertLog())
         training = launch(command, to_log=True)
@@ -320,7 +320,7 @@ def _run_training(command: list[str], interval: float, record_path: str | None, 
 
 
 def _run_dashboard(training: Training, interval: float, record_path: str | None) -> int:
-    from dlmon.sources import LiveSource
+    from dlmon.flow.sources import LiveSource
     from dlmon.ui import run_dashboard
 
     click.echo(f"dlmon: training log: {training.log_path}", err=True)
@@ -389,7 +389,7 @@ def advise(pid: str, seconds: str, as_json: bool) -> None:
 def replay(file: str, speed: str) -> None:
     """Play a record file (from record, attach --record or run --record) in the dashboard."""
     from dlmon.analysis import Analyzer
-    from dlmon.sources import ReplaySource
+    from dlmon.flow.sources import ReplaySource
     from dlmon.ui import run_dashboard
 
     factor = positive_seconds(speed, "--speed", allow_zero=True)

@@ -22,8 +22,8 @@ import pytest
 
 from dlmon.analysis import Analyzer
 from dlmon.collect.sampler import Sampler
+from dlmon.flow.sources import LiveSource
 from dlmon.model import Alert, Snapshot
-from dlmon.sources import LiveSource
 
 pytest.importorskip("torch")
 

@@ -28,7 +28,11 @@ def test_non_ui_layers_do_not_load_ui_libraries() -> None:
         "dlmon.model",
         "dlmon.model.serialize",
         "dlmon.analysis",
-        "dlmon.recording",
+        "dlmon.flow.recording",
+        "dlmon.flow.sources",
+        "dlmon.flow.loop",
+        "dlmon.launch.runner",
+        "dlmon.launch.session",
         "dlmon.cli",
     )
     assert "dlmon.collect.sampler" in loaded  # the check is not vacuous

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dlmon.runner import log_name
+from dlmon.launch.runner import log_name
 
 
 def dlmon_cmd(*args: str) -> list[str]:

@@ -9,8 +9,8 @@ import pytest
 
 from conftest import Spawn
 from dlmon.collect.sampler import NoSuchProcess, Sampler
+from dlmon.flow.recording import encode_snapshot
 from dlmon.model.serialize import snapshot_from_dict, snapshot_to_dict
-from dlmon.recording import encode_snapshot
 
 pytest.importorskip("torch")
 

@@ -7,9 +7,9 @@ import time
 from pathlib import Path
 
 from conftest import Spawn
+from dlmon.flow.recording import END_INTERRUPTED, END_TARGET_EXITED
+from dlmon.flow.sources import REPLAY_FINISHED, LiveSource, ReplaySource, read_record, wait_for_end
 from dlmon.model import Snapshot
-from dlmon.recording import END_INTERRUPTED, END_TARGET_EXITED
-from dlmon.sources import REPLAY_FINISHED, LiveSource, ReplaySource, read_record, wait_for_end
 
 
 def test_live_source_samples_on_its_thread_records_and_ends_with_the_target(

@@ -9,6 +9,7 @@ import math
 from collections.abc import Iterable
 from types import MappingProxyType
 
+from dlmon.flow.sources import EndSink, SnapshotSink
 from dlmon.model import (
     Alert,
     CgroupMemory,
@@ -25,7 +26,6 @@ from dlmon.model import (
     Snapshot,
     TargetInfo,
 )
-from dlmon.sources import EndSink, SnapshotSink
 
 GiB = 1024**3
 MiB = 1024**2

@@ -40,7 +40,7 @@ print("READY", flush=True)
 signal.pause()
 """
 LAUNCHER = (
-    "from dlmon.ui import run_dashboard; from dlmon.sources import LiveSource; "
+    "from dlmon.ui import run_dashboard; from dlmon.flow.sources import LiveSource; "
     "run_dashboard(LiveSource({pid}))"
 )
 

@@ -1,7 +1,7 @@
 """What is wrong with the job, from the snapshots alone: alerts with the numbers behind them.
 
 Pure analysis: no I/O, no UI. ``Analyzer`` is the per-tick entry point (an
-``Analyzer = Callable[[Snapshot], Snapshot]`` for ``dlmon.sources``); the detectors are pure
+``Analyzer = Callable[[Snapshot], Snapshot]`` for ``dlmon.flow.sources``); the detectors are pure
 functions over a history (``dlmon.analysis.detectors``); ``advise`` turns a short history into
 sizing advice; ``events`` lists what changed between two ticks' alerts for headless output.
 """

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from dlmon.ui.result import DashboardResult
 
 if TYPE_CHECKING:
-    from dlmon.sources import Source
+    from dlmon.flow.sources import Source
     from dlmon.ui.app import DlmonApp
 
 __all__ = ["DashboardResult", "create_app", "run_dashboard"]

@@ -25,8 +25,8 @@ from textual.screen import Screen
 from textual.widget import Widget
 from textual.widgets import Footer, RichLog
 
+from dlmon.flow.sources import Source
 from dlmon.model import Snapshot
-from dlmon.sources import Source
 from dlmon.ui.logtail import LogTail
 from dlmon.ui.result import DashboardResult
 from dlmon.ui.screens import QUIT_STOP, AdviceScreen, HelpScreen, QuitScreen, WorkerDetailScreen

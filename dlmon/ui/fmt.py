@@ -1,13 +1,13 @@
 """Compact figures for table cells and one-line summaries (no UI imports).
 
-Missing values never become 0: table cells show an en dash, summaries ``n/a`` (as ``dlmon.format``).
+Missing values never become 0: table cells show an en dash, summaries ``n/a`` (as ``dlmon.model.format``).
 """
 
 from __future__ import annotations
 
 import math
 
-from dlmon.format import human_bytes, human_rate, percent
+from dlmon.model.format import human_bytes, human_rate, percent
 
 __all__ = [
     "DASH",

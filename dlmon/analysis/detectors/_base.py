@@ -16,8 +16,8 @@ from types import MappingProxyType
 from typing import TypeVar
 
 from dlmon.analysis.digest import DEAD, Digest
-from dlmon.format import human_bytes
 from dlmon.model import ProcessSample, Snapshot
+from dlmon.model.format import human_bytes
 
 Evidence = Mapping[str, float | int | str | None]
 AlertKey = tuple[str, str]  # (kind, key)

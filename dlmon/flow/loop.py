@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from types import FrameType
 
 from dlmon.collect.sampler import Sampler
+from dlmon.flow.recording import END_DURATION, END_INTERRUPTED, END_TARGET_EXITED, RecordWriter
 from dlmon.model import Snapshot
-from dlmon.recording import END_DURATION, END_INTERRUPTED, END_TARGET_EXITED, RecordWriter
 
 ORPHAN_WATCH_S = 15.0
 

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from dlmon.collect.sampler import ExitCodeProvider, Sampler
-from dlmon.loop import Pipeline, sample_until_done
+from dlmon.flow.loop import Pipeline, sample_until_done
+from dlmon.flow.recording import RecordWriter
 from dlmon.model import Snapshot
 from dlmon.model.serialize import SnapshotFormatError, snapshot_from_dict
-from dlmon.recording import RecordWriter
 
 SnapshotSink = Callable[[Snapshot], None]
 EndSink = Callable[[str], None]  # receives why the source ended (a recording END_* reason)

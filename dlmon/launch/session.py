@@ -11,10 +11,10 @@ from typing import TextIO
 
 from dlmon.analysis import events, format_event
 from dlmon.collect.sampler import Sampler
-from dlmon.loop import Pipeline, handle_signals, sample_until_done
+from dlmon.flow.loop import Pipeline, handle_signals, sample_until_done
+from dlmon.flow.recording import RecordWriter
+from dlmon.launch.runner import Training, exit_status, launch
 from dlmon.model import Alert, Snapshot
-from dlmon.recording import RecordWriter
-from dlmon.runner import Training, exit_status, launch
 
 AlertPrinter = Callable[[Snapshot], None]
 
