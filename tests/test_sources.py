@@ -6,6 +6,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from conftest import Spawn
 from dlmon.flow.recording import END_INTERRUPTED, END_TARGET_EXITED
 from dlmon.flow.sources import REPLAY_FINISHED, LiveSource, ReplaySource, read_record, wait_for_end
@@ -59,3 +61,32 @@ def test_replay_skips_corrupt_lines_and_replays_the_rest(spawn: Spawn, tmp_path:
     assert len(got) == len(lines) - 1
     assert [p.line for p in source.record.problems] == [2, 3, 4, len(damaged)]
     assert "replay of" in source.description
+
+
+def test_record_reader_streams_gzip_and_survives_deep_nesting_and_endless_lines(tmp_path: Path) -> None:
+    """A line of 100,000 brackets, or one with no end, costs one skipped line, not the recording."""
+    import gzip
+
+    from dlmon.flow import records
+
+    good = tmp_path / "good.jsonl"
+    good.write_bytes(b"[" * 100_000 + b"\n" + b'{"type": "end", "time": 5, "reason": "duration"}\n')
+    items = list(records.iter_records(str(good)))
+    assert isinstance(items[0], records.RecordProblem) and items[0].line == 1
+    assert items[1] == records.RecordEnd(2, 5.0, "duration")
+
+    zipped = tmp_path / "run.jsonl.gz"
+    with gzip.open(zipped, "wb") as fh:
+        fh.write(b'{"type": "end", "reason": "target_exited"}\n')
+    assert read_record(str(zipped)).end_reason == "target_exited"
+
+
+def test_record_reader_caps_a_line_that_never_ends(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dlmon.flow import records
+
+    monkeypatch.setattr(records, "MAX_LINE_BYTES", 1024)
+    path = tmp_path / "endless.jsonl"
+    path.write_bytes(b"x" * 100_000 + b"\n" + b'{"type": "end", "reason": "r"}\n' + b"y" * 5000)
+    items = list(records.iter_records(str(path)))
+    assert [type(i).__name__ for i in items] == ["RecordProblem", "RecordEnd", "RecordProblem"]
+    assert "longer than" in str(items[0])

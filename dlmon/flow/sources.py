@@ -7,7 +7,6 @@ dashboard loses no data. No UI imports here.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable
@@ -17,8 +16,8 @@ from typing import Protocol
 from dlmon.collect.sampler import ExitCodeProvider, Sampler
 from dlmon.flow.loop import Pipeline, sample_until_done
 from dlmon.flow.recording import RecordWriter
+from dlmon.flow.records import RecordEnd, RecordProblem, iter_records
 from dlmon.model import Snapshot
-from dlmon.model.serialize import SnapshotFormatError, snapshot_from_dict
 
 SnapshotSink = Callable[[Snapshot], None]
 EndSink = Callable[[str], None]  # receives why the source ended (a recording END_* reason)
@@ -137,29 +136,13 @@ def read_record(path: str) -> ReplayFile:
     """Parse a record file. Corrupt or foreign lines are skipped and listed, never fatal:
     a recording cut short by a crash still replays up to its last whole line."""
     result = ReplayFile()
-    with open(path, "rb") as fh:
-        for number, raw in enumerate(fh, start=1):
-            if not raw.strip():
-                continue
-            try:
-                record = json.loads(raw)
-            except (ValueError, UnicodeDecodeError):
-                result.problems.append(ReplayProblem(number, "not JSON (a truncated or corrupt line)"))
-                continue
-            if not isinstance(record, dict):
-                result.problems.append(ReplayProblem(number, "not a JSON object"))
-                continue
-            kind = record.get("type", "snapshot")
-            if kind == "end":
-                result.end_reason = str(record.get("reason"))
-                continue
-            if kind != "snapshot":
-                result.problems.append(ReplayProblem(number, f"unknown record type {kind!r}"))
-                continue
-            try:
-                result.snapshots.append(snapshot_from_dict(record))
-            except SnapshotFormatError as exc:
-                result.problems.append(ReplayProblem(number, str(exc)))
+    for item in iter_records(path):
+        if isinstance(item, RecordEnd):
+            result.end_reason = item.reason
+        elif isinstance(item, RecordProblem):
+            result.problems.append(ReplayProblem(item.line, item.reason))
+        else:
+            result.snapshots.append(item)
     return result
 
 

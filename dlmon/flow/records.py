@@ -1,0 +1,99 @@
+"""Reading record files as a stream: one line at a time, never the whole file in memory.
+
+Replay, report and diff all read recordings through :func:`iter_records`. A file ending in
+``.gz`` is read through gzip. Whatever a line holds, the reader yields one of three things and
+never raises for content: a :class:`Snapshot`, the recording's :class:`RecordEnd`, or a
+:class:`RecordProblem` saying why that line was skipped. Only opening the file can raise
+(``OSError``), so "cannot read FILE" and "line 7 is corrupt" stay two different messages.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import IO, cast
+
+from dlmon.model import Snapshot
+from dlmon.model.serialize import SnapshotFormatError, snapshot_from_dict
+
+# A 1000-process snapshot is ~1 MiB of JSON; anything far beyond that is not a line dlmon wrote
+# (``dlmon replay /dev/zero`` must not grow without bound).
+MAX_LINE_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class RecordProblem:
+    line: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class RecordEnd:
+    line: int
+    time: float | None
+    reason: str
+
+
+Record = Snapshot | RecordEnd | RecordProblem
+
+
+def open_record_file(path: str) -> IO[bytes]:
+    """The file as bytes, decompressed when it ends in ``.gz``; raises OSError."""
+    if path.endswith(".gz"):
+        return cast(IO[bytes], gzip.open(path, "rb"))
+    return open(path, "rb")
+
+
+def iter_records(path: str) -> Iterator[Record]:
+    """Yield every line of ``path`` as a snapshot, the end marker, or the reason it was skipped."""
+    with open_record_file(path) as fh:
+        number = 0
+        while True:
+            number += 1
+            try:
+                raw = fh.readline(MAX_LINE_BYTES + 1)
+            except (OSError, EOFError) as exc:  # a truncated .gz, a read error mid-file
+                yield RecordProblem(number, f"unreadable from here on: {exc}")
+                return
+            if not raw:
+                return
+            if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+                yield RecordProblem(number, f"longer than {MAX_LINE_BYTES >> 20} MiB: skipped")
+                if not _skip_rest_of_line(fh):
+                    return
+                continue
+            if raw.strip():
+                yield parse_line(number, raw)
+
+
+def _skip_rest_of_line(fh: IO[bytes]) -> bool:
+    """Read past the end of an over-long line in bounded chunks; False at end of file."""
+    while True:
+        chunk = fh.readline(1 << 20)
+        if not chunk:
+            return False
+        if chunk.endswith(b"\n"):
+            return True
+
+
+def parse_line(number: int, raw: bytes) -> Record:
+    try:
+        record = json.loads(raw)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return RecordProblem(number, "not JSON (a truncated or corrupt line)")
+    if not isinstance(record, dict):
+        return RecordProblem(number, "not a JSON object")
+    kind = record.get("type", "snapshot")
+    if kind == "end":
+        when = record.get("time")
+        return RecordEnd(
+            number, float(when) if isinstance(when, int | float) else None, str(record.get("reason"))
+        )
+    if kind != "snapshot":
+        return RecordProblem(number, f"unknown record type {str(kind)[:40]!r}")
+    try:
+        return snapshot_from_dict(record)
+    except (SnapshotFormatError, RecursionError) as exc:
+        return RecordProblem(number, str(exc)[:200])
