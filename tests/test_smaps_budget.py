@@ -61,12 +61,67 @@ def test_a_process_whose_rss_moved_is_read_before_a_staler_quiet_one() -> None:
     assert [c.key for c in order] == ["moving", "quiet"]
 
 
-def test_never_read_processes_come_first_smallest_first() -> None:
+def test_the_trainer_is_read_first_then_the_biggest_never_read() -> None:
     budget = SmapsBudget(BudgetPolicy())
-    old = SmapsCandidate("old", 10 * MiB, last_read=0.0, rss_at_last_read=1 * MiB)
-    big = SmapsCandidate("big", 900 * MiB, None, None)
-    small = SmapsCandidate("small", 5 * MiB, None, None)
-    assert [c.key for c in budget.order([old, big, small], now=100.0)] == ["small", "big", "old"]
+    trainer = SmapsCandidate("trainer", 900 * MiB, None, None, is_main=True, first_seen=100.0)
+    big = SmapsCandidate("big", 900 * MiB, None, None, first_seen=100.0)
+    small = SmapsCandidate("small", 5 * MiB, None, None, first_seen=100.0)
+    assert [c.key for c in budget.order([small, big, trainer], now=100.0)] == ["trainer", "big", "small"]
+
+
+def respawn_simulation(epoch_s: int, ticks: int) -> tuple[list[float], float]:
+    """A 16 GiB trainer and 32 x 2 GiB workers respawned every ``epoch_s``, smaps cost ~5 ms/GiB,
+    the default budget with nothing else to pay for. Returns the times the trainer was read and
+    the worst PSS age (time since the last read, or since first seen if never read) of any
+    process at any tick."""
+    budget = SmapsBudget(BudgetPolicy())
+    cost = {"trainer": 0.08, "worker": 0.01}
+    first_seen: dict[tuple[str, int], float] = {("trainer", 0): 0.0}
+    last: dict[tuple[str, int], float] = {}
+    trainer_reads: list[float] = []
+    worst = 0.0
+    for tick in range(ticks):
+        now = float(tick)
+        epoch = tick // epoch_s
+        if tick % epoch_s == 0:  # the old workers exit, 32 new ones start
+            for key in [k for k in first_seen if k[0] == "worker"]:
+                first_seen.pop(key)
+                last.pop(key, None)
+            first_seen.update({("worker", epoch * 100 + i): now for i in range(32)})
+        budget.refill(now, cheap_cost_per_s=0.0)
+        candidates = [
+            SmapsCandidate(
+                key,
+                (16 if key[0] == "trainer" else 2) * 1024 * MiB,
+                last.get(key),
+                (16 if key[0] == "trainer" else 2) * 1024 * MiB if key in last else None,
+                is_main=key[0] == "trainer",
+                first_seen=seen,
+            )
+            for key, seen in first_seen.items()
+        ]
+        for c in budget.order(candidates, now):
+            if not budget.can_spend():
+                break
+            key = c.key
+            assert isinstance(key, tuple)
+            budget.charge(cost[key[0]])
+            last[key] = now
+            if key[0] == "trainer":
+                trainer_reads.append(now)
+        for key, seen in first_seen.items():
+            worst = max(worst, now - last.get(key, seen))
+    return trainer_reads, worst
+
+
+def test_respawned_workers_never_starve_the_trainer_and_every_age_stays_bounded() -> None:
+    """Issue 15: never-read workers went first, smallest first, so a trainer among workers
+    respawned each epoch stayed unread for good."""
+    trainer_reads, worst = respawn_simulation(epoch_s=30, ticks=900)
+    assert trainer_reads and trainer_reads[0] <= 1.0  # within the first ticks
+    gaps = [b - a for a, b in zip([0.0, *trainer_reads], [*trainer_reads, 899.0], strict=True)]
+    assert max(gaps) <= 60.0
+    assert worst <= 60.0
 
 
 def test_unlimited_reads_everything_every_time() -> None:

@@ -1,10 +1,25 @@
 """The target's process tree, read every tick: the target, all its descendants, and any
 process that was once in the tree and is still alive (orphaned DataLoader workers keep their
 row after the trainer dies, reparented to init).
+
+What each tick reads, and what it reads less often (docs/performance.md):
+- every process, every tick: stat, status, io through held fds (one read each);
+- children: every tick only from the threads that fork (the main thread and any thread seen
+  with children) of processes that can start workers (the trainer, launchers, ranks); every
+  thread when the thread count changed or every ``thread_list_s``; workers' own children every
+  ``worker_children_s`` (they rarely fork);
+- fd counts: when status FDSize moved, or every ``fd_refresh_s``;
+- smaps_rollup: under the budget of ``SmapsBudget`` with what the rest of the tick left.
+When the fixed work passes half the budget, those cadences stretch (up to ``max_stretch``x)
+before PSS freshness is given up.
+
+A transient error reading a process's stat keeps it tracked (only ProcessGone drops it): an
+orphan, reparented away from the tree, could never be found again.
 """
 
 from __future__ import annotations
 
+import resource
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -29,12 +44,44 @@ WORKER_COMMS = frozenset({"pt_data_worker"})
 STATUS_FIELDS = FieldPicker(
     (
         "VmRSS", "RssAnon", "RssFile", "RssShmem", "VmLck", "VmPin", "VmSwap",
-        "voluntary_ctxt_switches", "nonvoluntary_ctxt_switches",
+        "voluntary_ctxt_switches", "nonvoluntary_ctxt_switches", "FDSize",
     )
 )  # fmt: skip
 IO_FIELDS = FieldPicker(("read_bytes", "write_bytes"))
 SMAPS_FIELDS = FieldPicker(("Pss", "Pss_Shmem", "Private_Clean", "Private_Dirty", "Private_Hugetlb", "Swap"))
 Identity = tuple[int, int]  # (pid, start_time)
+FDS_PER_HANDLE = 3  # stat, status, io
+SPAWNING_ROLES = frozenset({"main", "child"})  # can start DataLoader workers; workers rarely fork
+
+
+@dataclass(frozen=True, slots=True)
+class Cadence:
+    """How often the slow per-process reads are refreshed, before stretching."""
+
+    fd_refresh_s: float = 5.0
+    thread_list_s: float = 5.0
+    worker_children_s: float = 10.0
+    max_stretch: float = 12.0
+    # Of RLIMIT_NOFILE's soft limit, fds dlmon keeps for itself (UI, sockets, record, NVML):
+    # handles hold fds only within the rest.
+    reserved_fds_fraction: float = 0.25
+    reserved_fds_min: int = 64
+
+
+@dataclass(slots=True)
+class PhaseCost:
+    """CPU seconds of the sampler thread in one tick of the tracker, by phase."""
+
+    reads: float = 0.0  # stat, status, io of every process
+    discovery: float = 0.0  # children files, thread lists, adding processes
+    fds: float = 0.0  # fd directory listings
+    smaps: float = 0.0  # smaps_rollup reads and parsing
+    build: float = 0.0  # ProcessSample objects
+
+    def total(self) -> float:
+        return self.reads + self.discovery + self.fds + self.smaps + self.build
+
+
 _NONE_UNAVAILABLE: Mapping[str, str] = MappingProxyType({})
 
 
@@ -54,10 +101,20 @@ def parse_smaps_rollup(raw: bytes) -> SmapsValues:
     return SmapsValues(uss, v["Pss"], v.get("Pss_Shmem"), v.get("Swap"))
 
 
+def held_fd_cap(cadence: Cadence) -> int:
+    """How many processes may hold fds under the soft RLIMIT_NOFILE right now."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 1 << 30
+    reserve = max(cadence.reserved_fds_min, int(soft * cadence.reserved_fds_fraction))
+    return max(0, (soft - reserve) // FDS_PER_HANDLE)
+
+
 @dataclass(slots=True)
 class _Tracked:
     handle: ProcHandle
     role: str
+    first_seen: float
     prev_time: float | None = None
     prev_cpu_ticks: int | None = None
     prev_read_bytes: int | None = None
@@ -65,9 +122,18 @@ class _Tracked:
     prev_nvcsw: int | None = None
     smaps: SmapsValues | None = None
     smaps_time: float | None = None
+    smaps_wall_s: float | None = None
     rss_at_smaps: int | None = None
     faults_at_smaps: int | None = None
     smaps_denied: str | None = None
+    num_fds: int | None = None
+    fds_time: float | None = None
+    fdsize: int | None = None
+    tids: list[int] | None = None  # None: list every thread at the next discovery
+    tids_time: float = 0.0
+    tids_num_threads: int | None = None
+    forking_tids: set[int] = field(default_factory=set)
+    children_time: float | None = None
     unavailable: dict[str, str] = field(default_factory=dict)
 
 
@@ -75,6 +141,9 @@ def _rate(now: int | None, prev: int | None, dt: float | None) -> float | None:
     if now is None or prev is None or not dt or dt <= 0 or now < prev:
         return None
     return (now - prev) / dt
+
+
+_Row = tuple[_Tracked, StatFields, dict[str, int], dict[str, int]]  # tracked, stat, status, io
 
 
 class ProcessTracker:
@@ -86,41 +155,88 @@ class ProcessTracker:
         budget: SmapsBudget | None = None,
         proc_root: str = "/proc",
         clock: Callable[[], float] = time.monotonic,
+        cadence: Cadence | None = None,
     ) -> None:
         self.proc_root = proc_root
         self.budget = budget or SmapsBudget()
+        self.cadence = cadence or Cadence()
         self._clock = clock
         self._tracked: dict[Identity, _Tracked] = {}
         self._use_children_files = children_files_supported(proc_root)
         self._cheap_cost_per_s = 0.0
         self._cheap_cost_known = False
+        self.stretch = 1.0  # > 1 when the fixed reads pass half the budget: slower cadences
+        self.cost = PhaseCost()
         self.smaps_cpu_last_tick = 0.0
         self.smaps_reads_last_tick: list[Identity] = []
+        self.fd_counts_last_tick: list[int] = []  # pids whose fd directory was listed
+        self.children_reads_last_tick: list[tuple[int, list[int] | None]] = []  # pid, tids (None: all)
+        self.without_held_fds = 0  # processes read by path: dlmon reached its fd cap
+        self.last_target_state: str | None = None
+        self._new_stats: dict[Identity, StatFields] = {}
+        self._now = clock()
         self.target = ProcHandle(target_pid, proc_root)  # raises ProcessGone for no such pid
         self.target_identity: Identity = (target_pid, self.target.start_time)
-        self._tracked[self.target_identity] = _Tracked(self.target, "main")
+        self._tracked[self.target_identity] = _Tracked(self.target, "main", self._now)
 
     # -- discovery ---------------------------------------------------------------------------
 
-    def _discover(self) -> None:
-        """Add descendants of every live tracked process that are not tracked yet."""
+    def _discover(self, stats: Mapping[Identity, StatFields]) -> None:
+        """Add descendants of live tracked processes that are not tracked yet, reading children
+        only where they can appear (see the module docstring)."""
         known_pids = {pid for pid, _ in self._tracked}
-        if self._use_children_files:
-            frontier = list(self._tracked.values())
-            while frontier:
-                parent = frontier.pop()
-                try:
-                    kids = parent.handle.children()
-                except (ProcessGone, AccessDenied, OSError):
-                    continue
-                for pid in kids:
-                    if pid not in known_pids:
-                        added = self._add(pid, parent.handle.pid)
-                        if added is not None:
-                            known_pids.add(pid)
-                            frontier.append(added)
-        else:
+        if not self._use_children_files:
             self._discover_by_scan(known_pids)
+            return
+        frontier = [
+            (tracked, stats[identity])
+            for identity, tracked in self._tracked.items()
+            if identity in stats and stats[identity].state not in ("Z", "X")
+        ]
+        while frontier:
+            parent, stat = frontier.pop()
+            try:
+                kids = self._children_due(parent, stat)
+            except (ProcessGone, AccessDenied, OSError):
+                continue
+            for pid in kids:
+                if pid not in known_pids:
+                    added = self._add(pid, parent.handle.pid)
+                    if added is not None:
+                        known_pids.add(pid)
+                        frontier.append(added)
+
+    def _children_due(self, tracked: _Tracked, stat: StatFields) -> list[int]:
+        """The children files due this tick: [] when nothing is due."""
+        now, stretch, cadence = self._now, self.stretch, self.cadence
+        pid = tracked.handle.pid
+        if tracked.role not in SPAWNING_ROLES:
+            due = tracked.children_time is None or now - tracked.children_time >= (
+                cadence.worker_children_s * stretch
+            )
+            if not due:
+                return []
+            tracked.children_time = now
+            self.children_reads_last_tick.append((pid, None))
+            return tracked.handle.children()
+        relist = (
+            tracked.tids is None
+            or tracked.tids_num_threads != stat.num_threads
+            or now - tracked.tids_time >= cadence.thread_list_s * stretch
+        )
+        if relist:
+            by_thread = tracked.handle.children_by_thread(None)
+            tracked.tids = sorted(by_thread)
+            tracked.tids_time, tracked.tids_num_threads = now, stat.num_threads
+            tracked.children_time = now
+            tracked.forking_tids = {tid for tid, kids in by_thread.items() if kids}
+            self.children_reads_last_tick.append((pid, None))
+        else:
+            tids = sorted(tracked.forking_tids | {pid})
+            by_thread = tracked.handle.children_by_thread(tids)
+            tracked.forking_tids |= {tid for tid, kids in by_thread.items() if kids}
+            self.children_reads_last_tick.append((pid, tids))
+        return [kid for kids in by_thread.values() for kid in kids]
 
     def _discover_by_scan(self, known_pids: set[int]) -> None:
         by_parent: dict[int, list[int]] = {}
@@ -139,22 +255,26 @@ class ProcessTracker:
                 if self._add(pid, None) is not None:
                     frontier.append(pid)
 
-    def _add(self, pid: int, expected_ppid: int | None) -> _Tracked | None:
+    def _add(self, pid: int, expected_ppid: int | None) -> tuple[_Tracked, StatFields] | None:
+        held = sum(1 for t in self._tracked.values() if t.handle.hold_fds)
         try:
-            handle = ProcHandle(pid, self.proc_root)
-            if expected_ppid is not None and handle.stat().ppid != expected_ppid:
+            handle = ProcHandle(pid, self.proc_root, hold_fds=held < held_fd_cap(self.cadence))
+            stat = handle.stat()
+            if expected_ppid is not None and stat.ppid != expected_ppid:
                 handle.close()  # the pid was reused between listing and opening
                 return None
         except (ProcessGone, AccessDenied, OSError):
             return None
-        tracked = _Tracked(handle, "child")
+        tracked = _Tracked(handle, "child", self._now)
         self._tracked[(pid, handle.start_time)] = tracked
-        return tracked
+        self._new_stats[(pid, handle.start_time)] = stat
+        return tracked, stat
 
     # -- sampling ----------------------------------------------------------------------------
 
     def record_tick_cost(self, cheap_cpu_s: float, interval_s: float) -> None:
-        """What the caller's whole tick cost apart from smaps reads: the budget gets the rest."""
+        """What the caller's whole tick cost apart from smaps reads: the budget gets the rest,
+        and the slow cadences stretch once it passes half the budget."""
         if interval_s <= 0:
             return
         per_s = cheap_cpu_s / interval_s
@@ -162,36 +282,66 @@ class ProcessTracker:
             self._cheap_cost_per_s = 0.8 * self._cheap_cost_per_s + 0.2 * per_s
         else:
             self._cheap_cost_per_s, self._cheap_cost_known = per_s, True
+        half = 0.5 * self.budget.policy.cpu_fraction
+        self.stretch = min(self.cadence.max_stretch, max(1.0, self._cheap_cost_per_s / half))
 
     def sample(self) -> tuple[ProcessSample, ...]:
-        now = self._clock()
+        now = self._now = self._clock()
+        cost = self.cost = PhaseCost()
+        self.children_reads_last_tick = []
+        self.fd_counts_last_tick = []
+        self._new_stats = {}
+        t0 = time.thread_time()
         stats: dict[Identity, StatFields] = {}
         # Drop the dead before discovery, so a reused pid is seen as the new process it is.
         for identity, tracked in list(self._tracked.items()):
             stat = self._stat_or_drop(identity, tracked)
             if stat is not None:
                 stats[identity] = stat
-        self._discover()
-        rows: dict[Identity, tuple[_Tracked, StatFields, dict[str, int]]] = {}
-        for identity, tracked in list(self._tracked.items()):
-            stat = stats.get(identity) or self._stat_or_drop(identity, tracked)
-            if stat is not None:
-                rows[identity] = (tracked, stat, self._read_optional(tracked, "status", STATUS_FIELDS))
+        target_stat = stats.get(self.target_identity)
+        self.last_target_state = None if target_stat is None else target_stat.state
+        t1 = time.thread_time()
+        self._discover(stats)
+        stats.update(self._new_stats)
+        t2 = time.thread_time()
+        rows: dict[Identity, _Row] = {}
+        for identity, tracked in self._tracked.items():
+            stat = stats.get(identity)
+            if stat is None:
+                continue  # a transient error this tick: kept, no row
+            zombie = stat.state in ("Z", "X")
+            status = self._read_optional(tracked, "status", STATUS_FIELDS)
+            io = {} if zombie else self._read_optional(tracked, "io", IO_FIELDS)
+            rows[identity] = (tracked, stat, status, io)
+        t3 = time.thread_time()
+        for tracked, stat, status, _io in rows.values():
+            self._maybe_count_fds(tracked, stat, status)
+        t4 = time.thread_time()
         self._spend_on_smaps(rows, now)
+        t5 = time.thread_time()
         samples = [
-            self._build(identity, tracked, stat, status, now)
-            for identity, (tracked, stat, status) in rows.items()
+            self._build(identity, tracked, stat, status, io, now)
+            for identity, (tracked, stat, status, io) in rows.items()
         ]
         samples.sort(key=lambda s: (s.role != "main", s.role != "worker", s.start_time, s.pid))
+        self.without_held_fds = sum(1 for t in self._tracked.values() if not t.handle.hold_fds)
+        t6 = time.thread_time()
+        cost.reads = (t1 - t0) + (t3 - t2)
+        cost.discovery = t2 - t1
+        cost.fds = t4 - t3
+        cost.smaps = t5 - t4
+        cost.build = t6 - t5
         return tuple(samples)
 
     def _stat_or_drop(self, identity: Identity, tracked: _Tracked) -> StatFields | None:
         try:
             return tracked.handle.stat()
-        except (ProcessGone, AccessDenied, OSError):
+        except ProcessGone:
             tracked.handle.close()
             del self._tracked[identity]
             return None
+        except (AccessDenied, OSError):
+            return None  # transient: dropping it would lose an orphan for good
 
     def _read_optional(self, tracked: _Tracked, name: str, fields: FieldPicker) -> dict[str, int]:
         """The named fields of /proc/PID/<name>; {} and a reason in ``unavailable`` if denied."""
@@ -206,9 +356,32 @@ class ProcessTracker:
         tracked.unavailable.pop(group, None)
         return values
 
-    def _spend_on_smaps(
-        self, rows: dict[Identity, tuple[_Tracked, StatFields, dict[str, int]]], now: float
-    ) -> None:
+    def _maybe_count_fds(self, tracked: _Tracked, stat: StatFields, status: dict[str, int]) -> None:
+        """Recount open fds when FDSize (the fd table size) moved, or on the slow cadence."""
+        if stat.state in ("Z", "X"):
+            tracked.num_fds = None
+            return
+        fdsize = status.get("FDSize")
+        due = (
+            tracked.fds_time is None
+            or (fdsize is not None and fdsize != tracked.fdsize)
+            or self._now - tracked.fds_time >= self.cadence.fd_refresh_s * self.stretch
+        )
+        if not due:
+            return
+        tracked.fdsize = fdsize
+        tracked.fds_time = self._now
+        self.fd_counts_last_tick.append(tracked.handle.pid)
+        try:
+            tracked.num_fds = tracked.handle.count_fds()
+            tracked.unavailable.pop("fd", None)
+        except AccessDenied as exc:
+            tracked.num_fds = None
+            tracked.unavailable["fd"] = str(exc)
+        except (ProcessGone, OSError):
+            tracked.num_fds = None
+
+    def _spend_on_smaps(self, rows: dict[Identity, _Row], now: float) -> None:
         self.budget.refill(now, self._cheap_cost_per_s)
         self.smaps_reads_last_tick = []
         self.smaps_cpu_last_tick = 0.0
@@ -223,8 +396,11 @@ class ProcessTracker:
                     if tracked.faults_at_smaps is None
                     else (stat.minor_faults - tracked.faults_at_smaps) * PAGE_SIZE
                 ),
+                is_main=tracked.role == "main",
+                first_seen=tracked.first_seen,
+                last_read_wall_s=tracked.smaps_wall_s,
             )
-            for identity, (tracked, stat, _status) in rows.items()
+            for identity, (tracked, stat, _status, _io) in rows.items()
             if stat.state not in ("Z", "X") and tracked.smaps_denied is None
         ]
         for candidate in self.budget.order(candidates, now):
@@ -232,6 +408,7 @@ class ProcessTracker:
                 break
             tracked = rows[candidate.key][0]  # type: ignore[index]
             before = time.thread_time()
+            wall_before = time.perf_counter()
             try:
                 tracked.smaps = parse_smaps_rollup(tracked.handle.read_once("smaps_rollup"))
             except AccessDenied as exc:
@@ -243,6 +420,7 @@ class ProcessTracker:
                 spent = time.thread_time() - before
                 self.budget.charge(spent)
                 self.smaps_cpu_last_tick += spent
+            tracked.smaps_wall_s = time.perf_counter() - wall_before
             tracked.smaps_time = now
             tracked.rss_at_smaps = candidate.rss_bytes
             tracked.faults_at_smaps = rows[candidate.key][1].minor_faults  # type: ignore[index]
@@ -254,6 +432,7 @@ class ProcessTracker:
         tracked: _Tracked,
         stat: StatFields,
         status: dict[str, int],
+        io: dict[str, int],
         now: float,
     ) -> ProcessSample:
         if tracked.role == "child" and stat.comm in WORKER_COMMS:
@@ -262,24 +441,17 @@ class ProcessTracker:
         dt = None if tracked.prev_time is None else now - tracked.prev_time
         cpu_ticks = stat.utime_ticks + stat.stime_ticks
         cpu_rate = _rate(cpu_ticks, tracked.prev_cpu_ticks, dt)
-        io = {} if zombie else self._read_optional(tracked, "io", IO_FIELDS)
         read_bytes = io.get("read_bytes")
         write_bytes = io.get("write_bytes")
         nvcsw = status.get("nonvoluntary_ctxt_switches")
-        num_fds: int | None = None
-        if not zombie:
-            try:
-                num_fds = tracked.handle.count_fds()
-                tracked.unavailable.pop("fd", None)
-            except AccessDenied as exc:
-                tracked.unavailable["fd"] = str(exc)
-            except (ProcessGone, OSError):
-                pass
         if tracked.smaps_denied:
             tracked.unavailable["smaps"] = tracked.smaps_denied
         if zombie:
             tracked.unavailable["memory"] = "zombie: the process has exited and holds no memory"
         smaps = None if zombie else tracked.smaps
+        swap = status.get("VmSwap")  # fresh every tick; smaps Swap may be minutes old
+        if swap is None and smaps is not None:
+            swap = smaps.swap_bytes
         sample = ProcessSample(
             pid=identity[0],
             start_time=identity[1],
@@ -296,7 +468,7 @@ class ProcessTracker:
             uss_bytes=smaps.uss_bytes if smaps else None,
             pss_bytes=smaps.pss_bytes if smaps else None,
             pss_shmem_bytes=smaps.pss_shmem_bytes if smaps else None,
-            swap_bytes=smaps.swap_bytes if smaps else status.get("VmSwap"),
+            swap_bytes=swap,
             pss_age_s=(
                 None if smaps is None or tracked.smaps_time is None else round(now - tracked.smaps_time, 3)
             ),
@@ -309,7 +481,7 @@ class ProcessTracker:
             voluntary_ctxt_switches=status.get("voluntary_ctxt_switches"),
             nonvoluntary_ctxt_switches=nvcsw,
             nonvoluntary_ctxt_switches_per_s=_rate(nvcsw, tracked.prev_nvcsw, dt),
-            num_fds=num_fds,
+            num_fds=None if zombie else tracked.num_fds,
             unavailable=MappingProxyType(dict(tracked.unavailable))
             if tracked.unavailable
             else _NONE_UNAVAILABLE,
@@ -339,3 +511,6 @@ class ProcessTracker:
 
     def roles(self) -> Mapping[Identity, str]:
         return {identity: t.role for identity, t in self._tracked.items()}
+
+    def held_fd_pids(self) -> list[int]:
+        return [pid for (pid, _), t in self._tracked.items() if t.handle.hold_fds]

@@ -3,6 +3,12 @@
 An fd opened on /proc/PID/stat stays bound to that process: after it exits, reads fail with
 ESRCH even if the pid is reused, so a handle can never mix two processes. ``os.pread`` at
 offset 0 makes the kernel regenerate the file, so fds are opened once and read every tick.
+
+Anything opened by path (smaps_rollup, the fd and task directories, or every file of a handle
+that holds no fds because dlmon reached its fd cap) is checked after the open: the held stat fd
+still reads, or a stat read by path afterwards shows the same start time. Either proves the
+process lived past the open, so the path cannot have reached a newer process with a reused pid;
+children files are then opened relative to the verified task directory fd.
 """
 
 from __future__ import annotations
@@ -96,78 +102,138 @@ def _translate(exc: OSError) -> Exception:
 
 
 class ProcHandle:
-    """Open fds on one process's /proc files. Not thread-safe: one sampler owns it."""
+    """One process's /proc files, read by held fds (``hold_fds``) or by path with identity
+    checks. Not thread-safe: one sampler owns it."""
 
-    __slots__ = ("_base", "_closed", "_fds", "pid", "start_time")
+    __slots__ = ("_base", "_closed", "_fds", "hold_fds", "pid", "start_time")
 
-    def __init__(self, pid: int, proc_root: str = "/proc") -> None:
+    def __init__(self, pid: int, proc_root: str = "/proc", *, hold_fds: bool = True) -> None:
         self.pid = pid
         self._base = f"{proc_root}/{pid}"
         self._fds: dict[str, int] = {}
         self._closed = False
+        self.hold_fds = hold_fds
+        self.start_time = -1
         self.start_time = self.stat().start_time
+
+    def _open(self, name: str, flags: int = os.O_RDONLY) -> int:
+        if self._closed:  # reopening by path could reach a new process with a reused pid
+            raise ProcessGone(f"{self._base} was closed")
+        try:
+            return os.open(f"{self._base}/{name}", flags | os.O_CLOEXEC)
+        except OSError as exc:
+            raise _translate(exc) from exc
 
     def _fd(self, name: str) -> int:
         fd = self._fds.get(name)
         if fd is None:
-            if self._closed:  # reopening by path could reach a new process with a reused pid
-                raise ProcessGone(f"{self._base} was closed")
-            try:
-                fd = os.open(f"{self._base}/{name}", os.O_RDONLY | os.O_CLOEXEC)
-            except OSError as exc:
-                raise _translate(exc) from exc
-            self._fds[name] = fd
+            fd = self._fds[name] = self._open(name)
         return fd
 
+    def _verify(self) -> None:
+        """Raise ProcessGone unless this process is still alive, after an open by path."""
+        if self.hold_fds:
+            self.read("stat")
+        else:
+            self._stat_by_path()
+
+    def _stat_by_path(self) -> StatFields:
+        fd = self._open("stat")
+        try:
+            raw = _read_fd(fd)
+        finally:
+            os.close(fd)
+        try:
+            stat = parse_stat(raw)
+        except (ValueError, IndexError) as exc:  # truncated read of an exiting process
+            raise ProcessGone(str(exc)) from exc
+        if self.start_time >= 0 and stat.start_time != self.start_time:
+            raise ProcessGone(f"{self._base} now belongs to another process")
+        return stat
+
     def read(self, name: str) -> bytes:
-        fd = self._fd(name)
-        data = _read_fd(fd)
+        if not self.hold_fds:
+            return self.read_once(name)
+        data = _read_fd(self._fd(name))
         if not data and name == "stat":
             raise ProcessGone(f"{self._base}/stat is empty")
         return data
 
     def read_once(self, name: str) -> bytes:
         """Read without keeping an fd: for files read rarely (smaps_rollup, cmdline)."""
-        if self._closed:
-            raise ProcessGone(f"{self._base} was closed")
+        fd = self._open(name)
         try:
-            fd = os.open(f"{self._base}/{name}", os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as exc:
-            raise _translate(exc) from exc
-        try:
-            # Our stat fd still reading means the process lived past the open: the path
-            # cannot have reached a newer process that reused the pid.
-            self.read("stat")
+            self._verify()
             return _read_fd(fd)
         finally:
             os.close(fd)
 
     def stat(self) -> StatFields:
+        if not self.hold_fds:
+            return self._stat_by_path()
         try:
             return parse_stat(self.read("stat"))
         except (ValueError, IndexError) as exc:  # truncated read of an exiting process
             raise ProcessGone(str(exc)) from exc
 
-    def count_fds(self) -> int:
+    def _open_dir(self, name: str) -> int:
+        """An open fd on a directory of this process, verified to be this process's."""
+        fd = self._open(name, os.O_RDONLY | os.O_DIRECTORY)
         try:
-            return len(os.listdir(f"{self._base}/fd"))
-        except OSError as exc:
-            raise _translate(exc) from exc
+            self._verify()
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
-    def children(self) -> list[int]:
-        """Direct children, from every thread's ``children`` file (needs CONFIG_PROC_CHILDREN)."""
+    def _listdir(self, name: str) -> list[str]:
+        fd = self._open_dir(name)
         try:
-            tids = os.listdir(f"{self._base}/task")
+            return os.listdir(fd)
         except OSError as exc:
             raise _translate(exc) from exc
-        found: list[int] = []
-        for tid in tids:
-            try:
-                with open(f"{self._base}/task/{tid}/children", "rb") as fh:
-                    found.extend(int(p) for p in fh.read().split())
-            except OSError:
-                continue  # the thread exited meanwhile
-        return found
+        finally:
+            os.close(fd)
+
+    def count_fds(self) -> int:
+        return len(self._listdir("fd"))
+
+    def thread_ids(self) -> list[int]:
+        return [int(n) for n in self._listdir("task") if n.isdigit()]
+
+    def children(self, tids: list[int] | None = None) -> list[int]:
+        """Direct children, from every thread's ``children`` file (needs CONFIG_PROC_CHILDREN)."""
+        return [pid for kids in self.children_by_thread(tids).values() for pid in kids]
+
+    def children_by_thread(self, tids: list[int] | None = None) -> dict[int, list[int]]:
+        """Children per thread of ``tids`` (default: every thread). A child is listed under the
+        thread that forked it. Opened relative to the verified task directory."""
+        task_fd = self._open_dir("task")
+        try:
+            if tids is None:
+                try:
+                    tids = [int(n) for n in os.listdir(task_fd) if n.isdigit()]
+                except OSError as exc:
+                    raise _translate(exc) from exc
+            out: dict[int, list[int]] = {}
+            for tid in tids:
+                try:
+                    fd = os.open(f"{tid}/children", os.O_RDONLY | os.O_CLOEXEC, dir_fd=task_fd)
+                except OSError:
+                    continue  # the thread exited meanwhile
+                try:
+                    out[tid] = [int(p) for p in _read_fd(fd).split()]
+                except (OSError, ProcessGone, AccessDenied):
+                    continue
+                finally:
+                    os.close(fd)
+            return out
+        finally:
+            os.close(task_fd)
+
+    @property
+    def held_fd_count(self) -> int:
+        return len(self._fds)
 
     def close(self) -> None:
         self._closed = True

@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from dlmon.collect.agent_client import AgentClient, AgentReading, merge_torch_memory
 from dlmon.collect.cgroup import CgroupMemoryReader
@@ -23,6 +24,23 @@ from dlmon.model import (
 )
 
 ExitCodeProvider = Callable[[], "int | None"]
+
+
+@dataclass(frozen=True, slots=True)
+class TickCost:
+    """CPU seconds of the sampler thread in one ``Sampler.sample()``, by part
+    (benchmarks/sampler.py prints it; the whole is what the budget covers)."""
+
+    reads: float  # stat, status, io of every process
+    discovery: float  # children files, thread lists
+    fds: float  # fd directory listings
+    smaps: float  # smaps_rollup reads (the budgeted part)
+    build_processes: float  # ProcessSample objects
+    gpu: float  # NVML
+    agent: float  # polls of the in-process agents
+    system: float  # meminfo, cgroup, shm, disks, PSI, vmstat
+    build_snapshot: float  # merging and the Snapshot
+    total: float
 
 
 class NoSuchProcess(Exception):
@@ -72,25 +90,34 @@ class Sampler:
         self._agent = agent if agent is not None else AgentClient()
         self._exit_code = exit_code
         self._last_time: float | None = None
+        self.last_cost: TickCost | None = None
 
     def sample(self) -> Snapshot:
         cpu_start = time.thread_time()
         now = time.monotonic()
         wall = time.time()
         processes = self.processes.sample()
-        target_state = self.processes.target_state()
+        target_state = self.processes.last_target_state
         alive = target_state is not None and target_state not in ("Z", "X")
+        t_gpu = time.thread_time()
         gpu_status, gpus = self._gpu.sample()
         processes = _with_gpu_memory(processes, gpus)
+        t_agent = time.thread_time()
         # Agents serve in the trainer and its Python children (ranks), never in workers.
         reading = self._agent.poll(
             [p.pid for p in processes if p.role != "worker" and p.state not in ("Z", "X")]
         )
+        t_system = time.thread_time()
+        meminfo = read_meminfo(self.proc_root)
+        cgroup = self._cgroup.read()
+        shm = read_shm(self.pid if alive else None, self.proc_root)
+        disks = self._disks.sample(now)
+        pressure = read_pressure(f"{self.proc_root}/pressure")
+        oom_kill_count = read_oom_kill_count(self.proc_root)
+        t_build = time.thread_time()
         if reading is not None:
             processes = _with_agent_identity(processes, reading)
             gpus = merge_torch_memory(gpus, reading)
-        meminfo = read_meminfo(self.proc_root)
-        cgroup = self._cgroup.read()
         rss = [p.rss_bytes for p in processes if p.rss_bytes is not None]
         pss = [p.pss_bytes for p in processes if p.pss_bytes is not None]
         uss = [p.uss_bytes for p in processes if p.uss_bytes is not None]
@@ -114,7 +141,7 @@ class Sampler:
             pss_sum_bytes=sum(pss) if pss else None,
             uss_sum_bytes=sum(uss) if uss else None,
             pss_missing=sum(1 for p in live if p.pss_bytes is None),
-            oom_kill_count=read_oom_kill_count(self.proc_root),
+            oom_kill_count=oom_kill_count,
         )
         snapshot = Snapshot(
             time=wall,
@@ -130,18 +157,34 @@ class Sampler:
             ),
             processes=processes,
             memory=memory,
-            shm=read_shm(self.pid if alive else None, self.proc_root),
+            shm=shm,
             gpu=gpu_status,
             gpus=gpus,
-            disks=self._disks.sample(now),
-            pressure=read_pressure(f"{self.proc_root}/pressure"),
+            disks=disks,
+            pressure=pressure,
             cgroup=cgroup,
             loaders=reading.loaders if reading else (),
             pinned=reading.pinned if reading else None,
             worker_deaths=reading.worker_deaths if reading else (),
+            processes_without_held_fds=self.processes.without_held_fds,
+        )
+        end = time.thread_time()
+        part = self.processes.cost
+        self.last_cost = TickCost(
+            reads=part.reads,
+            discovery=part.discovery,
+            fds=part.fds,
+            smaps=part.smaps,
+            build_processes=part.build,
+            gpu=t_agent - t_gpu,
+            agent=t_system - t_agent,
+            system=t_build - t_system,
+            build_snapshot=end - t_build + (t_gpu - cpu_start - part.total()),
+            total=end - cpu_start,
         )
         if self._last_time is not None:
-            cheap_cpu = time.thread_time() - cpu_start - self.processes.smaps_cpu_last_tick
+            # The budget covers the whole thread: smaps reads get what everything else left.
+            cheap_cpu = end - cpu_start - self.processes.smaps_cpu_last_tick
             self.processes.record_tick_cost(cheap_cpu, now - self._last_time)
         self._last_time = now
         return snapshot

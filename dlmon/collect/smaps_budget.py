@@ -7,6 +7,15 @@ budget: a token bucket filled at ``cpu_fraction`` CPU-seconds per wall second (m
 cheap per-tick reads cost), spent on the processes that need a fresh value most. The bucket may
 go into debt by one read, so a process that costs more than the burst is still read, and the
 long-run average stays within the budget.
+
+What a reading is worth decides the order (``order``): the trainer first (largest, likeliest to
+leak), then by growth evidence (RSS movement, pages faulted in), size and age. Urgency grows with
+age for every process and the weights are bounded, so no process's PSS age grows without bound:
+never-read processes do not starve the trainer when a DataLoader respawns its workers every epoch.
+
+A read also stalls the target: the kernel holds its mmap lock across the walk of each VMA, so an
+mmap/munmap in the training waits for it. A process is therefore never read more often than its
+last read's wall time divided by ``max_stall_fraction`` (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -24,6 +33,9 @@ class SmapsCandidate:
     # Pages faulted in since the last read (minor faults x page size). Copy-on-read growth in a
     # forked worker leaves RSS flat (the page was resident, shared) but every copy is a fault.
     faulted_bytes_since_read: int = 0
+    is_main: bool = False  # the trainer: read first, weighted up
+    first_seen: float | None = None  # monotonic time the process joined the tree
+    last_read_wall_s: float | None = None  # how long its last read held its mmap lock
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +49,9 @@ class BudgetPolicy:
     steady_refresh_s: float = 10.0  # re-read a process whose RSS did not move at most this often
     moved_refresh_s: float = 1.0  # ... and one whose RSS moved by more than moved_fraction
     moved_fraction: float = 0.02  # of RSS: changed by RSS or by pages faulted in
+    # At most this fraction of a process's wall time under dlmon's smaps read (its mmap lock).
+    max_stall_fraction: float = 0.02
+    main_weight: float = 4.0  # the trainer's reading is worth this many workers'
 
 
 class SmapsBudget:
@@ -64,23 +79,36 @@ class SmapsBudget:
             self.tokens -= cpu_seconds
 
     def order(self, candidates: Iterable[SmapsCandidate], now: float) -> list[SmapsCandidate]:
-        """Candidates that are due, most urgent first: never read (smallest first, so most rows
-        fill soonest), then by how stale they are, weighted by how much their RSS moved."""
-        due: list[tuple[tuple[int, float], SmapsCandidate]] = []
-        for c in candidates:
+        """Candidates that are due, most valuable first.
+
+        urgency = age x worth. A never-read process counts as one steady period overdue plus the
+        time since it was first seen; worth = trainer weight x (1 + 10 x movement, movement capped
+        at 1) x (1 + its share of the largest RSS). Every weight is bounded, so a process passed
+        over keeps gaining until it is read.
+        """
+        pool = list(candidates)
+        largest = max((c.rss_bytes for c in pool), default=0) or 1
+        policy = self.policy
+        due: list[tuple[float, int, SmapsCandidate]] = []
+        for c in pool:
             if c.last_read is None or c.rss_at_last_read is None:
-                due.append(((0, float(c.rss_bytes)), c))
-                continue
-            age = now - c.last_read
-            changed = max(abs(c.rss_bytes - c.rss_at_last_read), c.faulted_bytes_since_read)
-            moved = changed / max(c.rss_at_last_read, 1)
-            limit = (
-                self.policy.moved_refresh_s
-                if moved > self.policy.moved_fraction
-                else self.policy.steady_refresh_s
+                seen = now if c.first_seen is None else c.first_seen
+                age = policy.steady_refresh_s + max(0.0, now - seen)
+                moved = 0.0
+            else:
+                age = now - c.last_read
+                changed = max(abs(c.rss_bytes - c.rss_at_last_read), c.faulted_bytes_since_read)
+                moved = changed / max(c.rss_at_last_read, 1)
+                limit = policy.moved_refresh_s if moved > policy.moved_fraction else policy.steady_refresh_s
+                if c.last_read_wall_s is not None and policy.max_stall_fraction > 0:
+                    limit = max(limit, c.last_read_wall_s / policy.max_stall_fraction)
+                if not self.unlimited and age < limit:
+                    continue
+            worth = (
+                (policy.main_weight if c.is_main else 1.0)
+                * (1.0 + 10.0 * min(moved, 1.0))
+                * (1.0 + c.rss_bytes / largest)
             )
-            if self.unlimited or age >= limit:
-                urgency = age * (1.0 + 10.0 * moved)
-                due.append(((1, -urgency), c))
-        due.sort(key=lambda item: item[0])
-        return [c for _, c in due]
+            due.append((-(max(age, 1e-3) * worth), len(due), c))
+        due.sort(key=lambda item: item[:2])
+        return [c for _, _, c in due]

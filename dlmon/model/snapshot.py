@@ -239,6 +239,9 @@ class Snapshot:
     worker_deaths: tuple[WorkerDeath, ...] = ()  # cumulative over the run, from the agent
     alerts: tuple[Alert, ...] = ()  # active alerts after this sample (dlmon.analysis)
     schema: int = SCHEMA_VERSION
+    # Processes dlmon reads by path (with identity checks) instead of through held fds, because
+    # holding more would pass its share of RLIMIT_NOFILE: "fd limit: N processes read without held fds".
+    processes_without_held_fds: int = 0
 
     def workers(self) -> tuple[ProcessSample, ...]:
         return tuple(p for p in self.processes if p.role == "worker")
