@@ -1,0 +1,301 @@
+"""What the sampler reads each tick, and that cutting it loses nothing: real processes throughout
+(issue 14: the cost promise; issue 15: PSS order, pid reuse, orphans, swap, the fd limit)."""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from conftest import Spawn
+from dlmon.collect.processes import ProcessTracker
+from dlmon.collect.procfs import ProcessGone, ProcHandle, StatFields
+from dlmon.collect.smaps_budget import BudgetPolicy, SmapsBudget
+
+MiB = 1024 * 1024
+
+TRAINER_WITH_SMALL_CHILDREN = """
+    import os, sys, time
+    big = bytearray(96 * 1024 * 1024)
+    for i in range(0, len(big), 4096):
+        big[i] = 1
+    for _ in range(3):
+        if os.fork() == 0:
+            small = bytearray(4 * 1024 * 1024)   # children are small: mostly unshared
+            big = None
+            time.sleep(120)
+            os._exit(0)
+    print("READY", flush=True)
+    time.sleep(120)
+"""
+
+
+def test_the_trainer_pss_is_read_first_when_the_budget_allows_one_read(spawn: Spawn) -> None:
+    """Issue 15: never-read processes were read smallest first, the trainer last."""
+    proc = spawn(TRAINER_WITH_SMALL_CHILDREN)
+    tracker = ProcessTracker(proc.pid, SmapsBudget(BudgetPolicy(initial_s=1e-9)))
+    samples = tracker.sample()
+    assert len(samples) == 4
+    assert [pid for pid, _ in tracker.smaps_reads_last_tick] == [proc.pid]
+    main = samples[0]
+    assert main.role == "main" and main.pss_bytes is not None and main.pss_age_s == 0.0
+
+
+def test_steady_ticks_read_children_only_from_forking_threads_and_skip_fd_listings(
+    spawn: Spawn,
+) -> None:
+    """Issue 14: every thread of every process listed and every fd directory read every tick."""
+    proc = spawn(
+        """
+        import os, sys, time, threading, ctypes
+        for _ in range(3):
+            threading.Thread(target=time.sleep, args=(120,), daemon=True).start()
+        r, w = os.pipe()
+        for _ in range(2):
+            if os.fork() == 0:
+                ctypes.CDLL(None).prctl(15, b"pt_data_worker", 0, 0, 0)
+                os.write(w, b"x")
+                time.sleep(120); os._exit(0)
+        os.read(r, 1); os.read(r, 1)
+        print("READY", flush=True)
+        sys.stdin.readline()
+        held = [os.open("/dev/null", os.O_RDONLY) for _ in range(600)]
+        print("OPENED", flush=True)
+        time.sleep(120)
+        """
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    tracker = ProcessTracker(proc.pid)
+    first = tracker.sample()
+    assert [s.role for s in first] == ["main", "worker", "worker"]
+    assert {pid for pid, _ in tracker.children_reads_last_tick} == {s.pid for s in first}
+    steady = tracker.sample()
+    assert [s.pid for s in steady] == [s.pid for s in first]
+    assert tracker.children_reads_last_tick == [(proc.pid, [proc.pid])]  # the forking thread only
+    assert tracker.fd_counts_last_tick == []
+    assert all(s.num_fds is not None for s in steady)  # the last count is still shown
+    proc.stdin.write("\n")
+    proc.stdin.flush()
+    assert proc.stdout.readline().strip() == "OPENED"
+    after = tracker.sample()
+    assert tracker.fd_counts_last_tick == [proc.pid]  # FDSize grew: recounted at once
+    assert after[0].num_fds is not None and after[0].num_fds >= 600
+
+
+def test_epoch_respawned_dataloader_workers_are_all_found(spawn: Spawn, tmp_path: object) -> None:
+    """Non-persistent workers, new ones each epoch, each living ~1.5 s: every one is seen."""
+    pytest.importorskip("torch")
+    pid_file = f"{tmp_path}/workers"
+    proc = spawn(
+        f"""
+        import os, time, torch
+        from torch.utils.data import DataLoader, Dataset
+
+        class Slow(Dataset):
+            def __len__(self):
+                return 8
+            def __getitem__(self, i):
+                time.sleep(0.3)
+                return torch.zeros(4)
+
+        def note(_):
+            with open({pid_file!r}, "a") as fh:
+                fh.write(f"{{os.getpid()}}\\n")
+
+        print("READY", flush=True)
+        loader = DataLoader(Slow(), batch_size=2, num_workers=2, worker_init_fn=note)
+        for epoch in range(4):
+            for batch in loader:
+                pass
+            time.sleep(0.3)
+        print("DONE", flush=True)
+        time.sleep(120)
+        """
+    )
+    assert proc.stdout is not None
+    tracker = ProcessTracker(proc.pid)
+    seen: set[int] = set()
+    deadline = time.monotonic() + 120
+    done = False
+    while not done and time.monotonic() < deadline:
+        seen |= {s.pid for s in tracker.sample()}
+        done = "DONE" in _ready_line(proc.stdout)
+        time.sleep(0.25)
+    with open(pid_file) as fh:
+        workers = {int(line) for line in fh}
+    assert done and len(workers) == 8
+    assert workers <= seen
+
+
+def _ready_line(stream: object) -> str:
+    import select
+
+    ready, _, _ = select.select([stream], [], [], 0)
+    return stream.readline() if ready else ""  # type: ignore[attr-defined]
+
+
+def test_a_dead_handle_never_lists_the_children_or_fds_of_a_process_that_reused_its_pid(
+    spawn: Spawn,
+) -> None:
+    """Issue 15: children() and count_fds() opened by pid path, so a pid reused within a tick
+    pulled a stranger's children into the tree."""
+    if not os.access("/proc/sys/kernel/ns_last_pid", os.W_OK):
+        pytest.skip("needs root to steer pid allocation through ns_last_pid")
+    proc = spawn(
+        """
+        import subprocess, sys
+        victim = subprocess.Popen(["sleep", "120"])
+        print("READY", flush=True)
+        print(victim.pid, flush=True)
+        sys.stdin.readline()
+        victim.kill(); victim.wait()
+        for attempt in range(50):
+            with open("/proc/sys/kernel/ns_last_pid", "w") as fh:
+                fh.write(str(victim.pid - 1))
+            new = subprocess.Popen(["sh", "-c", "sleep 120 & sleep 120 & wait"])
+            if new.pid == victim.pid:
+                break
+            new.kill(); new.wait()
+        print("REUSED" if new.pid == victim.pid else "MISSED", flush=True)
+        sys.stdin.readline()
+        """
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    victim = int(proc.stdout.readline())
+    handle = ProcHandle(victim)
+    assert handle.children() == []
+    proc.stdin.write("\n")
+    proc.stdin.flush()
+    if proc.stdout.readline().strip() != "REUSED":
+        pytest.skip("another process took the pid first")
+    deadline = time.monotonic() + 30
+    while len(ProcHandle(victim).children()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)  # the stranger's shell forks its two sleeps
+    assert len(ProcHandle(victim).children()) == 2  # the stranger really has children
+    with pytest.raises(ProcessGone):
+        handle.children()
+    with pytest.raises(ProcessGone):
+        handle.count_fds()
+
+
+def test_an_orphan_survives_a_transient_stat_error(spawn: Spawn, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 15: one transient error reading an orphan's stat dropped it; reparented away from
+    the tree, it was never found again."""
+    proc = spawn(
+        """
+        import os, time
+        if os.fork() == 0:
+            time.sleep(120); os._exit(0)
+        print("READY", flush=True)
+        time.sleep(120)
+        """
+    )
+    tracker = ProcessTracker(proc.pid, SmapsBudget(unlimited=True))
+    child = next(s.pid for s in tracker.sample() if s.pid != proc.pid)
+    proc.kill()
+    proc.wait()
+    real_stat = ProcHandle.stat
+    failures = [child]
+
+    def flaky_stat(self: ProcHandle) -> StatFields:
+        if failures and self.pid == failures[0]:
+            failures.pop()
+            raise OSError(errno.EIO, "transient")
+        return real_stat(self)
+
+    monkeypatch.setattr(ProcHandle, "stat", flaky_stat)
+    assert child not in {s.pid for s in tracker.sample()}  # no row this tick, but still tracked
+    monkeypatch.setattr(ProcHandle, "stat", real_stat)
+    after = {s.pid: s for s in tracker.sample()}
+    assert child in after and after[child].ppid != proc.pid  # the orphan, reparented
+
+
+def test_swap_comes_from_status_every_tick_not_from_an_old_smaps_read(spawn: Spawn) -> None:
+    """Issue 15: smaps Swap (read on the budget, possibly minutes old) won over fresh VmSwap."""
+    proc = spawn('print("READY", flush=True)\nimport time; time.sleep(120)')
+    tracker = ProcessTracker(proc.pid)  # the default budget: the second tick reads no smaps
+    tracker.sample()
+    tracked = tracker._tracked[tracker.target_identity]
+    assert tracked.smaps is not None
+    tracked.smaps = dataclasses.replace(tracked.smaps, swap_bytes=7 * MiB)  # as read minutes ago
+    sample = tracker.sample()[0]
+    assert tracker.smaps_reads_last_tick == []
+    with open(f"/proc/{proc.pid}/status") as fh:
+        vm_swap = next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmSwap:"))
+    assert sample.swap_bytes == vm_swap
+
+
+FD_LIMITED_TREE = textwrap.dedent(
+    """
+    import ctypes, json, os, resource, signal, sys, time
+    from dlmon.collect.sampler import Sampler
+    from dlmon.model.serialize import snapshot_to_dict
+
+    r, w = os.pipe()
+    kids = []
+    for _ in range(48):
+        pid = os.fork()
+        if pid == 0:  # dies with its parent; never holds the test's output pipes
+            libc = ctypes.CDLL(None)
+            libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+            libc.prctl(15, b"pt_data_worker", 0, 0, 0)  # PR_SET_NAME
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            os.close(r); os.write(w, b"x"); signal.pause(); os._exit(0)
+        kids.append(pid)
+    try:
+        for _ in kids:
+            os.read(r, 1)
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (120, hard))
+        sampler = Sampler(os.getpid(), unlimited_smaps=True)
+        for _ in range(3):
+            snap = sampler.sample()
+            time.sleep(0.2)
+        data = snapshot_to_dict(snap)
+    finally:
+        for pid in kids:
+            os.kill(pid, signal.SIGKILL)
+    print(json.dumps({
+        "processes": len(snap.processes),
+        "without_held_fds": data.get("processes_without_held_fds"),
+        "missing": [p.pid for p in snap.processes
+                    if None in (p.rss_bytes, p.read_bytes, p.num_fds, p.pss_bytes, p.cpu_percent)],
+    }))
+    """
+)
+
+
+def test_past_the_fd_limit_processes_are_read_by_path_and_counted() -> None:
+    """Issue 15: three held fds per process; past RLIMIT_NOFILE rows lost io/fds/PSS silently."""
+    out = subprocess.run(
+        [sys.executable, "-c", FD_LIMITED_TREE],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ},
+    )
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["processes"] == 49
+    assert result["missing"] == []
+    assert result["without_held_fds"] > 0
+    assert result["without_held_fds"] < 49  # the first ones still hold theirs
+
+
+def test_the_slow_cadences_stretch_once_the_fixed_work_passes_half_the_budget(spawn: Spawn) -> None:
+    proc = spawn('print("READY", flush=True)\nimport time; time.sleep(120)')
+    tracker = ProcessTracker(proc.pid)
+    tracker.record_tick_cost(0.001, 1.0)  # 0.1% of a core: far below half the budget
+    assert tracker.stretch == 1.0
+    for _ in range(20):
+        tracker.record_tick_cost(0.0135, 1.0)  # 1.35%: three times half the 0.9% budget
+    assert 2.5 < tracker.stretch <= tracker.cadence.max_stretch
