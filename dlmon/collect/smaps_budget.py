@@ -82,9 +82,10 @@ class SmapsBudget:
         """Candidates that are due, most valuable first.
 
         urgency = age x worth. A never-read process counts as one steady period overdue plus the
-        time since it was first seen; worth = trainer weight x (1 + 10 x movement, movement capped
-        at 1) x (1 + its share of the largest RSS). Every weight is bounded, so a process passed
-        over keeps gaining until it is read.
+        time since it was first seen; worth = trainer weight x (1 + 4 x growth) x (1 + its share
+        of the largest RSS), growth = movement / moved_fraction capped at 5 (a process that moved
+        past the threshold outranks idle ones up to ~21x staler). Every weight is bounded, so a
+        process passed over keeps gaining until it is read.
         """
         pool = list(candidates)
         largest = max((c.rss_bytes for c in pool), default=0) or 1
@@ -104,9 +105,10 @@ class SmapsBudget:
                     limit = max(limit, c.last_read_wall_s / policy.max_stall_fraction)
                 if not self.unlimited and age < limit:
                     continue
+            growth = min(moved / policy.moved_fraction, 5.0) if policy.moved_fraction > 0 else 0.0
             worth = (
                 (policy.main_weight if c.is_main else 1.0)
-                * (1.0 + 10.0 * min(moved, 1.0))
+                * (1.0 + 4.0 * growth)
                 * (1.0 + c.rss_bytes / largest)
             )
             due.append((-(max(age, 1e-3) * worth), len(due), c))
