@@ -10,7 +10,7 @@ import time
 import pytest
 
 from conftest import Spawn
-from dlmon.collect.processes import ProcessTracker
+from dlmon.collect.processes import Cadence, ProcessTracker
 from dlmon.collect.procfs import ProcessGone, ProcHandle, parse_stat
 from dlmon.collect.smaps_budget import SmapsBudget
 
@@ -196,7 +196,8 @@ def test_cpu_and_io_rates_come_from_real_work(spawn: Spawn, tmp_path: object) ->
             os.fsync(fd)
         """
     )
-    tracker = unlimited_tracker(proc.pid)
+    # fds recounted every tick: the child opens its file after READY, maybe after the first count
+    tracker = ProcessTracker(proc.pid, SmapsBudget(unlimited=True), cadence=Cadence(fd_refresh_s=0.0))
     first = tracker.sample()[0]
     assert first.cpu_percent is None and first.write_bytes_per_s is None  # no interval yet
     time.sleep(1.0)
