@@ -150,12 +150,13 @@ def test_a_dead_handle_never_lists_the_children_or_fds_of_a_process_that_reused_
         pytest.skip("needs root to steer pid allocation through ns_last_pid")
     proc = spawn(
         """
-        import subprocess, sys
+        import subprocess, sys, time
         victim = subprocess.Popen(["sleep", "120"])
         print("READY", flush=True)
         print(victim.pid, flush=True)
         sys.stdin.readline()
         victim.kill(); victim.wait()
+        time.sleep(0.05)  # start times count 10 ms clock ticks: a later tick than the victim's
         for attempt in range(50):
             with open("/proc/sys/kernel/ns_last_pid", "w") as fh:
                 fh.write(str(victim.pid - 1))
@@ -170,7 +171,8 @@ def test_a_dead_handle_never_lists_the_children_or_fds_of_a_process_that_reused_
     assert proc.stdin is not None and proc.stdout is not None
     victim = int(proc.stdout.readline())
     handle = ProcHandle(victim)
-    assert handle.children() == []
+    by_path = ProcHandle(victim, hold_fds=False)  # as past the fd cap
+    assert handle.children() == [] and by_path.children() == []
     proc.stdin.write("\n")
     proc.stdin.flush()
     if proc.stdout.readline().strip() != "REUSED":
@@ -183,6 +185,9 @@ def test_a_dead_handle_never_lists_the_children_or_fds_of_a_process_that_reused_
         handle.children()
     with pytest.raises(ProcessGone):
         handle.count_fds()
+    for read in (by_path.stat, by_path.children, by_path.count_fds, lambda: by_path.read("status")):
+        with pytest.raises(ProcessGone):
+            read()
 
 
 def test_an_orphan_survives_a_transient_stat_error(spawn: Spawn, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -140,3 +140,17 @@ def test_copy_on_read_faults_count_as_movement_although_rss_is_flat() -> None:
         "copying", 500 * MiB, last_read=8.0, rss_at_last_read=500 * MiB, faulted_bytes_since_read=40 * MiB
     )
     assert [c.key for c in budget.order([flat, copying], now=10.0)] == ["copying"]
+
+
+def test_a_process_is_not_read_again_before_its_last_read_could_stall_it_more_than_two_percent() -> None:
+    """Issue 15: each read holds the target's mmap lock for a VMA walk; a 50 ms walk spaces
+    that process's reads at least 2.5 s apart even while it moves."""
+    budget = SmapsBudget(BudgetPolicy())
+    slow = SmapsCandidate(
+        "slow", 4096 * MiB, last_read=10.0, rss_at_last_read=3000 * MiB, last_read_wall_s=0.05
+    )
+    fast = SmapsCandidate(
+        "fast", 4096 * MiB, last_read=10.0, rss_at_last_read=3000 * MiB, last_read_wall_s=0.005
+    )
+    assert [c.key for c in budget.order([slow, fast], now=11.5)] == ["fast"]
+    assert {c.key for c in budget.order([slow, fast], now=12.6)} == {"fast", "slow"}

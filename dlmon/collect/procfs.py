@@ -8,7 +8,9 @@ Anything opened by path (smaps_rollup, the fd and task directories, or every fil
 that holds no fds because dlmon reached its fd cap) is checked after the open: the held stat fd
 still reads, or a stat read by path afterwards shows the same start time. Either proves the
 process lived past the open, so the path cannot have reached a newer process with a reused pid;
-children files are then opened relative to the verified task directory fd.
+children files are then opened relative to the verified task directory fd. (Start times count
+10 ms clock ticks: a handle without fds cannot tell a process from one that reused its pid within
+the same clock tick it started in, which needs the pid space to wrap in 10 ms.)
 """
 
 from __future__ import annotations

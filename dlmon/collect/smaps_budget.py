@@ -43,7 +43,7 @@ class BudgetPolicy:
     # Of one core, for the whole sampler. 0.9% so that estimation lag and the one read the
     # bucket may owe keep the measured total under the 1% target (docs/performance.md).
     cpu_fraction: float = 0.009
-    min_smaps_fraction: float = 0.002  # PSS is never starved by the cheap reads
+    min_smaps_fraction: float = 0.001  # PSS is never starved by the rest of the tick
     burst_s: float = 0.05  # most CPU-seconds saved up while idle
     initial_s: float = 0.25  # first tick: fill the screen quickly
     steady_refresh_s: float = 10.0  # re-read a process whose RSS did not move at most this often
