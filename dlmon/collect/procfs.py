@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import re
 from dataclasses import dataclass
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
@@ -68,21 +67,31 @@ def parse_stat(raw: bytes) -> StatFields:
 
 
 class FieldPicker:
-    """Pulls only the named keys out of a ``Key: value [kB]`` file, in C (one regex scan).
+    """Pulls only the named keys out of a ``Key: value [kB]`` file.
 
     /proc/PID/status has ~55 lines and is read for every process every tick; splitting all of
-    them in Python cost more than reading the file.
+    them in Python cost more than reading the file, and a regex over every line start still
+    cost 1.6x the read. ``bytes.find`` per wanted key (C, memchr-fast) costs less than the read.
     """
 
     def __init__(self, keys: tuple[str, ...]) -> None:
-        names = b"|".join(re.escape(k.encode()) for k in keys)
-        self._pattern = re.compile(rb"^(" + names + rb"):\s+(\d+)( kB)?", re.MULTILINE)
+        self._keys = tuple((key, b"\n" + key.encode() + b":", len(key) + 2) for key in keys)
 
     def __call__(self, raw: bytes) -> dict[str, int]:
-        return {
-            key.decode(): int(number) * 1024 if kb else int(number)
-            for key, number, kb in self._pattern.findall(raw)
-        }
+        out: dict[str, int] = {}
+        find = raw.find
+        for key, needle, skip in self._keys:
+            start = find(needle) + skip  # just after "\nKey:"
+            if start < skip:
+                if not raw.startswith(needle[1:]):
+                    continue
+                start = skip - 1  # the first line has no newline before it
+            end = find(b"\n", start)
+            parts = raw[start:end].split() if end >= 0 else raw[start:].split()
+            if not parts or not parts[0].isdigit():
+                continue
+            out[key] = int(parts[0]) * 1024 if parts[1:2] == [b"kB"] else int(parts[0])
+        return out
 
 
 def _read_fd(fd: int) -> bytes:
