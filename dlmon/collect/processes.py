@@ -259,7 +259,7 @@ class ProcessTracker:
         held = sum(1 for t in self._tracked.values() if t.handle.hold_fds)
         try:
             handle = ProcHandle(pid, self.proc_root, hold_fds=held < held_fd_cap(self.cadence))
-            stat = handle.stat()
+            stat = handle.first_stat
             if expected_ppid is not None and stat.ppid != expected_ppid:
                 handle.close()  # the pid was reused between listing and opening
                 return None

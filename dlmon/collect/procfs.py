@@ -116,7 +116,7 @@ class ProcHandle:
     """One process's /proc files, read by held fds (``hold_fds``) or by path with identity
     checks. Not thread-safe: one sampler owns it."""
 
-    __slots__ = ("_base", "_closed", "_fds", "hold_fds", "pid", "start_time")
+    __slots__ = ("_base", "_closed", "_fds", "first_stat", "hold_fds", "pid", "start_time")
 
     def __init__(self, pid: int, proc_root: str = "/proc", *, hold_fds: bool = True) -> None:
         self.pid = pid
@@ -125,7 +125,8 @@ class ProcHandle:
         self._closed = False
         self.hold_fds = hold_fds
         self.start_time = -1
-        self.start_time = self.stat().start_time
+        self.first_stat = self.stat()  # read once at the open: the caller's first tick uses it
+        self.start_time = self.first_stat.start_time
 
     def _open(self, name: str, flags: int = os.O_RDONLY) -> int:
         if self._closed:  # reopening by path could reach a new process with a reused pid
