@@ -154,3 +154,13 @@ def test_a_process_is_not_read_again_before_its_last_read_could_stall_it_more_th
     )
     assert [c.key for c in budget.order([slow, fast], now=11.5)] == ["fast"]
     assert {c.key for c in budget.order([slow, fast], now=12.6)} == {"fast", "slow"}
+
+
+def test_what_the_first_tick_leaves_of_its_allowance_is_not_spent_on_later_ticks() -> None:
+    """A small tree read whole on the first tick left most of the 0.25 s start allowance, which
+    then paid for reads far above the budget for the next minute."""
+    budget = SmapsBudget(BudgetPolicy())
+    budget.refill(0.0, cheap_cost_per_s=0.0)
+    budget.charge(0.01)  # every process read, 10 ms
+    budget.refill(1.0, cheap_cost_per_s=0.0)
+    assert budget.tokens <= budget.policy.burst_s

@@ -68,7 +68,8 @@ class SmapsBudget:
         if self._last_refill is not None:
             elapsed = max(0.0, now - self._last_refill)
             fraction = max(self.policy.min_smaps_fraction, self.policy.cpu_fraction - cheap_cost_per_s)
-            self.tokens = min(self.tokens + fraction * elapsed, max(self.policy.burst_s, self.tokens))
+            # Capped at the burst: what the first tick's allowance left is not spent later.
+            self.tokens = min(self.tokens + fraction * elapsed, self.policy.burst_s)
         self._last_refill = now
 
     def can_spend(self) -> bool:
