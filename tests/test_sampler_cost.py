@@ -332,3 +332,28 @@ def test_field_picker_agrees_with_a_line_by_line_parse_on_real_files() -> None:
             assert picker(raw) == oracle(raw, keys), (pid, name)
             checked += 1
     assert checked > 30
+
+
+def test_a_transient_error_on_the_target_stat_does_not_report_the_target_dead(
+    spawn: Spawn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dlmon.collect.sampler import Sampler
+
+    proc = spawn('print("READY", flush=True)\nimport time; time.sleep(120)')
+    sampler = Sampler(proc.pid)
+    assert sampler.sample().target.alive
+    real_stat = ProcHandle.stat
+    failures = [proc.pid]
+
+    def flaky_stat(self: ProcHandle) -> StatFields:
+        if failures and self.pid == failures[0]:
+            failures.pop()
+            raise OSError(errno.EIO, "transient")
+        return real_stat(self)
+
+    monkeypatch.setattr(ProcHandle, "stat", flaky_stat)
+    assert sampler.sample().target.alive
+    monkeypatch.setattr(ProcHandle, "stat", real_stat)
+    proc.kill()
+    proc.wait()
+    assert not sampler.sample().target.alive  # really gone: reported

@@ -299,7 +299,10 @@ class ProcessTracker:
             if stat is not None:
                 stats[identity] = stat
         target_stat = stats.get(self.target_identity)
-        self.last_target_state = None if target_stat is None else target_stat.state
+        if target_stat is not None:
+            self.last_target_state = target_stat.state
+        elif self.target_identity not in self._tracked:
+            self.last_target_state = None  # gone (reaped); a transient error keeps the last state
         t1 = time.thread_time()
         self._discover(stats)
         stats.update(self._new_stats)
