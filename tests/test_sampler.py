@@ -36,7 +36,10 @@ DATALOADER_4_WORKERS = """
 
 # Fields docs/snapshot.md promises in every snapshot.
 REQUIRED = {
-    "top": {"schema", "time", "target", "processes", "memory", "shm", "gpus", "disks", "pressure"},
+    "top": {
+        "schema", "time", "target", "processes", "memory", "shm", "gpus", "disks", "pressure",
+        "processes_without_held_fds",
+    },
     "target": {"pid", "cmdline", "alive", "exit_code"},
     "process": {
         "pid", "ppid", "role", "worker_id", "state", "cpu_percent", "num_threads", "rss_bytes",
