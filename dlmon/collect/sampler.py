@@ -133,7 +133,7 @@ class Sampler:
             shm=read_shm(self.pid if alive else None, self.proc_root),
             gpu=gpu_status,
             gpus=gpus,
-            disks=self._disks.sample(now),
+            disks=self._disks.sample(),  # timed at its own read, not at the tick start
             pressure=read_pressure(f"{self.proc_root}/pressure"),
             cgroup=cgroup,
             loaders=reading.loaders if reading else (),

@@ -160,6 +160,7 @@ class GpuStatus:
     available: bool
     reason: str | None = None  # why not, when not available
     driver_version: str | None = None
+    process_memory_note: str | None = None  # why per-process VRAM is unavailable (a container's pids)
 
 
 @dataclass(frozen=True, slots=True)

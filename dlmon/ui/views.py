@@ -371,6 +371,8 @@ def gpu_lines(state: DashboardState, width: int, compact: bool, detailed: bool =
             who = _who(p) if p is not None else "other"
             procs.append([(f"pid {gp.pid} ", "dim"), (f"{who} ", ""), (cbytes(gp.used_memory_bytes, NA), "")])
         out.extend(flow(procs, width, SEP, lead=[("  ", "")]))
+    if detailed and s.gpu.process_memory_note:
+        out.extend(wrap(s.gpu.process_memory_note, width, "dim"))
     return tuple(out)
 
 
