@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 
 from dlmon.collect.sampler import Sampler
+from dlmon.flow.agent_note import AgentNote
 from dlmon.flow.recording import (
     END_DURATION,
     END_INTERRUPTED,
@@ -78,6 +79,11 @@ class Faults:
         self.last_failure: str | None = None
         self.record_stopped: str | None = None  # why the record file stopped early
 
+    def say(self, line: str) -> None:
+        """Pass one line to the user (headless: stderr); nothing when there is nowhere to say it."""
+        if self._report is not None:
+            self._report(line)
+
     def sample_failed(self, exc: BaseException) -> None:
         with self._lock:
             self.failed_samples += 1
@@ -128,8 +134,15 @@ class Pipeline:
     writer: RecordWriter | None = None
     sinks: tuple[Callable[[Snapshot], None], ...] = ()
     faults: Faults = field(default_factory=Faults)
+    agent_note: Callable[[Snapshot], Snapshot] | None = None  # default: AgentNote, reporting via faults
+
+    def __post_init__(self) -> None:
+        if self.agent_note is None:
+            self.agent_note = AgentNote(self.faults.say)
 
     def __call__(self, snapshot: Snapshot) -> None:
+        if self.agent_note is not None:
+            snapshot = self.agent_note(snapshot)
         if self.analyzer is not None:
             snapshot = self.analyzer(snapshot)
         if self.writer is not None:

@@ -240,6 +240,7 @@ class Snapshot:
     worker_deaths: tuple[WorkerDeath, ...] = ()  # cumulative over the run, from the agent
     alerts: tuple[Alert, ...] = ()  # active alerts after this sample (dlmon.analysis)
     schema: int = SCHEMA_VERSION
+    agent_note: str | None = None  # why the in-process agent is unreachable, when dlmon can tell
 
     def workers(self) -> tuple[ProcessSample, ...]:
         return tuple(p for p in self.processes if p.role == "worker")

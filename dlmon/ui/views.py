@@ -486,8 +486,8 @@ def throughput_lines(state: DashboardState, width: int, compact: bool) -> Lines:
     lead = [label("DATA", 5)] if compact else []
     if not s.loaders:
         if not compact:
-            return wrap(AGENT_HINT, width, "dim")
-        return (fit([[(AGENT_HINT_SHORT, "dim")]], width, lead=lead),)
+            return wrap(s.agent_note or AGENT_HINT, width, "warn" if s.agent_note else "dim")
+        return (fit([[(s.agent_note or AGENT_HINT_SHORT, "dim")]], width, lead=lead),)
     out: list[Line] = []
     loaders = s.loaders if not compact else s.loaders[:1]
     for ld in loaders:
