@@ -516,6 +516,8 @@ class DlmonApp(App[DashboardResult]):
     def action_request_quit(self) -> None:
         latest = self.state.latest
         running = latest is not None and latest.target.alive and self.state.end_reason is None
+        # a child that outlived the training is still the training's: offer to stop it too
+        running = running or (latest is not None and _children_left(latest))
         if self.ask_stop_on_quit and running and not isinstance(self.screen, QuitScreen):
             assert latest is not None
             self.push_screen(QuitScreen(latest.target.pid, latest.target.cmdline), callback=self._quit_answer)
@@ -581,6 +583,10 @@ def _bind(fn: Callable[[str], None], arg: str) -> Callable[[], None]:
         fn(arg)
 
     return call
+
+
+def _children_left(snapshot: Snapshot) -> bool:
+    return any(p.pid != snapshot.target.pid and p.state not in ("Z", "X") for p in snapshot.processes)
 
 
 def run_app(app: DlmonApp) -> DashboardResult:
