@@ -415,15 +415,17 @@ def _run_training(command: list[str], interval: float, record_path: str | None, 
     if record_path:
         check_record(record_path)  # fail early, before the training starts, truncating nothing
     no_terminal = None if headless else terminal_problem()
-    if no_terminal:
-        click.echo(f"dlmon: {no_terminal}: running headless (the training's output passes through)", err=True)
-        headless = True
-    if headless:
+    if headless or no_terminal:
         from dlmon.analysis import Analyzer
         from dlmon.launch.session import AlertLog, CannotStart, run_headless
 
+        note = (
+            f"{no_terminal}: running headless (the training's output passes through)" if no_terminal else None
+        )
         try:
-            return run_headless(command, interval, record_path, analyzer=Analyzer(), on_alerts=AlertLog())
+            return run_headless(
+                command, interval, record_path, analyzer=Analyzer(), on_alerts=AlertLog(), started_note=note
+            )
         except CannotStart as exc:
             fail(str(exc))
     try:

@@ -99,13 +99,14 @@ class Faults:
 
     def record_failed(self, path: str, exc: BaseException) -> None:
         self.record_stopped = f"cannot write {path}: {describe_error(exc)}"
+        if self._on_record_failure is not None:  # the caller stops and says it, in one line
+            self._on_record_failure()
+            return
         if self._report is not None:
             self._report(
                 f"recording stopped: {self.record_stopped}; the file holds whole lines up to there, "
                 "and monitoring goes on"
             )
-        if self._on_record_failure is not None:
-            self._on_record_failure()
 
     def summary(self) -> str | None:
         """One line for the end of a watch, or None when nothing failed."""

@@ -86,8 +86,11 @@ def run_headless(
     analyzer: Callable[[Snapshot], Snapshot] | None = None,
     on_alerts: AlertPrinter | None = None,
     report: Reporter = say,
+    started_note: str | None = None,
 ) -> int:
     """Launch ``command`` and sample until it exits; returns its exit status.
+
+    ``started_note`` is reported once the training has started (e.g. why there is no dashboard).
 
     Raises :class:`CannotStart` only when the launch itself fails; once the training runs,
     dlmon's own failures (a record file on a full disk, a failing tick) are reported through
@@ -113,6 +116,8 @@ def run_headless(
             training = launch(command, to_log=False)
         except OSError as exc:
             raise CannotStart(f"cannot start {command[0]}: {exc.strerror or exc}") from exc
+        if started_note:
+            report(started_note)
         for signum in pending:
             forward(signum, None)
         return _watch(training, interval, record_path, analyzer, on_alerts, report)
