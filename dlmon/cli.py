@@ -472,12 +472,12 @@ def _run_dashboard(training: Training, interval: float, record_path: str | None)
 
 def _after_exit(training: Training, code: int, stop_leftovers: bool) -> int:
     """The training ended; its children may not have: stop them if asked, else name them."""
-    from dlmon.launch.session import describe_left_behind
+    from dlmon.launch.session import describe_left_behind, group_members
 
     if stop_leftovers:
         training.stop()
         return code
-    leftovers = _group_members(training.pid)
+    leftovers = group_members(training.pid)
     if leftovers:
         click.echo(f"dlmon: {describe_left_behind(leftovers)}", err=True)
     return code
@@ -493,24 +493,6 @@ def _memory_unreadable(pid: int) -> str | None:
     except OSError:
         return None
     return None
-
-
-def _group_members(pgid: int) -> list[tuple[int, str]]:
-    """Live processes of process group ``pgid`` (the training's), from /proc."""
-    from dlmon.collect.procfs import read_cmdline
-
-    out = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as fh:
-                stat = fh.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if len(stat) > 2 and stat[0] not in (b"Z", b"X") and int(stat[2]) == pgid:
-            out.append((int(name), read_cmdline(int(name))))
-    return out
 
 
 @main.command()

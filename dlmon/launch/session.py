@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 import threading
@@ -46,15 +47,30 @@ def open_writer(path: str | None, faults: Faults, report: Reporter = say) -> Rec
     return writer
 
 
-def left_behind(last: Snapshot | None) -> list[tuple[int, str]]:
-    """Processes of the training's tree still running after it ended: (pid, command line)."""
-    if last is None:
-        return []
+def group_members(pgid: int) -> list[tuple[int, str]]:
+    """Live processes of process group ``pgid`` (the training's: it runs in its own), from /proc."""
     out = []
-    for p in last.processes:
-        if p.pid != last.target.pid and p.state not in ("Z", "X") and pid_exists(p.pid):
-            out.append((p.pid, read_cmdline(p.pid) or p.comm))
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and fields[0] not in (b"Z", b"X") and int(fields[2]) == pgid:
+            out.append((int(name), read_cmdline(int(name))))
     return out
+
+
+def left_behind(training_pid: int, last: Snapshot | None) -> list[tuple[int, str]]:
+    """Processes of the training still running after it ended: (pid, command line). Its process
+    group, plus members of its tree that left the group (setsid) as the last snapshot saw them."""
+    found = dict(group_members(training_pid))
+    for p in last.processes if last is not None else ():
+        if p.pid != training_pid and p.pid not in found and p.state not in ("Z", "X") and pid_exists(p.pid):
+            found[p.pid] = read_cmdline(p.pid) or p.comm
+    return sorted(found.items())
 
 
 def describe_left_behind(procs: list[tuple[int, str]]) -> str:
@@ -149,7 +165,7 @@ def _watch(
         sampler.close()
     pipeline.finish(reason)
     code = exit_status(training.popen.wait())
-    leftovers = left_behind(last[0] if last else None)
+    leftovers = left_behind(training.pid, last[0] if last else None)
     if leftovers:
         report(describe_left_behind(leftovers))
     summary = faults.summary()
