@@ -139,6 +139,14 @@ CASES = [
         check=existing_untouched,
     ),
     Case(
+        "attach-in-a-terminal-no-such-process-keeps-record",
+        ("attach", "{gone}", "--record", "{existing}"),
+        2,
+        "no such process",
+        prefix=("script", "-qec"),
+        check=existing_untouched,
+    ),
+    Case(
         "record-replacing-says-so",
         ("record", "{pid}", "-o", "{existing}", "--duration", "0.5", "--interval", "0.5"),
         0,
@@ -151,6 +159,21 @@ CASES = [
     Case("replay-without-a-terminal", ("replay", "{good}"), 2, "needs a terminal"),
     Case(
         "replay-bad-lines-listed", ("replay", "{mixed}"), 2, "skipping line 2", check=stderr_lists_bad_lines
+    ),
+    Case(
+        "run-term-dumb-goes-headless",
+        ("run", "--", "true"),
+        0,
+        "TERM=dumb cannot show a dashboard: running headless",
+        env={"TERM": "dumb"},
+        prefix=("script", "-qec"),
+    ),
+    Case(
+        "run-agent-dir-foreign-says-why",
+        ("run", "--headless", "--", sys.executable, "-c", "import time; time.sleep(1.5)"),
+        0,
+        "agent unreachable: its socket directory",
+        env={"XDG_RUNTIME_DIR": "{foreignxdg}"},
     ),
     # -- the training log directory -------------------------------------------------------------
     Case(
@@ -248,6 +271,11 @@ def places() -> Iterator[dict[str, str]]:
     foreign_dir.mkdir()
     os.chown(foreign_dir, 65534, 65534)
     foreign_dir.chmod(0o777)
+    foreign_xdg = Path(tmp, "xdg")
+    foreign_xdg.mkdir()
+    Path(foreign_xdg, "dlmon").mkdir()
+    os.chown(Path(foreign_xdg, "dlmon"), 65534, 65534)
+    Path(foreign_xdg, "dlmon").chmod(0o777)
     gone = 4_000_000
     while os.path.exists(f"/proc/{gone}"):
         gone += 1
@@ -263,6 +291,7 @@ def places() -> Iterator[dict[str, str]]:
         "existing": f"{tmp}/existing.jsonl",
         "badtmp": str(badtmp),
         "foreigntmp": str(foreign),
+        "foreignxdg": str(foreign_xdg),
     }
     stop_thread.set()
     for proc in (sleeper, zombie_parent):
