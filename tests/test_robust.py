@@ -405,3 +405,26 @@ def test_inside_a_pid_namespace_nvml_pids_are_not_given_to_local_processes() -> 
     inside_count, inside_note = inside.stdout.split(" ", 1)
     assert int(host_count) > 0 and host_note.strip() == "None"
     assert int(inside_count) == 0 and "container's pid namespace" in inside_note
+
+
+def test_the_dashboard_shows_failed_samples_and_a_stopped_record() -> None:
+    from dlmon.ui import create_app
+
+    source = FakeSource([make_snapshot()])
+    source.faults = Faults()  # type: ignore[attr-defined]  # what LiveSource carries
+    app = create_app(source, clock=fixed_clock, boot_time=BOOT)
+
+    async def main() -> None:
+        async with app.run_test(size=(160, 50)) as pilot:
+            await pilot.pause()
+            source.faults.sample_failed(OSError(5, "Input/output error"))  # type: ignore[attr-defined]
+            source.faults.record_failed("r.jsonl", OSError(28, "No space left on device"))  # type: ignore[attr-defined]
+            deadline = time.monotonic() + 30
+            while len(list(app._notifications)) < 2 and time.monotonic() < deadline:
+                await pilot.pause(0.1)
+            await pilot.press("q")
+
+    asyncio.run(main())
+    texts = [n.message for n in app._notifications]
+    assert any("1 sample(s) failed" in t and "Input/output error" in t for t in texts), texts
+    assert any("recording stopped: cannot write r.jsonl: No space left" in t for t in texts), texts

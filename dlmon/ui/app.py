@@ -453,6 +453,7 @@ class DlmonApp(App[DashboardResult]):
         self.renders += 1
 
     def _check_stale(self) -> None:
+        self._show_faults()
         latest = self.state.latest
         if latest is None or self.paused:
             return
@@ -461,6 +462,21 @@ class DlmonApp(App[DashboardResult]):
         if stale or self._stale_shown:
             self._stale_shown = stale
             self.refresh_view()
+
+    def _show_faults(self) -> None:
+        """dlmon's own failures (a failed sample, a record that stopped), as a notice when new."""
+        faults = getattr(self.source, "faults", None)
+        if faults is None:
+            return
+        failed, stopped = getattr(self, "_faults_seen", (0, None))
+        if faults.record_stopped and faults.record_stopped != stopped:
+            self.notify(f"recording stopped: {faults.record_stopped}", severity="error", timeout=30)
+        if faults.failed_samples > failed:
+            self.notify(
+                f"{faults.failed_samples} sample(s) failed (last: {faults.last_failure}); sampling goes on",
+                severity="warning",
+            )
+        self._faults_seen = (faults.failed_samples, faults.record_stopped)
 
     def _poll_log(self) -> None:
         tail = self.log_tail
