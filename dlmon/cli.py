@@ -144,7 +144,7 @@ class _Group(click.Group):
     def main(self, *args: Any, **kwargs: Any) -> Any:
         kwargs["standalone_mode"] = False
         kwargs.setdefault("prog_name", "dlmon")
-        from dlmon.launch.runner import raise_open_files_limit
+        from dlmon.launch.limits import raise_open_files_limit
 
         raise_open_files_limit()
         try:

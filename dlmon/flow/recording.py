@@ -5,10 +5,12 @@ Lines are ``{"type": "snapshot", ...}`` (see docs/snapshot.md) and, last, one
 
 What a record file promises (docs/snapshot.md, "Record files"):
 
-* whole lines only: each line goes out in one ``write()``; a short write or an error (ENOSPC,
-  EIO) truncates the file back to the end of the last whole line before the error is raised, so
-  a full disk never leaves half a line. A SIGKILL cannot tear a line either: the kernel applies a
-  single ``write()`` of a regular file whole or not at all, short of a full disk, handled above.
+* whole lines only: each line goes out in one ``write()`` (the rest of a short write is written
+  next, and the error a short write announces is caught); an error (ENOSPC, EIO) truncates the
+  file back to the end of the last whole line before it is raised, so a full disk never leaves
+  half a line. A SIGKILL during a ``write()`` of a regular file on a local file system leaves the
+  line written or not (not a POSIX promise for every file system: readers skip and report a torn
+  last line).
 * durable up to ``FSYNC_EVERY_S``: the file is fsync'd at most every ``FSYNC_EVERY_S`` seconds
   and when it is closed, so a host crash loses at most the last ~10 s.
 * never created or truncated before the target is known: :func:`check_record_path` checks a path
@@ -96,14 +98,14 @@ class RecordWriter:
             while view:
                 view = view[os.write(self._fd, view) :]
             return
+        view = memoryview(line)
         try:
-            written = os.write(self._fd, line)
-            if written != len(line):
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            while view:  # one write() normally; the rest of a short write, or the error it hides
+                view = view[os.write(self._fd, view) :]
         except OSError:
             self._cut_back()
             raise
-        self._offset += written
+        self._offset += len(line)
         if self._clock() - self._synced_at >= FSYNC_EVERY_S:
             self.sync()
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import resource
 import signal
 import stat
 import subprocess
@@ -20,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 
 from dlmon.agent.sitecustomize_hook import env_with_agent
+from dlmon.launch.limits import limit_was_raised, restore_open_files_limit
 
 # Ctrl-C once: SIGINT (the script's KeyboardInterrupt, a clean stop); again: SIGTERM; again: SIGKILL.
 ESCALATION = (signal.SIGINT, signal.SIGTERM, signal.SIGKILL)
@@ -73,35 +73,6 @@ def _open_log(path: str) -> int:
         return os.open(path, flags, 0o600)
     except OSError as exc:
         raise LogDirError(f"cannot create the training log {path}: {exc.strerror or exc}") from exc
-
-
-# dlmon raises its own open-files limit at start (cli); the training gets the one it was given.
-_ORIGINAL_NOFILE = resource.getrlimit(resource.RLIMIT_NOFILE)
-
-
-def raise_open_files_limit() -> tuple[int, int]:
-    """Soft RLIMIT_NOFILE up to the hard limit (one syscall pair); returns (old soft, new soft).
-
-    dlmon holds a few fds per watched process: 8 ranks x 40 workers break a soft limit of 1024.
-    """
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = hard if hard != resource.RLIM_INFINITY else 1 << 20
-    if soft != resource.RLIM_INFINITY and soft < target:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-        except (ValueError, OSError):
-            return soft, soft
-        return soft, target
-    return soft, soft
-
-
-def _limit_was_raised() -> bool:
-    return resource.getrlimit(resource.RLIMIT_NOFILE) != _ORIGINAL_NOFILE
-
-
-def _restore_open_files_limit() -> None:
-    with contextlib.suppress(ValueError, OSError):
-        resource.setrlimit(resource.RLIMIT_NOFILE, _ORIGINAL_NOFILE)
 
 
 def command_for(script_or_cmd: list[str], is_command: bool) -> list[str]:
@@ -195,7 +166,7 @@ def launch(command: list[str], *, to_log: bool, cwd: str | None = None) -> Train
             env=env_with_agent(),
             cwd=cwd,
             # dlmon's raised open-files limit is dlmon's: the training keeps the one it was given
-            preexec_fn=_restore_open_files_limit if _limit_was_raised() else None,
+            preexec_fn=restore_open_files_limit if limit_was_raised() else None,
         )
     finally:
         if out is not None:
