@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from dlmon.ui.result import DashboardResult
 
 EXIT_USAGE = 2
+EXIT_FAILURE = 1
+MIN_INTERVAL_S = 0.1  # below this dlmon would burn a core sampling, and rates turn to noise
 
 
 def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
@@ -35,7 +37,44 @@ def parse_pid(text: str) -> int:
         fail(f"{text!r} is not a process id (a positive whole number)")
     if pid <= 0:
         fail(f"{text!r} is not a process id (a positive whole number)")
+    leader = thread_group_of(pid)
+    if leader is not None and leader != pid:
+        fail(f"{pid} is a thread of process {leader}, not a process: watch {leader} instead")
     return pid
+
+
+def thread_group_of(pid: int) -> int | None:
+    """The process (Tgid) that ``pid`` belongs to: /proc/TID exists for threads too, unlisted."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"Tgid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def interval_seconds(text: str) -> float:
+    """``--interval``: a number of seconds, not below MIN_INTERVAL_S."""
+    seconds = positive_seconds(text, "--interval")
+    if seconds < MIN_INTERVAL_S:
+        fail(f"--interval must be at least {MIN_INTERVAL_S} seconds, not {text!r}")
+    return seconds
+
+
+def terminal_problem() -> str | None:
+    """Why the dashboard cannot run here (nohup, cron, CI, a pipe, TERM=dumb), else None.
+
+    Without this check Textual spins at 100% CPU writing escape codes nobody reads.
+    """
+    if not sys.stdout.isatty():
+        return "stdout is not a terminal"
+    if not sys.stdin.isatty():
+        return "stdin is not a terminal"
+    if os.environ.get("TERM", "") in ("dumb", "unknown"):
+        return f"TERM={os.environ['TERM']} cannot show a dashboard"
+    return None
 
 
 def positive_seconds(text: str | float, what: str, *, allow_zero: bool = False) -> float:
@@ -60,13 +99,43 @@ def open_sampler(pid: int, *, unlimited_smaps: bool = False) -> Sampler:
         fail(f"cannot read process {pid}: {exc.strerror or exc}")
 
 
+def check_record(path: str) -> None:
+    """Fail early on a record path that cannot be written, without truncating what is there."""
+    from dlmon.flow.recording import check_record_path
+
+    try:
+        check_record_path(path)
+    except OSError as exc:
+        fail(f"cannot write {path}: {exc.strerror or exc}")
+
+
 def open_record(path: str) -> RecordWriter:
+    """The record file, once the target is known; says so when it replaces an existing file."""
     from dlmon.flow.recording import RecordWriter
 
     try:
-        return RecordWriter(path)
+        writer = RecordWriter(path)
     except OSError as exc:
         fail(f"cannot write {path}: {exc.strerror or exc}")
+    _say_replaced(writer)
+    return writer
+
+
+def _say_replaced(writer: RecordWriter | None) -> None:
+    if writer is not None and writer.replaced_bytes:
+        click.echo(
+            f"dlmon: replacing the existing record {writer.path} ({writer.replaced_bytes} bytes)", err=True
+        )
+
+
+def _silence_stdout() -> None:
+    """After a failed write to stdout, drop what is still buffered so exit does not retry it."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 class _Group(click.Group):
@@ -75,6 +144,9 @@ class _Group(click.Group):
     def main(self, *args: Any, **kwargs: Any) -> Any:
         kwargs["standalone_mode"] = False
         kwargs.setdefault("prog_name", "dlmon")
+        from dlmon.launch.limits import raise_open_files_limit
+
+        raise_open_files_limit()
         try:
             result = super().main(*args, **kwargs)
         except click.UsageError as exc:
@@ -85,8 +157,13 @@ class _Group(click.Group):
         except click.Abort:
             sys.exit(130)
         except BrokenPipeError:  # `dlmon record ... | head`: the reader left; that is fine
+            _silence_stdout()
             sys.stderr.close()
             sys.exit(1)
+        except OSError as exc:  # the output on a full disk (ENOSPC), EIO: one line, no traceback
+            _silence_stdout()
+            where = f" ({exc.filename})" if exc.filename else ""
+            fail(f"cannot write the output{where}: {exc.strerror or exc}", EXIT_FAILURE)
         sys.exit(result if isinstance(result, int) else 0)
 
 
@@ -112,7 +189,7 @@ INTERVAL_HELP = "Seconds between samples (default 1)."
 def attach(pid: str, interval: str, record_path: str | None, once: bool, as_json: bool, inject: bool) -> None:
     """Watch a running training process PID and all its descendants."""
     target = parse_pid(pid)
-    seconds = positive_seconds(interval, "--interval")
+    seconds = interval_seconds(interval)
     if inject:
         from dlmon.launch.inject import InjectError
         from dlmon.launch.inject import inject as inject_agent
@@ -124,26 +201,36 @@ def attach(pid: str, interval: str, record_path: str | None, once: bool, as_json
     if once:
         _attach_once(target, as_json)
         return
-    if sys.stdout.isatty() and not as_json:
+    no_terminal = terminal_problem()
+    if not no_terminal and not as_json:
         sys.exit(_attach_dashboard(target, seconds, record_path))
+    if sys.stdout.isatty() and not as_json:  # a terminal that cannot show the dashboard
+        click.echo(f"dlmon: {no_terminal}: printing one line per sample instead", err=True)
     from dlmon.analysis import Analyzer
-    from dlmon.flow.loop import Pipeline, sample_until_done, stop_on_signals
+    from dlmon.flow.loop import Faults, Pipeline, sample_until_done, stop_on_signals
     from dlmon.flow.recording import encode_snapshot
-    from dlmon.launch.session import AlertLog
+    from dlmon.launch.session import AlertLog, open_writer, say
     from dlmon.model.format import one_line
 
     sampler = open_sampler(target)
+    stop = threading.Event()
+    output_error: list[OSError] = []
 
     def show(snapshot: Snapshot) -> None:
-        sys.stdout.write(encode_snapshot(snapshot).decode() if as_json else one_line(snapshot) + "\n")
-        sys.stdout.flush()
+        try:
+            sys.stdout.write(encode_snapshot(snapshot).decode() if as_json else one_line(snapshot) + "\n")
+            sys.stdout.flush()
+        except OSError as exc:  # stdout is the point of this mode: stop on a full disk
+            output_error.append(exc)
+            stop.set()
 
-    writer = open_record(record_path) if record_path else None
-    pipeline = Pipeline(Analyzer(), writer, (AlertLog(), show))
-    stop = threading.Event()
+    faults = Faults(say)
+    pipeline = Pipeline(Analyzer(), open_writer(record_path, faults), (AlertLog(), show), faults)
     with stop_on_signals(stop):
         pipeline.finish(sample_until_done(sampler, seconds, pipeline, stop))
     sampler.close()
+    if output_error:
+        raise output_error[0]
 
 
 def _attach_dashboard(pid: int, interval: float, record_path: str | None) -> int:
@@ -153,13 +240,27 @@ def _attach_dashboard(pid: int, interval: float, record_path: str | None) -> int
     from dlmon.ui import run_dashboard
 
     if record_path:
-        open_record(record_path).close()
+        check_record(record_path)  # opened by the source once the pid is known to exist
     try:
         source = LiveSource(pid, interval, record_path=record_path, analyzer=Analyzer())
     except NoSuchProcess:
         fail(f"no such process: {pid}")
+    _say_replaced(source.writer)
     _report_screenshots(run_dashboard(source, interval=interval))
+    _report_faults(source)
     return 0
+
+
+def _report_faults(source: Any) -> None:
+    """After the dashboard: what failed inside dlmon while it was shown (never silently)."""
+    faults = getattr(source, "faults", None)
+    if faults is None:
+        return
+    if faults.record_stopped:
+        click.echo(f"dlmon: recording stopped early: {faults.record_stopped}", err=True)
+    summary = faults.summary()
+    if summary:
+        click.echo(f"dlmon: {summary}", err=True)
 
 
 def _report_screenshots(result: DashboardResult) -> None:
@@ -201,19 +302,25 @@ def _attach_once(pid: int, as_json: bool) -> None:
 def record(pid: str, output: str, interval: str, duration: str | None) -> None:
     """Record snapshots of PID to FILE without a dashboard, one JSON object per line."""
     target = parse_pid(pid)
-    seconds = positive_seconds(interval, "--interval")
+    seconds = interval_seconds(interval)
     limit = positive_seconds(duration, "--duration") if duration is not None else None
     from dlmon.analysis import Analyzer
-    from dlmon.flow.loop import Pipeline, sample_until_done, stop_on_signals
-    from dlmon.launch.session import AlertLog
+    from dlmon.flow.loop import Faults, Pipeline, sample_until_done, stop_on_signals
+    from dlmon.launch.session import AlertLog, say
 
     sampler = open_sampler(target)
-    pipeline = Pipeline(Analyzer(), open_record(output), (AlertLog(),))
     stop = threading.Event()
+    faults = Faults(say, on_record_failure=stop.set)  # the file is the point: stop, say it below
+    pipeline = Pipeline(Analyzer(), open_record(output), (AlertLog(),), faults)
     with stop_on_signals(stop):
         reason = sample_until_done(sampler, seconds, pipeline, stop, duration=limit)
         pipeline.finish(reason)
     sampler.close()
+    if faults.record_stopped:
+        fail(f"recording stopped: {faults.record_stopped} (whole lines up to there are kept)", EXIT_FAILURE)
+    summary = faults.summary()
+    if summary:
+        click.echo(f"dlmon: {summary}", err=True)
     click.echo(f"dlmon: recorded to {output} ({reason.replace('_', ' ')})", err=True)
 
 
@@ -255,7 +362,7 @@ def run(
     """
     from dlmon.launch.runner import command_for
 
-    seconds = positive_seconds(interval, "--interval")
+    seconds = interval_seconds(interval)
     is_command = _is_command_mode(ctx, command)
     if not is_command and not os.path.isfile(command[0]):
         fail(f"no such script: {command[0]} (to run a command, put it after --: dlmon run -- CMD)")
@@ -293,7 +400,7 @@ def demo(
     """
     import importlib.util
 
-    seconds = positive_seconds(interval, "--interval")
+    seconds = interval_seconds(interval)
     if importlib.util.find_spec("torch") is None:
         fail("dlmon demo needs PyTorch: pip install 'dlmon[demo]'")
     limit = positive_seconds(duration, "--duration", allow_zero=True)
@@ -303,17 +410,28 @@ def demo(
 
 
 def _run_training(command: list[str], interval: float, record_path: str | None, headless: bool) -> int:
-    from dlmon.launch.runner import launch
+    from dlmon.launch.runner import LogDirError, launch
 
     if record_path:
-        open_record(record_path).close()  # fail early, before the training starts
-    try:
-        if headless:
-            from dlmon.analysis import Analyzer
-            from dlmon.launch.session import AlertLog, run_headless
+        check_record(record_path)  # fail early, before the training starts, truncating nothing
+    no_terminal = None if headless else terminal_problem()
+    if headless or no_terminal:
+        from dlmon.analysis import Analyzer
+        from dlmon.launch.session import AlertLog, CannotStart, run_headless
 
-            return run_headless(command, interval, record_path, analyzer=Analyzer(), on_alerts=AlertLog())
+        note = (
+            f"{no_terminal}: running headless (the training's output passes through)" if no_terminal else None
+        )
+        try:
+            return run_headless(
+                command, interval, record_path, analyzer=Analyzer(), on_alerts=AlertLog(), started_note=note
+            )
+        except CannotStart as exc:
+            fail(str(exc))
+    try:
         training = launch(command, to_log=True)
+    except LogDirError as exc:
+        fail(str(exc))
     except OSError as exc:
         fail(f"cannot start {command[0]}: {exc.strerror or exc}")
     return _run_dashboard(training, interval, record_path)
@@ -334,11 +452,13 @@ def _run_dashboard(training: Training, interval: float, record_path: str | None)
         exit_code=training.exit_code,
         log_path=training.log_path,
     )
+    _say_replaced(source.writer)
     result = run_dashboard(source, interval=interval, ask_stop_on_quit=True)
     _report_screenshots(result)
+    _report_faults(source)
     code = training.exit_code()
     if code is not None:
-        return code
+        return _after_exit(training, code, result.stop_training)
     if result.stop_training:
         click.echo("dlmon: stopping the training (SIGINT, then SIGTERM, then SIGKILL)...", err=True)
         return training.stop()
@@ -348,6 +468,31 @@ def _run_dashboard(training: Training, interval: float, record_path: str | None)
         err=True,
     )
     return 0
+
+
+def _after_exit(training: Training, code: int, stop_leftovers: bool) -> int:
+    """The training ended; its children may not have: stop them if asked, else name them."""
+    from dlmon.launch.session import describe_left_behind, group_members
+
+    if stop_leftovers:
+        training.stop()
+        return code
+    leftovers = group_members(training.pid)
+    if leftovers:
+        click.echo(f"dlmon: {describe_left_behind(leftovers)}", err=True)
+    return code
+
+
+def _memory_unreadable(pid: int) -> str | None:
+    """Why /proc/PID/smaps_rollup cannot be read by this user ("permission denied"), else None."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as fh:
+            fh.read(1)
+    except PermissionError as exc:
+        return (exc.strerror or "permission denied").lower()
+    except OSError:
+        return None
+    return None
 
 
 @main.command()
@@ -367,13 +512,27 @@ def advise(pid: str, seconds: str, as_json: bool) -> None:
     target = parse_pid(pid)
     duration = positive_seconds(seconds, "--seconds")
     sampler = open_sampler(target, unlimited_smaps=True)
+    denied = _memory_unreadable(target)
+    if denied:
+        sampler.close()
+        fail(f"cannot read the memory of process {target}: {denied} (run dlmon as its user, or as root)")
     analyzer = Analyzer()
     history = [analyzer(sampler.sample())]
+    if not history[0].target.alive:
+        sampler.close()
+        fail(f"process {target} has exited (it is a zombie): nothing left to measure")
     deadline = time.monotonic() + duration
     while time.monotonic() < deadline and history[-1].target.alive:
         time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
         history.append(analyzer(sampler.sample()))
     sampler.close()
+    if not history[-1].target.alive:
+        history.pop()
+        click.echo(
+            f"dlmon: process {target} exited during the measurement: advice from its "
+            f"{len(history)} sample(s) before that",
+            err=True,
+        )
     result = advise(history)
     if as_json:
         click.echo(json.dumps(advice_to_dict(result), indent=2, allow_nan=False))
@@ -387,12 +546,16 @@ def advise(pid: str, seconds: str, as_json: bool) -> None:
     "--speed", default="1", metavar="X", help="Play X times faster than recorded (default 1; 0: all at once)."
 )
 def replay(file: str, speed: str) -> None:
-    """Play a record file (from record, attach --record or run --record) in the dashboard."""
+    """Play a record file (from record, attach --record or run --record) in the dashboard.
+
+    It needs a terminal: without one (a pipe, cron, TERM=dumb) it checks the file, lists the
+    lines it would skip, and exits 2.
+    """
     from dlmon.analysis import Analyzer
     from dlmon.flow.sources import ReplaySource
     from dlmon.ui import run_dashboard
 
-    factor = positive_seconds(speed, "--speed", allow_zero=True)
+    factor = speed_factor(speed)
     try:
         source = ReplaySource(file, speed=factor or None, analyzer=Analyzer())  # verdicts of this dlmon
     except OSError as exc:
@@ -403,4 +566,23 @@ def replay(file: str, speed: str) -> None:
         fail(f"{file} holds no snapshots{why}")
     for problem in source.record.problems[:5]:
         click.echo(f"dlmon: skipping line {problem.line} of {file}: {problem.reason}", err=True)
+    if len(source.record.problems) > 5:
+        click.echo(f"dlmon: ... {len(source.record.problems) - 5} more lines of {file} skipped", err=True)
+    no_terminal = terminal_problem()
+    if no_terminal:
+        fail(
+            f"replay shows a dashboard and needs a terminal ({no_terminal}); {file} holds "
+            f"{len(source.record.snapshots)} readable snapshots"
+        )
     _report_screenshots(run_dashboard(source))
+
+
+def speed_factor(text: str) -> float:
+    """``--speed``: how many times faster than recorded; 0 means all at once."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value >= 0 or value == float("inf"):
+        fail(f"--speed must be a factor of 0 or more (1: the recorded pace, 0: all at once), not {text!r}")
+    return value

@@ -132,7 +132,7 @@ def test_record_stops_cleanly_on_signals(spawn: Spawn, tmp_path: Path, sig: sign
     proc = spawn(SLEEPER)
     out = tmp_path / "rec.jsonl"
     recorder = subprocess.Popen(
-        [sys.executable, "-m", "dlmon", "record", str(proc.pid), "-o", str(out), "--interval", "0.05"],
+        [sys.executable, "-m", "dlmon", "record", str(proc.pid), "-o", str(out), "--interval", "0.1"],
         stderr=subprocess.PIPE,
         text=True,
     )

@@ -242,7 +242,9 @@ def test_target_exit_keeps_the_last_data_and_is_reported() -> None:
         await settle(pilot)
         assert "target exited (code 3)" in header(app)
         assert len(table(app).text.splitlines()) == 6  # the rows stay
-        await pilot.press("q")  # no question: nothing left to stop
+        await pilot.press("q")  # its workers are still listed: asked whether to stop them too
+        assert isinstance(app.screen, QuitScreen)
+        await pilot.press("enter")  # leave them
 
     result = drive(make(source, ask_stop_on_quit=True), scenario)
     assert result == DashboardResult(

@@ -581,3 +581,29 @@ def merge_torch_memory(gpus: tuple[GpuDevice, ...], reading: AgentReading | None
                 )
             )
     return tuple(out)
+
+
+def agent_unreachable_reason(pid: int) -> str | None:
+    """Why an agent of ``pid`` could not be reached although one may run: a socket directory
+    that exists but is not private to the target's user (another user's, a symlink, open to
+    group/other), so the agent refuses to serve there and the client refuses to look. None when
+    no such directory stands in the way (most often: the job simply runs without the agent)."""
+    uids = target_uids(pid)
+    if uids is None:
+        return None
+    owners = set(uids)
+    for d in candidate_socket_dirs(pid, uids[0]):
+        try:
+            st = os.lstat(d)
+        except OSError:
+            continue
+        if dir_is_private(d, owners):
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            why = "is not a directory"
+        elif st.st_uid not in owners:
+            why = f"belongs to uid {st.st_uid}, not to the job's user (uid {uids[0]})"
+        else:
+            why = f"has mode {stat.S_IMODE(st.st_mode):04o} (group/other may enter)"
+        return f"agent unreachable: its socket directory {d} {why}, so the agent will not serve there"
+    return None

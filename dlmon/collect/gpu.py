@@ -13,7 +13,9 @@ on machines without it. It never imports torch, rich or textual.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -26,6 +28,50 @@ __all__ = ["NA", "GpuCollector", "NVMLErrorKind"]
 #: NVML's ``NVML_VALUE_NOT_AVAILABLE`` for unsigned long long fields (e.g. ``usedGpuMemory`` in
 #: containers or under WDDM).
 ULONGLONG_MAX: Final = (1 << 64) - 1
+
+#: The inode of the initial (host) pid namespace, a kernel constant (PROC_PID_INIT_INO).
+PROC_PID_INIT_INO: Final = 0xEFFFFFFC
+
+CONTAINER_PIDS_NOTE: Final = (
+    "per-process VRAM unavailable: dlmon runs in a container's pid namespace and NVML lists host "
+    "pids, which cannot be matched to the pids seen here (run dlmon on the host, or with --pid=host)"
+)
+
+
+def _ns_inode(path: str) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except OSError:
+        return None
+
+
+def _nspid_depth(proc_root: str) -> int | None:
+    """How many pid namespaces /proc/self/status's NSpid lists (1: /proc is our own namespace's)."""
+    try:
+        with open(f"{proc_root}/self/status", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"NSpid:"):
+                    return len(line.split()) - 1
+    except OSError:
+        return None
+    return None
+
+
+def host_pids_visible(proc_root: str = "/proc") -> bool | None:
+    """Whether the pids in ``proc_root`` are host pids, as NVML reports them; None: cannot tell.
+
+    /proc shows host pids when its namespace is the host's: its pid 1 then lives in the initial
+    namespace. When that link is unreadable (not root): dlmon itself in the host namespace means
+    yes; dlmon in a nested namespace whose NSpid has one entry means /proc is that namespace's own.
+    """
+    init = _ns_inode(f"{proc_root}/1/ns/pid")
+    if init is not None:
+        return init == PROC_PID_INIT_INO
+    if _ns_inode(f"{proc_root}/self/ns/pid") == PROC_PID_INIT_INO:
+        return True
+    depth = _nspid_depth(proc_root)
+    return False if depth == 1 else None
+
 
 #: How long a failed ``nvmlInit`` (or a missing ``pynvml``) is remembered before trying again.
 DEFAULT_RETRY_INTERVAL_S: Final = 60.0
@@ -148,8 +194,12 @@ class GpuCollector:
         *,
         retry_interval_s: float = DEFAULT_RETRY_INTERVAL_S,
         clock: Callable[[], float] = time.monotonic,
+        host_pids: bool | None = None,
     ) -> None:
         self._lib: Any = library
+        #: False inside a container's pid namespace: NVML's pids are not ours, so no per-process
+        #: VRAM (rather than VRAM given to whichever local process shares the number).
+        self._host_pids = host_pids if host_pids is not None else host_pids_visible() is not False
         self._retry_interval_s = retry_interval_s
         self._clock = clock
         self._lock = threading.Lock()
@@ -197,7 +247,12 @@ class GpuCollector:
                     driver_version=self._driver_version,
                 ), ()
             devices = tuple(self._sample_device(index) for index in range(count))
-            return GpuStatus(available=True, driver_version=self._driver_version), devices
+            if self._host_pids:
+                return GpuStatus(available=True, driver_version=self._driver_version), devices
+            devices = tuple(dataclasses.replace(d, processes=()) for d in devices)
+            return GpuStatus(
+                available=True, driver_version=self._driver_version, process_memory_note=CONTAINER_PIDS_NOTE
+            ), devices
 
     def close(self) -> None:
         """Shut NVML down if this collector started it. A later :meth:`sample` starts it again."""

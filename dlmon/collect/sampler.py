@@ -111,7 +111,7 @@ class Sampler:
         meminfo = read_meminfo(self.proc_root)
         cgroup = self._cgroup.read()
         shm = read_shm(self.pid if alive else None, self.proc_root)
-        disks = self._disks.sample(now)
+        disks = self._disks.sample()  # timed at its own read, not at the tick start
         pressure = read_pressure(f"{self.proc_root}/pressure")
         oom_kill_count = read_oom_kill_count(self.proc_root)
         t_build = time.thread_time()

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from dlmon.collect.sampler import ExitCodeProvider, Sampler
-from dlmon.flow.loop import Pipeline, sample_until_done
+from dlmon.flow.loop import Faults, Pipeline, sample_until_done
 from dlmon.flow.recording import RecordWriter
 from dlmon.flow.records import RecordEnd, RecordProblem, iter_records
 from dlmon.model import Snapshot
@@ -75,10 +75,19 @@ class LiveSource:
         exit_code: ExitCodeProvider | None = None,
         log_path: str | None = None,
         sampler: Sampler | None = None,
+        faults: Faults | None = None,
     ) -> None:
         # Created here, not on the thread: "no such process" must surface before any UI starts.
         self.sampler = sampler or Sampler(pid, exit_code=exit_code)
-        self.writer = RecordWriter(record_path) if record_path else None
+        #: dlmon's own failures (failed ticks, a record that stopped): counted, never fatal.
+        self.faults = faults or Faults()
+        self.writer: RecordWriter | None = None
+        if record_path:  # opened once the target is known, so an error path never clobbers it
+            try:
+                self.writer = RecordWriter(record_path)
+            except OSError as exc:
+                self.faults.record_failed(record_path, exc)
+        self._exit_code = exit_code
         self.interval = interval
         self.analyzer = analyzer
         self._log_path = log_path
@@ -100,11 +109,18 @@ class LiveSource:
         return True
 
     def start(self, on_snapshot: SnapshotSink, on_end: EndSink) -> None:
-        pipeline = Pipeline(self.analyzer, self.writer, (on_snapshot,))
+        pipeline = Pipeline(self.analyzer, self.writer, (on_snapshot,), self.faults)
+        exit_code = self._exit_code
 
         def body() -> None:
             name_this_thread(b"dlmon-sampler")  # so top -H and the benchmarks can tell it apart
-            reason = sample_until_done(self.sampler, self.interval, pipeline, self._stop)
+            reason = sample_until_done(
+                self.sampler,
+                self.interval,
+                pipeline,
+                self._stop,
+                target_alive=(lambda: exit_code() is None) if exit_code is not None else None,
+            )
             pipeline.finish(reason)
             on_end(reason)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -18,16 +19,60 @@ import time
 from dataclasses import dataclass, field
 
 from dlmon.agent.sitecustomize_hook import env_with_agent
+from dlmon.launch.limits import limit_was_raised, restore_open_files_limit
 
 # Ctrl-C once: SIGINT (the script's KeyboardInterrupt, a clean stop); again: SIGTERM; again: SIGKILL.
 ESCALATION = (signal.SIGINT, signal.SIGTERM, signal.SIGKILL)
 
 
+class LogDirError(OSError):
+    """The training log directory cannot be used safely; the message names it and says why."""
+
+
+def _private_dir(path: str) -> None:
+    """Create ``path`` 0700 if missing; refuse it unless it is a real directory (not a link),
+    owned by this user, that nobody else can read or write: another user's pre-created
+    directory must never receive (and expose) this user's training output."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise LogDirError(f"cannot create the training log directory {path}: {exc.strerror or exc}") from exc
+    try:
+        info = os.lstat(path)
+    except OSError as exc:
+        raise LogDirError(f"cannot use the training log directory {path}: {exc.strerror or exc}") from exc
+    if not stat.S_ISDIR(info.st_mode):
+        raise LogDirError(f"cannot use the training log directory {path}: it is not a directory")
+    if info.st_uid != os.getuid():
+        raise LogDirError(
+            f"refusing the training log directory {path}: owned by uid {info.st_uid}, not by you "
+            f"(uid {os.getuid()}); remove it or set TMPDIR elsewhere"
+        )
+    if info.st_mode & 0o077:
+        raise LogDirError(
+            f"refusing the training log directory {path}: mode {stat.S_IMODE(info.st_mode):04o} lets "
+            f"other users in; chmod 700 it or set TMPDIR elsewhere"
+        )
+
+
 def log_dir() -> str:
-    """A per-user directory (0700) for training logs."""
-    path = os.path.join(tempfile.gettempdir(), f"dlmon-{os.getuid()}", "logs")
-    os.makedirs(path, mode=0o700, exist_ok=True)
+    """A per-user directory (0700, ours, checked) for training logs; raises :class:`LogDirError`."""
+    base = os.path.join(tempfile.gettempdir(), f"dlmon-{os.getuid()}")
+    path = os.path.join(base, "logs")
+    _private_dir(base)
+    _private_dir(path)
     return path
+
+
+def _open_log(path: str) -> int:
+    """A new log file, 0600, never following a link or reusing a file someone placed there."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        return os.open(path, flags, 0o600)
+    except OSError as exc:
+        raise LogDirError(f"cannot create the training log {path}: {exc.strerror or exc}") from exc
 
 
 def command_for(script_or_cmd: list[str], is_command: bool) -> list[str]:
@@ -64,16 +109,26 @@ class Training:
         return sig
 
     def stop(self, grace_s: float = 10.0) -> int:
-        """Stop the training: SIGINT, then SIGTERM, then SIGKILL, each after ``grace_s``."""
+        """Stop the training and whatever of its process group outlives it: SIGINT, then SIGTERM,
+        then SIGKILL, each after ``grace_s``."""
         for sig in ESCALATION:
-            if self.popen.poll() is not None:
+            if not self._running():
                 break
             self._signal(sig)
-            try:
-                self.popen.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                continue
+            deadline = time.monotonic() + grace_s
+            while self._running() and time.monotonic() < deadline:
+                time.sleep(0.05)
         return exit_status(self.popen.wait())
+
+    def _running(self) -> bool:
+        """The leader, or any process left in its group (a child that outlived it)."""
+        if self.popen.poll() is None:
+            return True
+        try:
+            os.killpg(self.popen.pid, 0)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
 
     def _signal(self, sig: signal.Signals) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -98,21 +153,22 @@ def launch(command: list[str], *, to_log: bool, cwd: str | None = None) -> Train
         stamp = time.strftime("%Y%m%d-%H%M%S")
         name = log_name(command)
         log_path = os.path.join(log_dir(), f"{stamp}-{name}-{os.getpid()}.log")
-        log = open(log_path, "wb")  # noqa: SIM115 - handed to the child, closed below
-        out: int | object = log
+        out: int | None = _open_log(log_path)
     else:
         out = None
     try:
         popen = subprocess.Popen(
             command,
             stdin=subprocess.DEVNULL if to_log else None,
-            stdout=out,  # type: ignore[arg-type]
+            stdout=out,
             stderr=subprocess.STDOUT if to_log else None,
             start_new_session=True,
             env=env_with_agent(),
             cwd=cwd,
+            # dlmon's raised open-files limit is dlmon's: the training keeps the one it was given
+            preexec_fn=restore_open_files_limit if limit_was_raised() else None,
         )
     finally:
-        if to_log:
-            log.close()
+        if out is not None:
+            os.close(out)
     return Training(popen, command, log_path)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import sys
 import threading
@@ -10,13 +12,72 @@ from types import FrameType
 from typing import TextIO
 
 from dlmon.analysis import events, format_event
+from dlmon.collect.procfs import read_cmdline
 from dlmon.collect.sampler import Sampler
-from dlmon.flow.loop import Pipeline, handle_signals, sample_until_done
+from dlmon.flow.loop import Faults, Pipeline, handle_signals, pid_exists, sample_until_done
 from dlmon.flow.recording import RecordWriter
 from dlmon.launch.runner import Training, exit_status, launch
 from dlmon.model import Alert, Snapshot
 
 AlertPrinter = Callable[[Snapshot], None]
+Reporter = Callable[[str], None]
+
+
+class CannotStart(Exception):
+    """The training could not be launched (bad command, no permission): nothing is running."""
+
+
+def say(line: str) -> None:
+    """One ``dlmon:`` line on stderr, never raising (stderr itself may be gone)."""
+    with contextlib.suppress(OSError, ValueError):
+        print(f"dlmon: {line}", file=sys.stderr, flush=True)
+
+
+def open_writer(path: str | None, faults: Faults, report: Reporter = say) -> RecordWriter | None:
+    """The record file, opened now that the target is known; a failure is reported, not fatal."""
+    if not path:
+        return None
+    try:
+        writer = RecordWriter(path)
+    except OSError as exc:
+        faults.record_failed(path, exc)
+        return None
+    if writer.replaced_bytes:
+        report(f"replacing the existing record {path} ({writer.replaced_bytes} bytes)")
+    return writer
+
+
+def group_members(pgid: int) -> list[tuple[int, str]]:
+    """Live processes of process group ``pgid`` (the training's: it runs in its own), from /proc."""
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and fields[0] not in (b"Z", b"X") and int(fields[2]) == pgid:
+            out.append((int(name), read_cmdline(int(name))))
+    return out
+
+
+def left_behind(training_pid: int, last: Snapshot | None) -> list[tuple[int, str]]:
+    """Processes of the training still running after it ended: (pid, command line). Its process
+    group, plus members of its tree that left the group (setsid) as the last snapshot saw them."""
+    found = dict(group_members(training_pid))
+    for p in last.processes if last is not None else ():
+        if p.pid != training_pid and p.pid not in found and p.state not in ("Z", "X") and pid_exists(p.pid):
+            found[p.pid] = read_cmdline(p.pid) or p.comm
+    return sorted(found.items())
+
+
+def describe_left_behind(procs: list[tuple[int, str]]) -> str:
+    named = ", ".join(f"pid {pid} ({cmd[:60]})" for pid, cmd in procs[:8])
+    more = f" and {len(procs) - 8} more" if len(procs) > 8 else ""
+    pids = " ".join(str(pid) for pid, _ in procs)
+    return f"left running after the training ended: {named}{more}; stop them with: kill {pids}"
 
 
 class AlertLog:
@@ -40,8 +101,16 @@ def run_headless(
     record_path: str | None,
     analyzer: Callable[[Snapshot], Snapshot] | None = None,
     on_alerts: AlertPrinter | None = None,
+    report: Reporter = say,
+    started_note: str | None = None,
 ) -> int:
     """Launch ``command`` and sample until it exits; returns its exit status.
+
+    ``started_note`` is reported once the training has started (e.g. why there is no dashboard).
+
+    Raises :class:`CannotStart` only when the launch itself fails; once the training runs,
+    dlmon's own failures (a record file on a full disk, a failing tick) are reported through
+    ``report`` and the watch goes on until the training ends.
 
     Ctrl-C is forwarded (SIGINT, then SIGTERM, then SIGKILL) and sampling goes on until the
     training has really ended. The handlers go in before the launch, so a signal that arrives
@@ -59,10 +128,15 @@ def run_headless(
             training.popen.send_signal(signum)
 
     with handle_signals(forward, signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        training = launch(command, to_log=False)  # OSError for a bad command: the caller says so
+        try:
+            training = launch(command, to_log=False)
+        except OSError as exc:
+            raise CannotStart(f"cannot start {command[0]}: {exc.strerror or exc}") from exc
+        if started_note:
+            report(started_note)
         for signum in pending:
             forward(signum, None)
-        return _watch(training, interval, record_path, analyzer, on_alerts)
+        return _watch(training, interval, record_path, analyzer, on_alerts, report)
 
 
 def _watch(
@@ -71,14 +145,37 @@ def _watch(
     record_path: str | None,
     analyzer: Callable[[Snapshot], Snapshot] | None,
     on_alerts: AlertPrinter | None,
+    report: Reporter = say,
 ) -> int:
-    pipeline = Pipeline(
-        analyzer, RecordWriter(record_path) if record_path else None, (on_alerts,) if on_alerts else ()
-    )
-    sampler = Sampler(training.pid, exit_code=training.exit_code)
+    faults = Faults(report)
+    last: list[Snapshot] = []
+    sinks = ((on_alerts,) if on_alerts else ()) + (_keep_last(last),)
+    pipeline = Pipeline(analyzer, open_writer(record_path, faults, report), sinks, faults)
     try:
-        reason = sample_until_done(sampler, interval, pipeline, threading.Event())
+        sampler = Sampler(training.pid, exit_code=training.exit_code)
+    except Exception as exc:  # gone already, or /proc unreadable: still wait for the training
+        report(f"cannot watch pid {training.pid}: {exc}; waiting for the training to end")
+        pipeline.finish("target_exited")
+        return exit_status(training.popen.wait())
+    try:
+        reason = sample_until_done(
+            sampler, interval, pipeline, threading.Event(), target_alive=lambda: training.exit_code() is None
+        )
     finally:
         sampler.close()
     pipeline.finish(reason)
-    return exit_status(training.popen.wait())
+    code = exit_status(training.popen.wait())
+    leftovers = left_behind(training.pid, last[0] if last else None)
+    if leftovers:
+        report(describe_left_behind(leftovers))
+    summary = faults.summary()
+    if summary:
+        report(summary)
+    return code
+
+
+def _keep_last(box: list[Snapshot]) -> Callable[[Snapshot], None]:
+    def keep(snapshot: Snapshot) -> None:
+        box[:] = [snapshot]
+
+    return keep

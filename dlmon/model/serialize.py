@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Mapping
@@ -58,24 +59,97 @@ def _build(cls: type[T], data: Mapping[str, Any]) -> T:
     kwargs = {}
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         if f.name in data:
-            kwargs[f.name] = _convert(hints[f.name], data[f.name])
+            try:
+                kwargs[f.name] = _convert(hints[f.name], data[f.name])
+            except (TypeError, ValueError) as exc:
+                raise type(exc)(f"{f.name}: {exc}") from exc
     return cls(**kwargs)
 
 
 def _convert(hint: Any, value: Any) -> Any:
+    """``value`` as the type ``hint`` says; raises TypeError/ValueError for a value of another type,
+    so a line with ``"time": "abc"`` is skipped at the reader instead of crashing the dashboard."""
     if value is None:
-        return None
+        if hint is Any or _allows_none(hint):
+            return None
+        raise TypeError("null where a value is required")
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
         inner = [a for a in typing.get_args(hint) if a is not type(None)]
-        return _convert(inner[0], value) if len(inner) == 1 else value
+        if len(inner) == 1:
+            return _convert(inner[0], value)
+        exact = [a for a in inner if a is type(value)]  # 3 stays an int in float | int | str
+        for option in exact + inner:  # else the first member the value fits
+            try:
+                return _convert(option, value)
+            except (TypeError, ValueError):
+                continue
+        raise TypeError(f"{_show(value)} fits none of {hint}")
+    if origin is typing.Literal:
+        if value not in typing.get_args(hint):
+            raise ValueError(f"{_show(value)} is not one of {typing.get_args(hint)}")
+        return value
     if origin is tuple:
-        (item_hint, _ellipsis) = typing.get_args(hint)
-        return tuple(_convert(item_hint, v) for v in value)
-    if origin is not None and issubclass(origin, Mapping):
-        return types.MappingProxyType(dict(value))
+        if not isinstance(value, list):
+            raise TypeError(f"expected a list, got {_show(value)}")
+        args = typing.get_args(hint)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_convert(args[0], v) for v in value)
+        if len(args) != len(value):
+            raise ValueError(f"expected {len(args)} items, got {len(value)}")
+        return tuple(_convert(a, v) for a, v in zip(args, value, strict=True))
+    if origin is not None and isinstance(origin, type) and issubclass(origin, Mapping):
+        if not isinstance(value, Mapping):
+            raise TypeError(f"expected an object, got {_show(value)}")
+        key_hint, value_hint = typing.get_args(hint) or (Any, Any)
+        return types.MappingProxyType(
+            {_map_key(key_hint, k): _convert(value_hint, v) for k, v in value.items()}
+        )
     if dataclasses.is_dataclass(hint):
         return _build(hint, value)  # type: ignore[arg-type]
-    if hint is float and isinstance(value, int):
+    return _scalar(hint, value)
+
+
+def _allows_none(hint: Any) -> bool:
+    return typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in typing.get_args(hint)
+
+
+def _map_key(hint: Any, key: str) -> Any:
+    """JSON object keys are strings; an int-keyed mapping (per pid) gets its ints back."""
+    if hint is int:
+        try:
+            return int(key)
+        except ValueError as exc:
+            raise ValueError(f"key {key[:40]!r} is not a whole number") from exc
+    return key
+
+
+def _scalar(hint: Any, value: Any) -> Any:
+    if hint is Any:
+        return value
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise TypeError(f"expected true/false, got {_show(value)}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"expected a whole number, got {_show(value)}")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise TypeError(f"expected a number, got {_show(value)}")
+        if not math.isfinite(value):
+            raise ValueError(f"expected a finite number, got {_show(value)}")
         return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise TypeError(f"expected a string, got {_show(value)}")
+        return value
+    if isinstance(hint, type) and not isinstance(value, hint):
+        raise TypeError(f"expected {hint.__name__}, got {_show(value)}")
     return value
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text[:40]}"

@@ -160,6 +160,7 @@ class GpuStatus:
     available: bool
     reason: str | None = None  # why not, when not available
     driver_version: str | None = None
+    process_memory_note: str | None = None  # why per-process VRAM is unavailable (a container's pids)
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,6 +243,7 @@ class Snapshot:
     # Processes dlmon reads by path (with identity checks) instead of through held fds, because
     # holding more would pass its share of RLIMIT_NOFILE: "fd limit: N processes read without held fds".
     processes_without_held_fds: int = 0
+    agent_note: str | None = None  # why the in-process agent is unreachable, when dlmon can tell
 
     def workers(self) -> tuple[ProcessSample, ...]:
         return tuple(p for p in self.processes if p.role == "worker")

@@ -453,6 +453,7 @@ class DlmonApp(App[DashboardResult]):
         self.renders += 1
 
     def _check_stale(self) -> None:
+        self._show_faults()
         latest = self.state.latest
         if latest is None or self.paused:
             return
@@ -461,6 +462,21 @@ class DlmonApp(App[DashboardResult]):
         if stale or self._stale_shown:
             self._stale_shown = stale
             self.refresh_view()
+
+    def _show_faults(self) -> None:
+        """dlmon's own failures (a failed sample, a record that stopped), as a notice when new."""
+        faults = getattr(self.source, "faults", None)
+        if faults is None:
+            return
+        failed, stopped = getattr(self, "_faults_seen", (0, None))
+        if faults.record_stopped and faults.record_stopped != stopped:
+            self.notify(f"recording stopped: {faults.record_stopped}", severity="error", timeout=30)
+        if faults.failed_samples > failed:
+            self.notify(
+                f"{faults.failed_samples} sample(s) failed (last: {faults.last_failure}); sampling goes on",
+                severity="warning",
+            )
+        self._faults_seen = (faults.failed_samples, faults.record_stopped)
 
     def _poll_log(self) -> None:
         tail = self.log_tail
@@ -516,6 +532,8 @@ class DlmonApp(App[DashboardResult]):
     def action_request_quit(self) -> None:
         latest = self.state.latest
         running = latest is not None and latest.target.alive and self.state.end_reason is None
+        # a child that outlived the training is still the training's: offer to stop it too
+        running = running or (latest is not None and _children_left(latest))
         if self.ask_stop_on_quit and running and not isinstance(self.screen, QuitScreen):
             assert latest is not None
             self.push_screen(QuitScreen(latest.target.pid, latest.target.cmdline), callback=self._quit_answer)
@@ -581,6 +599,10 @@ def _bind(fn: Callable[[str], None], arg: str) -> Callable[[], None]:
         fn(arg)
 
     return call
+
+
+def _children_left(snapshot: Snapshot) -> bool:
+    return any(p.pid != snapshot.target.pid and p.state not in ("Z", "X") for p in snapshot.processes)
 
 
 def run_app(app: DlmonApp) -> DashboardResult:

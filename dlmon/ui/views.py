@@ -371,6 +371,8 @@ def gpu_lines(state: DashboardState, width: int, compact: bool, detailed: bool =
             who = _who(p) if p is not None else "other"
             procs.append([(f"pid {gp.pid} ", "dim"), (f"{who} ", ""), (cbytes(gp.used_memory_bytes, NA), "")])
         out.extend(flow(procs, width, SEP, lead=[("  ", "")]))
+    if detailed and s.gpu.process_memory_note:
+        out.extend(wrap(s.gpu.process_memory_note, width, "dim"))
     return tuple(out)
 
 
@@ -484,8 +486,8 @@ def throughput_lines(state: DashboardState, width: int, compact: bool) -> Lines:
     lead = [label("DATA", 5)] if compact else []
     if not s.loaders:
         if not compact:
-            return wrap(AGENT_HINT, width, "dim")
-        return (fit([[(AGENT_HINT_SHORT, "dim")]], width, lead=lead),)
+            return wrap(s.agent_note or AGENT_HINT, width, "warn" if s.agent_note else "dim")
+        return (fit([[(s.agent_note or AGENT_HINT_SHORT, "dim")]], width, lead=lead),)
     out: list[Line] = []
     loaders = s.loaders if not compact else s.loaders[:1]
     for ld in loaders:
