@@ -357,3 +357,47 @@ def test_a_transient_error_on_the_target_stat_does_not_report_the_target_dead(
     proc.kill()
     proc.wait()
     assert not sampler.sample().target.alive  # really gone: reported
+
+
+def test_a_thread_that_forked_before_keeps_being_read_after_a_relist_between_epochs(
+    spawn: Spawn,
+) -> None:
+    """A long-lived thread that iterates non-persistent DataLoaders (Ray Train runs the training
+    in a thread) forks new workers each epoch. A periodic thread relist that fell between epochs,
+    when that thread had no children, forgot it: the next epoch's workers were only found at the
+    next relist (5 s, up to 60 s stretched), short ones never."""
+    proc = spawn(
+        """
+        import os, sys, threading, time
+        def epochs():
+            for line in sys.stdin:
+                if line.strip() == "fork":
+                    pid = os.fork()
+                    if pid == 0:
+                        time.sleep(120); os._exit(0)
+                    print(pid, flush=True)
+                else:
+                    os.kill(pid, 9); os.waitpid(pid, 0)
+                    print("REAPED", flush=True)
+        threading.Thread(target=epochs).start()
+        print("READY", flush=True)
+        """
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+
+    def command(line: str) -> str:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(line + "\n")
+        proc.stdin.flush()
+        return proc.stdout.readline().strip()
+
+    now = [0.0]
+    tracker = ProcessTracker(proc.pid, SmapsBudget(unlimited=True), clock=lambda: now[0])
+    first_worker = int(command("fork"))
+    assert first_worker in {s.pid for s in tracker.sample()}  # every thread listed at the start
+    assert command("kill") == "REAPED"
+    now[0] = 10.0  # past thread_list_s: every thread listed again, between epochs
+    assert {s.pid for s in tracker.sample()} == {proc.pid}
+    second_worker = int(command("fork"))
+    now[0] = 11.0
+    assert second_worker in {s.pid for s in tracker.sample()}

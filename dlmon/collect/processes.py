@@ -229,7 +229,11 @@ class ProcessTracker:
             tracked.tids = sorted(by_thread)
             tracked.tids_time, tracked.tids_num_threads = now, stat.num_threads
             tracked.children_time = now
-            tracked.forking_tids = {tid for tid, kids in by_thread.items() if kids}
+            # A thread that forked before stays a forking thread while it lives, even when the
+            # relist falls between two epochs of its workers (no children at that moment).
+            tracked.forking_tids = {
+                tid for tid, kids in by_thread.items() if kids or tid in tracked.forking_tids
+            }
             self.children_reads_last_tick.append((pid, None))
         else:
             tids = sorted(tracked.forking_tids | {pid})
