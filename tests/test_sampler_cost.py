@@ -401,3 +401,44 @@ def test_a_thread_that_forked_before_keeps_being_read_after_a_relist_between_epo
     second_worker = int(command("fork"))
     now[0] = 11.0
     assert second_worker in {s.pid for s in tracker.sample()}
+
+
+def test_a_held_handle_never_opens_status_or_io_of_a_process_that_reused_its_pid(
+    spawn: Spawn,
+) -> None:
+    """status and io are opened by path at their first read (for a new process, later in the
+    tick that added it) and then held for good: unverified, a pid reused in between bound them
+    to a stranger."""
+    if not os.access("/proc/sys/kernel/ns_last_pid", os.W_OK):
+        pytest.skip("needs root to steer pid allocation through ns_last_pid")
+    proc = spawn(
+        """
+        import subprocess, sys, time
+        victim = subprocess.Popen(["sleep", "120"])
+        print("READY", flush=True)
+        print(victim.pid, flush=True)
+        sys.stdin.readline()
+        victim.kill(); victim.wait()
+        time.sleep(0.05)  # start times count 10 ms clock ticks: a later tick than the victim's
+        for attempt in range(50):
+            with open("/proc/sys/kernel/ns_last_pid", "w") as fh:
+                fh.write(str(victim.pid - 1))
+            new = subprocess.Popen(["sleep", "120"])
+            if new.pid == victim.pid:
+                break
+            new.kill(); new.wait()
+        print("REUSED" if new.pid == victim.pid else "MISSED", flush=True)
+        sys.stdin.readline()
+        """
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    victim = int(proc.stdout.readline())
+    handle = ProcHandle(victim)  # holds stat only, as _add leaves a new process
+    proc.stdin.write("\n")
+    proc.stdin.flush()
+    if proc.stdout.readline().strip() != "REUSED":
+        pytest.skip("another process took the pid first")
+    assert ProcHandle(victim).read("status")  # the stranger is there, readable
+    for name in ("status", "io"):
+        with pytest.raises(ProcessGone):
+            handle.read(name)
