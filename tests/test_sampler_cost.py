@@ -442,3 +442,27 @@ def test_a_held_handle_never_opens_status_or_io_of_a_process_that_reused_its_pid
     for name in ("status", "io"):
         with pytest.raises(ProcessGone):
             handle.read(name)
+
+
+def test_a_transient_error_on_the_target_stat_at_the_first_tick_does_not_report_it_dead(
+    spawn: Spawn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tracker read the target's stat when it opened it, but its last state started as None:
+    a transient error on the first tick reported a live target dead (and sample_until_done
+    stopped watching it)."""
+    from dlmon.collect.sampler import Sampler
+
+    proc = spawn('print("READY", flush=True)\nimport time; time.sleep(120)')
+    sampler = Sampler(proc.pid)
+    real_stat = ProcHandle.stat
+    failures = [proc.pid]
+
+    def flaky_stat(self: ProcHandle) -> StatFields:
+        if failures and self.pid == failures[0]:
+            failures.pop()
+            raise OSError(errno.EIO, "transient")
+        return real_stat(self)
+
+    monkeypatch.setattr(ProcHandle, "stat", flaky_stat)
+    assert sampler.sample().target.alive
+    assert not failures  # the error did happen on that tick

@@ -172,11 +172,12 @@ class ProcessTracker:
         self.fd_counts_last_tick: list[int] = []  # pids whose fd directory was listed
         self.children_reads_last_tick: list[tuple[int, list[int] | None]] = []  # pid, tids (None: all)
         self.without_held_fds = 0  # processes read by path: dlmon reached its fd cap
-        self.last_target_state: str | None = None
         self._new_stats: dict[Identity, StatFields] = {}
         self._now = clock()
         self.target = ProcHandle(target_pid, proc_root)  # raises ProcessGone for no such pid
         self.target_identity: Identity = (target_pid, self.target.start_time)
+        # From the read at the open, so a transient error on the first tick keeps it alive too.
+        self.last_target_state: str | None = self.target.first_stat.state
         self._tracked[self.target_identity] = _Tracked(self.target, "main", self._now)
 
     # -- discovery ---------------------------------------------------------------------------
