@@ -3,7 +3,8 @@ process that was once in the tree and is still alive (orphaned DataLoader worker
 row after the trainer dies, reparented to init).
 
 What each tick reads, and what it reads less often (docs/performance.md):
-- every process, every tick: stat, status, io through held fds (one read each);
+- every process, every tick: stat, status, io through held fds (one read each, plus a stat
+  read after each open by path below: the identity check of procfs.py);
 - children: every tick only from the threads that fork (the main thread and any thread seen
   with children) of processes that can start workers (the trainer, launchers, ranks); every
   thread when the thread count changed or every ``thread_list_s``; workers' own children every
