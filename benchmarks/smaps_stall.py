@@ -112,10 +112,11 @@ def measure(
         sampler = Sampler(pid)
         next_tick = time.monotonic()
         while time.monotonic() < end:
-            start = time.perf_counter()
             sampler.sample()
-            if sampler.processes.smaps_reads_last_tick:
-                reads.append(time.perf_counter() - start)
+            tracker = sampler.processes
+            if tracker.smaps_reads_last_tick:  # the read's own wall time, not the whole tick's
+                wall = tracker._tracked[tracker.target_identity].smaps_wall_s
+                reads.append(float("nan") if wall is None else wall)
             next_tick += 1.0
             time.sleep(max(0.0, next_tick - time.monotonic()))
         sampler.close()

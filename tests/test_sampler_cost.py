@@ -357,3 +357,112 @@ def test_a_transient_error_on_the_target_stat_does_not_report_the_target_dead(
     proc.kill()
     proc.wait()
     assert not sampler.sample().target.alive  # really gone: reported
+
+
+def test_a_thread_that_forked_before_keeps_being_read_after_a_relist_between_epochs(
+    spawn: Spawn,
+) -> None:
+    """A long-lived thread that iterates non-persistent DataLoaders (Ray Train runs the training
+    in a thread) forks new workers each epoch. A periodic thread relist that fell between epochs,
+    when that thread had no children, forgot it: the next epoch's workers were only found at the
+    next relist (5 s, up to 60 s stretched), short ones never."""
+    proc = spawn(
+        """
+        import os, sys, threading, time
+        def epochs():
+            for line in sys.stdin:
+                if line.strip() == "fork":
+                    pid = os.fork()
+                    if pid == 0:
+                        time.sleep(120); os._exit(0)
+                    print(pid, flush=True)
+                else:
+                    os.kill(pid, 9); os.waitpid(pid, 0)
+                    print("REAPED", flush=True)
+        threading.Thread(target=epochs).start()
+        print("READY", flush=True)
+        """
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+
+    def command(line: str) -> str:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(line + "\n")
+        proc.stdin.flush()
+        return proc.stdout.readline().strip()
+
+    now = [0.0]
+    tracker = ProcessTracker(proc.pid, SmapsBudget(unlimited=True), clock=lambda: now[0])
+    first_worker = int(command("fork"))
+    assert first_worker in {s.pid for s in tracker.sample()}  # every thread listed at the start
+    assert command("kill") == "REAPED"
+    now[0] = 10.0  # past thread_list_s: every thread listed again, between epochs
+    assert {s.pid for s in tracker.sample()} == {proc.pid}
+    second_worker = int(command("fork"))
+    now[0] = 11.0
+    assert second_worker in {s.pid for s in tracker.sample()}
+
+
+def test_a_held_handle_never_opens_status_or_io_of_a_process_that_reused_its_pid(
+    spawn: Spawn,
+) -> None:
+    """status and io are opened by path at their first read (for a new process, later in the
+    tick that added it) and then held for good: unverified, a pid reused in between bound them
+    to a stranger."""
+    if not os.access("/proc/sys/kernel/ns_last_pid", os.W_OK):
+        pytest.skip("needs root to steer pid allocation through ns_last_pid")
+    proc = spawn(
+        """
+        import subprocess, sys, time
+        victim = subprocess.Popen(["sleep", "120"])
+        print("READY", flush=True)
+        print(victim.pid, flush=True)
+        sys.stdin.readline()
+        victim.kill(); victim.wait()
+        time.sleep(0.05)  # start times count 10 ms clock ticks: a later tick than the victim's
+        for attempt in range(50):
+            with open("/proc/sys/kernel/ns_last_pid", "w") as fh:
+                fh.write(str(victim.pid - 1))
+            new = subprocess.Popen(["sleep", "120"])
+            if new.pid == victim.pid:
+                break
+            new.kill(); new.wait()
+        print("REUSED" if new.pid == victim.pid else "MISSED", flush=True)
+        sys.stdin.readline()
+        """
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    victim = int(proc.stdout.readline())
+    handle = ProcHandle(victim)  # holds stat only, as _add leaves a new process
+    proc.stdin.write("\n")
+    proc.stdin.flush()
+    if proc.stdout.readline().strip() != "REUSED":
+        pytest.skip("another process took the pid first")
+    assert ProcHandle(victim).read("status")  # the stranger is there, readable
+    for name in ("status", "io"):
+        with pytest.raises(ProcessGone):
+            handle.read(name)
+
+
+def test_a_transient_error_on_the_target_stat_at_the_first_tick_does_not_report_it_dead(
+    spawn: Spawn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tracker read the target's stat when it opened it, but its last state started as None:
+    a transient error on the first tick reported a live target dead (and sample_until_done
+    stopped watching it)."""
+    from dlmon.collect.sampler import Sampler
+
+    proc = spawn('print("READY", flush=True)\nimport time; time.sleep(120)')
+    sampler = Sampler(proc.pid)
+    real_stat = ProcHandle.stat
+    failures = [proc.pid]
+
+    def flaky_stat(self: ProcHandle) -> StatFields:
+        if failures and self.pid == failures[0]:
+            failures.pop()
+            raise OSError(errno.EIO, "transient")
+        return real_stat(self)
+
+    monkeypatch.setattr(ProcHandle, "stat", flaky_stat)
+    assert sampler.sample().target.alive
+    assert not failures  # the error did happen on that tick

@@ -3,7 +3,8 @@ process that was once in the tree and is still alive (orphaned DataLoader worker
 row after the trainer dies, reparented to init).
 
 What each tick reads, and what it reads less often (docs/performance.md):
-- every process, every tick: stat, status, io through held fds (one read each);
+- every process, every tick: stat, status, io through held fds (one read each, plus a stat
+  read after each open by path below: the identity check of procfs.py);
 - children: every tick only from the threads that fork (the main thread and any thread seen
   with children) of processes that can start workers (the trainer, launchers, ranks); every
   thread when the thread count changed or every ``thread_list_s``; workers' own children every
@@ -172,11 +173,12 @@ class ProcessTracker:
         self.fd_counts_last_tick: list[int] = []  # pids whose fd directory was listed
         self.children_reads_last_tick: list[tuple[int, list[int] | None]] = []  # pid, tids (None: all)
         self.without_held_fds = 0  # processes read by path: dlmon reached its fd cap
-        self.last_target_state: str | None = None
         self._new_stats: dict[Identity, StatFields] = {}
         self._now = clock()
         self.target = ProcHandle(target_pid, proc_root)  # raises ProcessGone for no such pid
         self.target_identity: Identity = (target_pid, self.target.start_time)
+        # From the read at the open, so a transient error on the first tick keeps it alive too.
+        self.last_target_state: str | None = self.target.first_stat.state
         self._tracked[self.target_identity] = _Tracked(self.target, "main", self._now)
 
     # -- discovery ---------------------------------------------------------------------------
@@ -229,7 +231,11 @@ class ProcessTracker:
             tracked.tids = sorted(by_thread)
             tracked.tids_time, tracked.tids_num_threads = now, stat.num_threads
             tracked.children_time = now
-            tracked.forking_tids = {tid for tid, kids in by_thread.items() if kids}
+            # A thread that forked before stays a forking thread while it lives, even when the
+            # relist falls between two epochs of its workers (no children at that moment).
+            tracked.forking_tids = {
+                tid for tid, kids in by_thread.items() if kids or tid in tracked.forking_tids
+            }
             self.children_reads_last_tick.append((pid, None))
         else:
             tids = sorted(tracked.forking_tids | {pid})

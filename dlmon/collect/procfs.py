@@ -139,7 +139,14 @@ class ProcHandle:
     def _fd(self, name: str) -> int:
         fd = self._fds.get(name)
         if fd is None:
-            fd = self._fds[name] = self._open(name)
+            fd = self._open(name)
+            if "stat" in self._fds:  # once per file per handle: held from now on, so verify it
+                try:
+                    self._verify()
+                except BaseException:
+                    os.close(fd)
+                    raise
+            self._fds[name] = fd
         return fd
 
     def _verify(self) -> None:
