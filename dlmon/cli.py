@@ -6,6 +6,7 @@ import json
 import os
 import sys
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
@@ -60,6 +61,27 @@ def open_sampler(pid: int, *, unlimited_smaps: bool = False) -> Sampler:
         fail(f"cannot read process {pid}: {exc.strerror or exc}")
 
 
+def with_prometheus(
+    analyzer: Callable[[Snapshot], Snapshot], address: str | None
+) -> Callable[[Snapshot], Snapshot]:
+    """The analyzer, publishing each snapshot to a /metrics server when --prometheus is given."""
+    if not address:
+        return analyzer
+    from dlmon.export.prometheus import AddressError, Exporter, parse_address, serve, start_line
+
+    try:
+        where = parse_address(address)
+    except AddressError as exc:
+        fail(str(exc))
+    exporter = Exporter()
+    try:
+        server = serve(exporter, where)
+    except OSError as exc:
+        fail(f"cannot serve Prometheus metrics on {address}: {exc.strerror or exc}")
+    click.echo(start_line(server), err=True)
+    return exporter.wrap(analyzer)
+
+
 def open_record(path: str) -> RecordWriter:
     from dlmon.flow.recording import RecordWriter
 
@@ -98,6 +120,10 @@ def main() -> None:
 
 
 INTERVAL_HELP = "Seconds between samples (default 1)."
+PROMETHEUS_HELP = (
+    "Also serve the latest snapshot as Prometheus metrics on [HOST:]PORT/metrics (HOST: 127.0.0.1 "
+    "unless given; PORT 0: any free port, printed)."
+)
 
 
 @main.command()
@@ -109,10 +135,21 @@ INTERVAL_HELP = "Seconds between samples (default 1)."
 @click.option("--once", is_flag=True, help="Take two samples ~1 s apart (so rates exist), print one, exit.")
 @click.option("--json", "as_json", is_flag=True, help="Print snapshots as JSON.")
 @click.option("--inject", is_flag=True, help="Load the agent into PID first (Python 3.14+, sys.remote_exec).")
-def attach(pid: str, interval: str, record_path: str | None, once: bool, as_json: bool, inject: bool) -> None:
+@click.option("--prometheus", metavar="[HOST:]PORT", help=PROMETHEUS_HELP)
+def attach(
+    pid: str,
+    interval: str,
+    record_path: str | None,
+    once: bool,
+    as_json: bool,
+    inject: bool,
+    prometheus: str | None = None,
+) -> None:
     """Watch a running training process PID and all its descendants."""
     target = parse_pid(pid)
     seconds = positive_seconds(interval, "--interval")
+    if prometheus and once:
+        fail("--prometheus serves a running watch; it cannot be combined with --once")
     if inject:
         from dlmon.launch.inject import InjectError
         from dlmon.launch.inject import inject as inject_agent
@@ -125,7 +162,7 @@ def attach(pid: str, interval: str, record_path: str | None, once: bool, as_json
         _attach_once(target, as_json)
         return
     if sys.stdout.isatty() and not as_json:
-        sys.exit(_attach_dashboard(target, seconds, record_path))
+        sys.exit(_attach_dashboard(target, seconds, record_path, prometheus))
     from dlmon.analysis import Analyzer
     from dlmon.flow.loop import Pipeline, sample_until_done, stop_on_signals
     from dlmon.flow.recording import encode_snapshot
@@ -139,14 +176,14 @@ def attach(pid: str, interval: str, record_path: str | None, once: bool, as_json
         sys.stdout.flush()
 
     writer = open_record(record_path) if record_path else None
-    pipeline = Pipeline(Analyzer(), writer, (AlertLog(), show))
+    pipeline = Pipeline(with_prometheus(Analyzer(), prometheus), writer, (AlertLog(), show))
     stop = threading.Event()
     with stop_on_signals(stop):
         pipeline.finish(sample_until_done(sampler, seconds, pipeline, stop))
     sampler.close()
 
 
-def _attach_dashboard(pid: int, interval: float, record_path: str | None) -> int:
+def _attach_dashboard(pid: int, interval: float, record_path: str | None, prometheus: str | None) -> int:
     from dlmon.analysis import Analyzer
     from dlmon.collect.sampler import NoSuchProcess
     from dlmon.flow.sources import LiveSource
@@ -155,7 +192,9 @@ def _attach_dashboard(pid: int, interval: float, record_path: str | None) -> int
     if record_path:
         open_record(record_path).close()
     try:
-        source = LiveSource(pid, interval, record_path=record_path, analyzer=Analyzer())
+        source = LiveSource(
+            pid, interval, record_path=record_path, analyzer=with_prometheus(Analyzer(), prometheus)
+        )
     except NoSuchProcess:
         fail(f"no such process: {pid}")
     _report_screenshots(run_dashboard(source, interval=interval))
@@ -240,12 +279,18 @@ RUN_SETTINGS = {"ignore_unknown_options": True, "allow_interspersed_args": False
     "--record", "record_path", metavar="FILE", help="Also write every snapshot to FILE (JSON lines)."
 )
 @click.option("--headless", is_flag=True, help="No dashboard: the training's output passes through.")
+@click.option("--prometheus", metavar="[HOST:]PORT", help=PROMETHEUS_HELP)
 @click.argument(
     "command", nargs=-1, required=True, type=click.UNPROCESSED, metavar="SCRIPT [ARGS]... | -- CMD [ARGS]..."
 )
 @click.pass_context
 def run(
-    ctx: click.Context, interval: str, record_path: str | None, headless: bool, command: tuple[str, ...]
+    ctx: click.Context,
+    interval: str,
+    record_path: str | None,
+    headless: bool,
+    command: tuple[str, ...],
+    prometheus: str | None = None,
 ) -> None:
     """Run a training script (with this Python) or any command, with the in-process agent, and watch it.
 
@@ -259,7 +304,9 @@ def run(
     is_command = _is_command_mode(ctx, command)
     if not is_command and not os.path.isfile(command[0]):
         fail(f"no such script: {command[0]} (to run a command, put it after --: dlmon run -- CMD)")
-    sys.exit(_run_training(command_for(list(command), is_command), seconds, record_path, headless))
+    sys.exit(
+        _run_training(command_for(list(command), is_command), seconds, record_path, headless, prometheus)
+    )
 
 
 @main.command()
@@ -276,6 +323,7 @@ def run(
     "--record", "record_path", metavar="FILE", help="Also write every snapshot to FILE (JSON lines)."
 )
 @click.option("--headless", is_flag=True, help="No dashboard: the demo's output passes through.")
+@click.option("--prometheus", metavar="[HOST:]PORT", help=PROMETHEUS_HELP)
 def demo(
     scenario: str,
     workers: int,
@@ -284,6 +332,7 @@ def demo(
     interval: str,
     record_path: str | None,
     headless: bool,
+    prometheus: str | None = None,
 ) -> None:
     """A synthetic training (small model, generated data, DataLoader workers) under dlmon run.
 
@@ -299,27 +348,39 @@ def demo(
     limit = positive_seconds(duration, "--duration", allow_zero=True)
     command = [sys.executable, "-m", "dlmon.demo", "--scenario", scenario, "--workers", str(workers)]
     command += ["--batch-size", str(batch_size), "--duration", str(limit)]
-    sys.exit(_run_training(command, seconds, record_path, headless))
+    sys.exit(_run_training(command, seconds, record_path, headless, prometheus))
 
 
-def _run_training(command: list[str], interval: float, record_path: str | None, headless: bool) -> int:
+def _run_training(
+    command: list[str],
+    interval: float,
+    record_path: str | None,
+    headless: bool,
+    prometheus: str | None = None,
+) -> int:
+    from dlmon.analysis import Analyzer
     from dlmon.launch.runner import launch
 
     if record_path:
         open_record(record_path).close()  # fail early, before the training starts
+    analyzer = with_prometheus(Analyzer(), prometheus)  # a bad address fails before the training starts
     try:
         if headless:
-            from dlmon.analysis import Analyzer
             from dlmon.launch.session import AlertLog, run_headless
 
-            return run_headless(command, interval, record_path, analyzer=Analyzer(), on_alerts=AlertLog())
+            return run_headless(command, interval, record_path, analyzer=analyzer, on_alerts=AlertLog())
         training = launch(command, to_log=True)
     except OSError as exc:
         fail(f"cannot start {command[0]}: {exc.strerror or exc}")
-    return _run_dashboard(training, interval, record_path)
+    return _run_dashboard(training, interval, record_path, analyzer)
 
 
-def _run_dashboard(training: Training, interval: float, record_path: str | None) -> int:
+def _run_dashboard(
+    training: Training,
+    interval: float,
+    record_path: str | None,
+    analyzer: Callable[[Snapshot], Snapshot] | None = None,
+) -> int:
     from dlmon.flow.sources import LiveSource
     from dlmon.ui import run_dashboard
 
@@ -329,7 +390,7 @@ def _run_dashboard(training: Training, interval: float, record_path: str | None)
     source = LiveSource(
         training.pid,
         interval,
-        analyzer=Analyzer(),
+        analyzer=analyzer or Analyzer(),
         record_path=record_path,
         exit_code=training.exit_code,
         log_path=training.log_path,
@@ -404,3 +465,27 @@ def replay(file: str, speed: str) -> None:
     for problem in source.record.problems[:5]:
         click.echo(f"dlmon: skipping line {problem.line} of {file}: {problem.reason}", err=True)
     _report_screenshots(run_dashboard(source))
+
+
+# --- export, report, diff (dlmon/export) ---------------------------------------------------------
+
+
+@main.command("export")
+@click.argument("pid")
+@click.option("--prometheus", metavar="[HOST:]PORT", required=True, help=PROMETHEUS_HELP)
+@click.option("--interval", default="1", metavar="S", help=INTERVAL_HELP)
+def export_command(pid: str, prometheus: str, interval: str) -> None:
+    """Serve PID's snapshots as Prometheus metrics, headless, until it exits or Ctrl-C."""
+    target = parse_pid(pid)
+    seconds = positive_seconds(interval, "--interval")
+    from dlmon.analysis import Analyzer
+    from dlmon.flow.loop import Pipeline, sample_until_done, stop_on_signals
+    from dlmon.launch.session import AlertLog
+
+    sampler = open_sampler(target)
+    pipeline = Pipeline(with_prometheus(Analyzer(), prometheus), None, (AlertLog(),))
+    stop = threading.Event()
+    with stop_on_signals(stop):
+        reason = sample_until_done(sampler, seconds, pipeline, stop)
+    sampler.close()
+    click.echo(f"dlmon: export stopped ({reason.replace('_', ' ')})", err=True)
