@@ -489,3 +489,82 @@ def export_command(pid: str, prometheus: str, interval: str) -> None:
         reason = sample_until_done(sampler, seconds, pipeline, stop)
     sampler.close()
     click.echo(f"dlmon: export stopped ({reason.replace('_', ' ')})", err=True)
+
+
+def _summarize(path: str) -> Any:
+    """A recording's summary; one line and exit 2 if it cannot be read or holds no snapshot."""
+    from dlmon.export.summary import summarize
+
+    try:
+        summary = summarize(path)
+    except OSError as exc:
+        fail(f"cannot read {path}: {exc.strerror or exc}")
+    for problem in summary.problems[:5]:
+        click.echo(f"dlmon: skipping line {problem.line} of {path}: {problem.reason}", err=True)
+    if summary.problems_total > 5:
+        click.echo(f"dlmon: ... and {summary.problems_total - 5} more skipped lines in {path}", err=True)
+    if not summary.snapshots:
+        why = f" (line {summary.problems[0].line}: {summary.problems[0].reason})" if summary.problems else ""
+        fail(f"{path} holds no snapshots{why}")
+    return summary
+
+
+@main.command()
+@click.argument("file")
+@click.option("--html", "html_path", metavar="OUT.html", help="Also write a self-contained HTML report.")
+@click.option("--md", "as_markdown", is_flag=True, help="Print Markdown (for a PR comment) instead of text.")
+@click.option("--no-charts", is_flag=True, help="Leave out the terminal charts.")
+def report(file: str, html_path: str | None, as_markdown: bool, no_charts: bool) -> None:
+    """Summarise a recording (.jsonl or .jsonl.gz): peaks, throughput, data-wait, deaths, alerts.
+
+    Streams the file, so a day-long recording needs no more memory than a short one.
+    """
+    from dlmon.export.text import format_markdown, format_text
+
+    summary = _summarize(file)
+    if html_path:
+        from dlmon.export.html import format_html
+
+        try:
+            with open(html_path, "w", encoding="utf-8") as fh:
+                fh.write(format_html(summary))
+        except OSError as exc:
+            fail(f"cannot write {html_path}: {exc.strerror or exc}")
+        click.echo(f"dlmon: HTML report written to {html_path}", err=True)
+    if as_markdown:
+        click.echo(format_markdown(summary), nl=False)
+        return
+    click.echo(format_text(summary), nl=False)
+    if not no_charts:
+        from dlmon.ui.report_charts import report_charts
+
+        width = min(120, max(40, os.get_terminal_size().columns if sys.stdout.isatty() else 100))
+        click.echo("\n" + report_charts(summary, width=width, colour=sys.stdout.isatty()))
+
+
+@main.command()
+@click.argument("before")
+@click.argument("after")
+@click.option(
+    "--fail-on",
+    "fail_on",
+    multiple=True,
+    metavar="SPEC",
+    help="Exit 1 when a figure moves past a limit: memory+10%, throughput-5%, data-wait+5pp, "
+    "worker-memory+20%, rss|anon|shm|vram+N%, alerts+0 (new alert kinds). Repeatable.",
+)
+def diff(before: str, after: str, fail_on: tuple[str, ...]) -> None:
+    """Compare two recordings (BEFORE and AFTER a change): throughput, data-wait, peak memory per
+    process, alerts; a verdict, and exit 1 when a --fail-on limit is exceeded."""
+    from dlmon.export.diff import SpecError, compare, format_diff, parse_limit
+
+    limits = []
+    for spec in fail_on:
+        try:
+            limits.append(parse_limit(spec))
+        except SpecError as exc:
+            fail(str(exc))
+    a, b = _summarize(before), _summarize(after)
+    result = compare(a, b, limits)
+    click.echo(format_diff(a, b, result), nl=False)
+    sys.exit(1 if result.verdict == "FAIL" else 0)
