@@ -9,15 +9,19 @@ next snapshot, because each scrape renders only the current one.
 
 from __future__ import annotations
 
+import gzip
 import ipaddress
+import socket
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.exposition import generate_latest, start_http_server
+from prometheus_client.exposition import ThreadingWSGIServer, choose_encoder, generate_latest, gzip_accepted
 from prometheus_client.registry import Collector
 
 from dlmon import __version__
@@ -51,9 +55,11 @@ def parse_address(text: str) -> Address:
         host = DEFAULT_HOST
     elif host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
+        if not _is_ip(host):
+            raise AddressError(f"--prometheus {text!r}: {host!r} in brackets is not an IPv6 address")
     elif not host:
         raise AddressError(f"--prometheus {text!r}: a host before ':' is missing (or give only a PORT)")
-    if ":" in host and not _is_ip(host):
+    elif ":" in host:
         raise AddressError(f"--prometheus {text!r}: write an IPv6 address in brackets, [::1]:PORT")
     if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
         raise AddressError(f"--prometheus {text!r}: PORT must be a number from 0 to 65535")
@@ -109,19 +115,19 @@ class Exporter:
 
 
 class SnapshotCollector(Collector):
-    """Renders ``exporter.latest`` on each scrape: the only work a scrape does."""
+    """Renders one published state (``exporter.latest`` unless told which)."""
 
     def __init__(self, exporter: Exporter) -> None:
         self._exporter = exporter
+        self.pinned: Published | None = None
 
     def collect(self) -> Iterator[Metric]:
         info = GaugeMetricFamily("dlmon_build_info", "dlmon's version.", labels=["version"])
         info.add_metric([__version__], 1)
         yield info
-        published = self._exporter.latest
-        if published is None:
-            return
-        yield from render(published)
+        published = self.pinned or self._exporter.latest
+        if published is not None:
+            yield from render(published)
 
 
 def render(published: Published) -> Iterator[Metric]:
@@ -145,8 +151,45 @@ def registry_for(exporter: Exporter) -> CollectorRegistry:
 
 
 def exposition(exporter: Exporter) -> bytes:
-    """The /metrics body, as a scrape would get it."""
+    """The /metrics body in the classic text format, rendered afresh."""
     return generate_latest(registry_for(exporter))
+
+
+WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], list[bytes]]
+
+
+def metrics_app(exporter: Exporter) -> WsgiApp:
+    """/metrics, rendered at most once per published snapshot and format: formatting ~700 series
+    costs milliseconds (prometheus-client), so repeated scrapes (HA pairs, curl) get the cached
+    bytes. The lock is only between HTTP threads; the sampler never takes it."""
+    collector = SnapshotCollector(exporter)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    cache: dict[tuple[str, bool], tuple[Published | None, list[tuple[str, str]], bytes]] = {}
+    lock = threading.Lock()
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        if environ.get("PATH_INFO", "/") not in ("/", "/metrics"):
+            start_response("404 Not Found", [("Content-Type", "text/plain")])
+            return [b"dlmon serves /metrics\n"]
+        encoder, content_type = choose_encoder(environ.get("HTTP_ACCEPT", ""))
+        zipped = gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING", ""))
+        with lock:
+            published = exporter.latest
+            hit = cache.get((content_type, zipped))
+            if hit is None or hit[0] is not published or published is None:
+                collector.pinned = published
+                body = encoder(registry)
+                headers = [("Content-Type", content_type)]
+                if zipped:
+                    body = gzip.compress(body, compresslevel=1)
+                    headers.append(("Content-Encoding", "gzip"))
+                hit = (published, headers, body)
+                cache[(content_type, zipped)] = hit
+        start_response("200 OK", hit[1])
+        return [hit[2]]
+
+    return app
 
 
 @dataclass
@@ -164,9 +207,21 @@ class Server:
         self._shutdown()
 
 
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """No access log on dlmon's stderr (it is the dashboard's or the alert log's)."""
+
+
 def serve(exporter: Exporter, address: Address) -> Server:
     """Serve /metrics on a daemon thread; raises OSError when the address cannot be bound."""
-    httpd, thread = start_http_server(address.port, address.host, registry_for(exporter))
+    family = socket.AF_INET6 if ":" in address.host else socket.AF_INET
+
+    class Server_(ThreadingWSGIServer):
+        address_family = family
+
+    httpd = make_server(address.host, address.port, metrics_app(exporter), Server_, _QuietHandler)
+    thread = threading.Thread(target=httpd.serve_forever, name="dlmon-metrics", daemon=True)
+    thread.start()
 
     def shutdown() -> None:
         httpd.shutdown()

@@ -43,7 +43,10 @@ def _max(values: Iterable[int | float | None]) -> float | None:
 
 
 def throughput(s: Snapshot) -> float | None:
-    """Samples per second over all loaders (batches/s when sample counts are unknown)."""
+    """Samples per second over all loaders (batches/s when sample counts are unknown); None until
+    the first batch arrived, so worker start-up does not count as zero throughput."""
+    if not any(lo.batches_total for lo in s.loaders):
+        return None
     samples = _sum(lo.samples_per_s for lo in s.loaders)
     return samples if samples is not None else _sum(lo.batches_per_s for lo in s.loaders)
 

@@ -68,6 +68,8 @@ def death_cause(death: WorkerDeath, oom_kills: int | None) -> str:
     hint = CAUSE_HINTS.get(name, "")
     if name == "SIGKILL" and oom_kills:
         hint = f"the OOM killer ({oom_kills} OOM kill(s) during the run)"
+    elif name == "SIGKILL" and oom_kills == 0:
+        hint = "killed outright, not by the OOM killer (no OOM kill counted during the run)"
     return f"{name}: {hint}" if hint else name
 
 
