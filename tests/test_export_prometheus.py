@@ -3,10 +3,13 @@ checked by promtool and by a real Prometheus server reading it back."""
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 import subprocess
 import textwrap
 import time
+import urllib.error
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
@@ -143,6 +146,50 @@ def test_an_explicit_host_is_printed(tmp_path: Path) -> None:
         kill_group(job)
 
 
+# --- docs/prometheus.md and the Grafana dashboard --------------------------------------------------
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+
+def doc_block(marker: str) -> str:
+    """The fenced block after ``<!-- marker -->`` in docs/prometheus.md."""
+    text = (DOCS / "prometheus.md").read_text()
+    after = text.split(f"<!-- {marker} -->", 1)[1]
+    return after.split("```yaml\n", 1)[1].split("```", 1)[0]
+
+
+@pytest.mark.skipif(
+    shutil.which("promtool") is None, reason="promtool is not installed (.ci/run installs it)"
+)
+def test_documented_rules_and_scrape_config_pass_promtool(tmp_path: Path) -> None:
+    (tmp_path / "dlmon-rules.yml").write_text(doc_block("rules"))
+    (tmp_path / "prometheus.yml").write_text(doc_block("scrape-config"))
+    rules = subprocess.run(
+        ["promtool", "check", "rules", str(tmp_path / "dlmon-rules.yml")], capture_output=True, text=True
+    )
+    assert rules.returncode == 0 and "SUCCESS: 10 rules found" in rules.stdout, rules.stdout + rules.stderr
+    config = subprocess.run(
+        ["promtool", "check", "config", str(tmp_path / "prometheus.yml")], capture_output=True, text=True
+    )
+    assert config.returncode == 0, config.stdout + config.stderr
+
+
+def exported_names() -> set[str]:
+    from dlmon.export.metrics import GROUPS
+
+    return {m.name for g in GROUPS for m in g.metrics} | {"dlmon_build_info"}
+
+
+def dashboard_queries() -> list[str]:
+    dashboard = json.loads((DOCS / "grafana" / "dlmon.json").read_text())
+    return [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+
+
+def test_docs_and_dashboard_name_only_exported_metrics() -> None:
+    used = set(re.findall(r"\bdlmon_[a-z_]+", doc_block("rules") + " ".join(dashboard_queries())))
+    assert used and used <= exported_names(), used - exported_names()
+
+
 # --- a real Prometheus server ---------------------------------------------------------------------
 
 
@@ -152,6 +199,7 @@ def prometheus(served: tuple[int, Path], tmp_path_factory: pytest.TempPathFactor
         pytest.skip("prometheus is not installed (.ci/run installs it)")
     port, _ = served
     tmp = tmp_path_factory.mktemp("prometheus")
+    (tmp / "dlmon-rules.yml").write_text(doc_block("rules"))
     config = tmp / "prometheus.yml"
     config.write_text(
         textwrap.dedent(
@@ -159,6 +207,7 @@ def prometheus(served: tuple[int, Path], tmp_path_factory: pytest.TempPathFactor
             global:
               scrape_interval: 1s
               evaluation_interval: 1s
+            rule_files: [dlmon-rules.yml]
             scrape_configs:
               - job_name: dlmon
                 static_configs:
@@ -196,11 +245,12 @@ def _get(url: str) -> str | None:
 
 
 def query(url: str, promql: str, at: float | None = None) -> list[dict[str, Any]]:
-    import json
-
     params = {"query": promql, **({"time": repr(at)} if at is not None else {})}
-    body = _get(f"{url}/api/v1/query?{urllib.parse.urlencode(params)}")
-    if body is None:
+    try:
+        body = http_get(f"{url}/api/v1/query?{urllib.parse.urlencode(params)}")
+    except urllib.error.HTTPError as exc:  # 400: the query does not parse or run
+        raise AssertionError(f"{promql}: {exc.read().decode()[:300]}") from exc
+    except OSError:
         return []
     data = json.loads(body)
     assert data["status"] == "success", data
@@ -256,3 +306,30 @@ def test_prometheus_scrapes_what_dlmon_sampled(prometheus: str, served: tuple[in
             expected[(p["role"], "", str(p["pid"]))] = float(p["rss_bytes"])
     assert rss == expected
     assert len([k for k in rss if k[0] == "worker"]) == 2
+
+
+def test_the_documented_rules_evaluate_on_real_data(prometheus: str) -> None:
+    def rules() -> list[dict[str, Any]]:
+        body = _get(f"{prometheus}/api/v1/rules")
+        groups = json.loads(body)["data"]["groups"] if body else []
+        return [rule for group in groups for rule in group["rules"]]
+
+    assert wait_for(
+        lambda: len(rules()) == 10 and all(r.get("lastEvaluation", "").startswith("20") for r in rules())
+    )
+    assert [r["name"] for r in rules() if r["health"] != "ok"] == []
+    assert wait_for(lambda: query(prometheus, "dlmon:loader_samples:rate1m > 0"), timeout=60)
+    assert wait_for(lambda: query(prometheus, "dlmon:worker_pss_bytes:sum > 0"), timeout=60)
+
+
+def test_the_grafana_dashboard_queries_return_data(prometheus: str) -> None:
+    """Every panel's query runs on a real Prometheus scraping dlmon; the ones about the job's
+    memory, throughput and data-wait return series (a GPU-less machine has no GPU series)."""
+    must_have = ("dlmon_process_pss_bytes", "dlmon_job_pss_bytes", "dlmon_loader_samples_total",
+                 "dlmon_loader_data_wait_seconds_total", "dlmon_shm_used_bytes")  # fmt: skip
+    for expr in dashboard_queries():
+        promql = expr.replace("$instance", ".*").replace("$__rate_interval", "5s").replace("$__range", "1m")
+        if any(name in expr for name in must_have):
+            assert wait_for(lambda q=promql: query(prometheus, q), timeout=60), promql  # type: ignore[misc]
+        else:
+            query(prometheus, promql)  # must parse and run (asserts status success)
