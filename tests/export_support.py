@@ -47,8 +47,14 @@ def http_get(url: str, timeout: float = 5.0) -> str:
 
 
 def kill_group(proc: subprocess.Popen[Any]) -> None:
+    """Kill ``proc``'s process group and every process below it: `dlmon run` starts the training
+    in a session of its own, which a group kill alone would leave running."""
+    tree = descendants(proc.pid) if proc.poll() is None else []
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
+    for pid in tree:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     proc.wait(timeout=30)
 
 
@@ -89,3 +95,21 @@ def read_snapshots(path: Path) -> list[dict[str, Any]]:
             if record.get("type") == "snapshot":
                 records.append(record)
     return records
+
+
+def descendants(root: int) -> list[int]:
+    """Every process below ``root`` (from /proc), children before grandchildren."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found, frontier = [], [root]
+    while frontier:
+        children = [c for c, p in parents.items() if p == frontier[0]]
+        frontier = frontier[1:] + children
+        found += children
+    return found

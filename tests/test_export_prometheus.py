@@ -3,9 +3,12 @@ checked by promtool and by a real Prometheus server reading it back."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import textwrap
 import time
@@ -20,6 +23,7 @@ import pytest
 from dlmon.export.prometheus import AddressError, parse_address
 from export_support import (
     LOADER_JOB,
+    descendants,
     dlmon_cmd,
     dlmon_serving,
     free_port,
@@ -333,3 +337,33 @@ def test_the_grafana_dashboard_queries_return_data(prometheus: str) -> None:
             assert wait_for(lambda q=promql: query(prometheus, q), timeout=60), promql  # type: ignore[misc]
         else:
             query(prometheus, promql)  # must parse and run (asserts status success)
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
+def test_the_dashboard_serves_metrics_too(tmp_path: Path) -> None:
+    """`dlmon run --prometheus` with the dashboard in a real terminal: the live source's pipeline
+    publishes, so /metrics follows the job while the dashboard runs."""
+    port, socket_name = free_port(), f"dlmon-export-{time.monotonic_ns()}"
+    command = " ".join([*dlmon_cmd("run", "--prometheus", f"127.0.0.1:{port}"), *JOB])
+    subprocess.run(
+        ["tmux", "-L", socket_name, "new-session", "-d", "-x", "160", "-y", "50", command], check=True
+    )
+    try:
+        seen = wait_for(lambda: parse_exposition(scrape(port)).get("dlmon_loader_batches_total"), timeout=90)
+        assert seen, "no loader figures on /metrics while the dashboard ran"
+        later = wait_for(
+            lambda: (
+                (b := parse_exposition(scrape(port)).get("dlmon_loader_batches_total"))
+                and b[0][1] > seen[0][1]
+            )
+        )
+        assert later, "the batches counter did not move"
+    finally:
+        panes = subprocess.run(
+            ["tmux", "-L", socket_name, "list-panes", "-F", "#{pane_pid}"], capture_output=True, text=True
+        ).stdout.split()
+        tree = [pid for pane in panes for pid in descendants(int(pane))]  # the training has its own session
+        subprocess.run(["tmux", "-L", socket_name, "kill-server"], capture_output=True)
+        for pid in tree:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
