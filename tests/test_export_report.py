@@ -25,7 +25,8 @@ from export_support import LOADER_JOB, dlmon_cmd, kill_group, read_snapshots, wa
 pytestmark = pytest.mark.slow
 
 JOB = [LOADER_JOB, "--store", "tensor", "--items", "20000", "--workers", "2", "--rate", "40"]
-LEAK_S = 60  # the 60-s memory_growth window needs ~40 s of readings (docs/detectors.md)
+LEAK_S = 80  # the 60-s memory_growth window needs ~40 s of readings (docs/detectors.md), + load
+LEAK_JOB = [*JOB[:4], "200000", *JOB[5:], "--persistent"]
 
 
 def record(path: Path, *job: str) -> subprocess.Popen[bytes]:
@@ -65,18 +66,21 @@ def batches_flow(path: Path) -> bool:
 
 @pytest.fixture(scope="module")
 def recordings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
-    """Made side by side (about a minute): healthy, leak, death, healthy gzip'd."""
+    """Made side by side (about a minute): healthy, leak, death, healthy gzip'd, slow."""
     tmp = tmp_path_factory.mktemp("recordings")
     paths = {
         "healthy": tmp / "healthy.jsonl",
         "healthy_gz": tmp / "healthy.jsonl.gz",
         "leak": tmp / "leak.jsonl",
         "death": tmp / "death.jsonl",
+        "slow": tmp / "slow.jsonl",
     }
     runs = [
         record(paths["healthy"], *JOB, "--seconds", "12"),
         record(paths["healthy_gz"], *JOB, "--seconds", "8"),
-        record(paths["leak"], *JOB, "--seconds", str(LEAK_S), "--leak-main", str(4 << 20)),
+        record(paths["slow"], *JOB, "--seconds", "12", "--rate", "15"),  # the same job, throttled
+        # one long epoch, persistent workers: no respawn sawtooth over the steady leak
+        record(paths["leak"], *LEAK_JOB, "--seconds", str(LEAK_S), "--leak-main", str(4 << 20)),
     ]
     death = record(paths["death"], *JOB, "--seconds", "16")
     runs.append(death)
@@ -224,6 +228,23 @@ def test_diff_fails_ci_on_a_memory_regression(recordings: dict[str, Path]) -> No
     assert re.search(r"limit: memory\+10%: memory changed \+\d+\.\d%", result.stdout)
 
 
+def test_diff_fails_ci_on_a_throughput_regression(recordings: dict[str, Path]) -> None:
+    limits = ["--fail-on", "throughput-5%", "--fail-on", "memory+50%"]
+    result = diff(str(recordings["healthy"]), str(recordings["slow"]), *limits)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert re.search(r"limit: throughput-5%: throughput changed -\d\d\.\d%", result.stdout), result.stdout
+    assert "limit: memory+50%" not in result.stdout
+    assert re.search(r"throughput \(mean samples/s\).*worse", result.stdout)
+    back = diff(str(recordings["slow"]), str(recordings["healthy"]), *limits)
+    assert back.returncode == 0, back.stdout
+    assert re.search(r"throughput \(mean samples/s\).*better", back.stdout)  # data-wait may rise with it
+
+
+def test_diff_per_worker_memory_limit(recordings: dict[str, Path]) -> None:
+    result = diff(str(recordings["healthy"]), str(recordings["leak"]), "--fail-on", "worker-memory+50%")
+    assert result.returncode == 1 and "limit: worker-memory+50%: worker-memory changed +" in result.stdout
+
+
 def test_diff_of_a_run_with_itself_passes(recordings: dict[str, Path]) -> None:
     path = str(recordings["healthy"])
     result = diff(
@@ -281,3 +302,10 @@ def test_report_is_also_a_module_command() -> None:
         [sys.executable, "-m", "dlmon", "report", "--help"], capture_output=True, text=True
     )
     assert result.returncode == 0 and "--html" in result.stdout
+
+
+def test_prometheus_with_once_is_refused() -> None:
+    result = subprocess.run(
+        dlmon_cmd("attach", str(os.getpid()), "--once", "--prometheus", "0"), capture_output=True, text=True
+    )
+    assert result.returncode == 2 and "--once" in result.stderr and result.stderr.count("\n") == 1
