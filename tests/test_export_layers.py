@@ -37,3 +37,12 @@ def test_new_commands_are_listed() -> None:
     out = subprocess.run([sys.executable, "-m", "dlmon", "--help"], capture_output=True, text=True).stdout
     for command in ("export", "report", "diff"):
         assert f"  {command} " in out, out
+
+
+def test_fail_on_specs_parse() -> None:
+    from dlmon.export.diff import Limit, parse_limit
+
+    assert parse_limit("memory+10%") == Limit("memory", 1, 10.0, "%", "memory+10%")
+    assert parse_limit(" throughput-5% ") == Limit("throughput", -1, 5.0, "%", "throughput-5%")
+    assert parse_limit("data-wait+2.5pp") == Limit("data-wait", 1, 2.5, "pp", "data-wait+2.5pp")
+    assert parse_limit("alerts+0") == Limit("alerts", 1, 0.0, "", "alerts+0")
