@@ -89,6 +89,8 @@ class Exporter:
             if event.action != CLEARED:
                 key = (event.alert.kind, event.alert.severity)
                 self._raised[key] = self._raised.get(key, 0) + 1
+        current = {loader.id for loader in snapshot.loaders}
+        self._wait_s = {lid: seconds for lid, seconds in self._wait_s.items() if lid in current}  # bounded
         if snapshot.interval_s:
             for loader in snapshot.loaders:
                 if loader.data_wait_fraction is not None:
