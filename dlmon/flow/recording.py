@@ -1,16 +1,38 @@
-"""Record files: one JSON object per line, flushed per line. JSON only, never pickle.
+"""Record files: one JSON object per line. JSON only, never pickle.
 
 Lines are ``{"type": "snapshot", ...}`` (see docs/snapshot.md) and, last, one
 ``{"type": "end", "time": ..., "reason": ...}`` saying why the recording stopped.
-Each line is written with a single write() so a killed writer leaves whole lines only.
+
+What a record file promises (docs/snapshot.md, "Record files"):
+
+* whole lines only: each line goes out in one ``write()`` (the rest of a short write is written
+  next, and the error a short write announces is caught); an error (ENOSPC, EIO) truncates the
+  file back to the end of the last whole line before it is raised, so a full disk never leaves
+  half a line. A SIGKILL during a ``write()`` of a regular file on a local file system leaves the
+  line written or not (not a POSIX promise for every file system: readers skip and report a torn
+  last line).
+* durable up to ``FSYNC_EVERY_S``: the file is fsync'd at most every ``FSYNC_EVERY_S`` seconds
+  and when it is closed, so a host crash loses at most the last ~10 s.
+* never created or truncated before the target is known: :func:`check_record_path` checks a path
+  without touching an existing file's contents.
+* a path ending in ``.gz`` is written gzip'd, with the same promises: each line is compressed
+  and fully flushed (``Z_FULL_FLUSH``) into one write, so every whole line is readable at any
+  moment and no line refers back to one that a cut-back dropped. A SIGKILLed writer leaves no
+  gzip trailer: readers get every whole line, then report the missing end (after a cut-back the
+  trailer's checksum, which counts the dropped line, is reported the same way).
 """
 
 from __future__ import annotations
 
-import gzip
+import contextlib
+import errno
 import json
+import os
+import stat
 import time
-from typing import Any, BinaryIO, cast
+import zlib
+from collections.abc import Callable
+from typing import Any
 
 from dlmon.model import Snapshot
 from dlmon.model.serialize import snapshot_to_dict
@@ -18,6 +40,8 @@ from dlmon.model.serialize import snapshot_to_dict
 END_TARGET_EXITED = "target_exited"
 END_INTERRUPTED = "interrupted"
 END_DURATION = "duration"
+
+FSYNC_EVERY_S = 10.0
 
 
 def encode_snapshot(snapshot: Snapshot) -> bytes:
@@ -28,32 +52,99 @@ def _encode(record: dict[str, Any]) -> bytes:
     return (json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n").encode()
 
 
-def _open_gzip(path: str) -> BinaryIO:
-    return cast(BinaryIO, gzip.open(path, "wb"))
+def check_record_path(path: str) -> None:
+    """Raise OSError when ``path`` cannot become a record file; never truncates or leaves a file.
+
+    An existing file is opened for appending (nothing written); a new one is created and removed.
+    """
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+    except FileNotFoundError:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        os.close(fd)
+        os.unlink(path)
+        return
+    os.close(fd)
+
+
+def existing_bytes(path: str) -> int | None:
+    """The size of the regular file at ``path`` that a recording would replace, else None."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_size if stat.S_ISREG(info.st_mode) and info.st_size > 0 else None
 
 
 class RecordWriter:
-    def __init__(self, path: str) -> None:
-        """Create or truncate ``path``: -o names the file this recording becomes (gzip'd if it
-        ends in .gz, flushed per line so a killed writer still leaves every whole line readable)."""
+    def __init__(self, path: str, *, clock: Callable[[], float] = time.monotonic) -> None:
+        """Create or truncate ``path``: -o names the file this recording becomes.
+
+        :attr:`replaced_bytes` is the size of the regular file it replaced (None: nothing was
+        there), so the caller can say so.
+        """
         self.path = path
-        self._gzip = path.endswith(".gz")
-        # closed in close()
-        self._fh: BinaryIO = _open_gzip(path) if self._gzip else open(path, "wb", buffering=0)  # noqa: SIM115
+        self.replaced_bytes = existing_bytes(path)
+        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        self._regular = stat.S_ISREG(os.fstat(self._fd).st_mode)
+        self._offset = 0  # end of the last whole line
+        self._clock = clock
+        self._synced_at = clock()
+        # gzip container (wbits 31); a fresh dictionary per line (Z_FULL_FLUSH), see the module doc
+        self._gzip = zlib.compressobj(6, zlib.DEFLATED, 31) if path.endswith(".gz") else None
 
     def write(self, snapshot: Snapshot) -> None:
         self._write(encode_snapshot(snapshot))
 
-    def end(self, reason: str) -> None:
-        self._write(_encode({"type": "end", "time": time.time(), "reason": reason}))
+    def end(self, reason: str, **extra: Any) -> None:
+        self._write(_encode({"type": "end", "time": time.time(), "reason": reason, **extra}))
 
     def _write(self, line: bytes) -> None:
+        if self._fd is None:
+            raise OSError(errno.EBADF, "the record file is closed")
+        if self._gzip is not None:
+            line = self._gzip.compress(line) + self._gzip.flush(zlib.Z_FULL_FLUSH)
+        if not self._regular:  # a pipe or a device: no offset to go back to; finish the line
+            view = memoryview(line)
+            while view:
+                view = view[os.write(self._fd, view) :]
+            return
         view = memoryview(line)
-        while view:  # one write() normally; loop only on a short write
-            written = self._fh.write(view)
-            view = view[written or 0 :]
-        if self._gzip:
-            self._fh.flush()  # Z_SYNC_FLUSH: the line is decodable now, not when the file closes
+        try:
+            while view:  # one write() normally; the rest of a short write, or the error it hides
+                view = view[os.write(self._fd, view) :]
+        except OSError:
+            self._cut_back()
+            raise
+        self._offset += len(line)
+        if self._clock() - self._synced_at >= FSYNC_EVERY_S:
+            self.sync()
+
+    def _cut_back(self) -> None:
+        """Drop the part of a line that did get written: the file ends with a whole line."""
+        assert self._fd is not None
+        try:
+            os.ftruncate(self._fd, self._offset)
+            os.lseek(self._fd, self._offset, os.SEEK_SET)
+        except OSError:
+            pass
+
+    def sync(self) -> None:
+        if self._fd is not None and self._regular:
+            os.fsync(self._fd)
+        self._synced_at = self._clock()
 
     def close(self) -> None:
-        self._fh.close()
+        """fsync and close; safe to call again. Raises OSError if the final fsync fails."""
+        if self._fd is not None and self._gzip is not None:
+            tail, self._gzip = self._gzip.flush(zlib.Z_FINISH), None  # the gzip trailer (CRC, size)
+            with contextlib.suppress(OSError):  # the lines are all there; readers report the missing end
+                os.write(self._fd, tail)
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        try:
+            if self._regular:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
