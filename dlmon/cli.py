@@ -6,6 +6,7 @@ import json
 import os
 import sys
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
@@ -109,6 +110,27 @@ def check_record(path: str) -> None:
         fail(f"cannot write {path}: {exc.strerror or exc}")
 
 
+def with_prometheus(
+    analyzer: Callable[[Snapshot], Snapshot], address: str | None
+) -> Callable[[Snapshot], Snapshot]:
+    """The analyzer, publishing each snapshot to a /metrics server when --prometheus is given."""
+    if not address:
+        return analyzer
+    from dlmon.export.prometheus import AddressError, Exporter, parse_address, serve, start_line
+
+    try:
+        where = parse_address(address)
+    except AddressError as exc:
+        fail(str(exc))
+    exporter = Exporter()
+    try:
+        server = serve(exporter, where)
+    except OSError as exc:
+        fail(f"cannot serve Prometheus metrics on {address}: {exc.strerror or exc}")
+    click.echo(start_line(server), err=True)
+    return exporter.wrap(analyzer)
+
+
 def open_record(path: str) -> RecordWriter:
     """The record file, once the target is known; says so when it replaces an existing file."""
     from dlmon.flow.recording import RecordWriter
@@ -175,6 +197,10 @@ def main() -> None:
 
 
 INTERVAL_HELP = "Seconds between samples (default 1)."
+PROMETHEUS_HELP = (
+    "Also serve the latest snapshot as Prometheus metrics on [HOST:]PORT/metrics (HOST: 127.0.0.1 "
+    "unless given; PORT 0: any free port, printed)."
+)
 
 
 @main.command()
@@ -186,10 +212,21 @@ INTERVAL_HELP = "Seconds between samples (default 1)."
 @click.option("--once", is_flag=True, help="Take two samples ~1 s apart (so rates exist), print one, exit.")
 @click.option("--json", "as_json", is_flag=True, help="Print snapshots as JSON.")
 @click.option("--inject", is_flag=True, help="Load the agent into PID first (Python 3.14+, sys.remote_exec).")
-def attach(pid: str, interval: str, record_path: str | None, once: bool, as_json: bool, inject: bool) -> None:
+@click.option("--prometheus", metavar="[HOST:]PORT", help=PROMETHEUS_HELP)
+def attach(
+    pid: str,
+    interval: str,
+    record_path: str | None,
+    once: bool,
+    as_json: bool,
+    inject: bool,
+    prometheus: str | None = None,
+) -> None:
     """Watch a running training process PID and all its descendants."""
     target = parse_pid(pid)
     seconds = interval_seconds(interval)
+    if prometheus and once:
+        fail("--prometheus serves a running watch; it cannot be combined with --once")
     if inject:
         from dlmon.launch.inject import InjectError
         from dlmon.launch.inject import inject as inject_agent
@@ -203,7 +240,7 @@ def attach(pid: str, interval: str, record_path: str | None, once: bool, as_json
         return
     no_terminal = terminal_problem()
     if not no_terminal and not as_json:
-        sys.exit(_attach_dashboard(target, seconds, record_path))
+        sys.exit(_attach_dashboard(target, seconds, record_path, prometheus))
     if sys.stdout.isatty() and not as_json:  # a terminal that cannot show the dashboard
         click.echo(f"dlmon: {no_terminal}: printing one line per sample instead", err=True)
     from dlmon.analysis import Analyzer
@@ -225,7 +262,9 @@ def attach(pid: str, interval: str, record_path: str | None, once: bool, as_json
             stop.set()
 
     faults = Faults(say)
-    pipeline = Pipeline(Analyzer(), open_writer(record_path, faults), (AlertLog(), show), faults)
+    pipeline = Pipeline(
+        with_prometheus(Analyzer(), prometheus), open_writer(record_path, faults), (AlertLog(), show), faults
+    )
     with stop_on_signals(stop):
         pipeline.finish(sample_until_done(sampler, seconds, pipeline, stop))
     sampler.close()
@@ -233,7 +272,7 @@ def attach(pid: str, interval: str, record_path: str | None, once: bool, as_json
         raise output_error[0]
 
 
-def _attach_dashboard(pid: int, interval: float, record_path: str | None) -> int:
+def _attach_dashboard(pid: int, interval: float, record_path: str | None, prometheus: str | None) -> int:
     from dlmon.analysis import Analyzer
     from dlmon.collect.sampler import NoSuchProcess
     from dlmon.flow.sources import LiveSource
@@ -242,7 +281,9 @@ def _attach_dashboard(pid: int, interval: float, record_path: str | None) -> int
     if record_path:
         check_record(record_path)  # opened by the source once the pid is known to exist
     try:
-        source = LiveSource(pid, interval, record_path=record_path, analyzer=Analyzer())
+        source = LiveSource(
+            pid, interval, record_path=record_path, analyzer=with_prometheus(Analyzer(), prometheus)
+        )
     except NoSuchProcess:
         fail(f"no such process: {pid}")
     _say_replaced(source.writer)
@@ -347,12 +388,18 @@ RUN_SETTINGS = {"ignore_unknown_options": True, "allow_interspersed_args": False
     "--record", "record_path", metavar="FILE", help="Also write every snapshot to FILE (JSON lines)."
 )
 @click.option("--headless", is_flag=True, help="No dashboard: the training's output passes through.")
+@click.option("--prometheus", metavar="[HOST:]PORT", help=PROMETHEUS_HELP)
 @click.argument(
     "command", nargs=-1, required=True, type=click.UNPROCESSED, metavar="SCRIPT [ARGS]... | -- CMD [ARGS]..."
 )
 @click.pass_context
 def run(
-    ctx: click.Context, interval: str, record_path: str | None, headless: bool, command: tuple[str, ...]
+    ctx: click.Context,
+    interval: str,
+    record_path: str | None,
+    headless: bool,
+    command: tuple[str, ...],
+    prometheus: str | None = None,
 ) -> None:
     """Run a training script (with this Python) or any command, with the in-process agent, and watch it.
 
@@ -366,7 +413,9 @@ def run(
     is_command = _is_command_mode(ctx, command)
     if not is_command and not os.path.isfile(command[0]):
         fail(f"no such script: {command[0]} (to run a command, put it after --: dlmon run -- CMD)")
-    sys.exit(_run_training(command_for(list(command), is_command), seconds, record_path, headless))
+    sys.exit(
+        _run_training(command_for(list(command), is_command), seconds, record_path, headless, prometheus)
+    )
 
 
 @main.command()
@@ -383,6 +432,7 @@ def run(
     "--record", "record_path", metavar="FILE", help="Also write every snapshot to FILE (JSON lines)."
 )
 @click.option("--headless", is_flag=True, help="No dashboard: the demo's output passes through.")
+@click.option("--prometheus", metavar="[HOST:]PORT", help=PROMETHEUS_HELP)
 def demo(
     scenario: str,
     workers: int,
@@ -391,6 +441,7 @@ def demo(
     interval: str,
     record_path: str | None,
     headless: bool,
+    prometheus: str | None = None,
 ) -> None:
     """A synthetic training (small model, generated data, DataLoader workers) under dlmon run.
 
@@ -406,17 +457,24 @@ def demo(
     limit = positive_seconds(duration, "--duration", allow_zero=True)
     command = [sys.executable, "-m", "dlmon.demo", "--scenario", scenario, "--workers", str(workers)]
     command += ["--batch-size", str(batch_size), "--duration", str(limit)]
-    sys.exit(_run_training(command, seconds, record_path, headless))
+    sys.exit(_run_training(command, seconds, record_path, headless, prometheus))
 
 
-def _run_training(command: list[str], interval: float, record_path: str | None, headless: bool) -> int:
+def _run_training(
+    command: list[str],
+    interval: float,
+    record_path: str | None,
+    headless: bool,
+    prometheus: str | None = None,
+) -> int:
+    from dlmon.analysis import Analyzer
     from dlmon.launch.runner import LogDirError, launch
 
     if record_path:
         check_record(record_path)  # fail early, before the training starts, truncating nothing
+    analyzer = with_prometheus(Analyzer(), prometheus)  # a bad address fails before the training starts
     no_terminal = None if headless else terminal_problem()
     if headless or no_terminal:
-        from dlmon.analysis import Analyzer
         from dlmon.launch.session import AlertLog, CannotStart, run_headless
 
         note = (
@@ -424,7 +482,7 @@ def _run_training(command: list[str], interval: float, record_path: str | None, 
         )
         try:
             return run_headless(
-                command, interval, record_path, analyzer=Analyzer(), on_alerts=AlertLog(), started_note=note
+                command, interval, record_path, analyzer=analyzer, on_alerts=AlertLog(), started_note=note
             )
         except CannotStart as exc:
             fail(str(exc))
@@ -434,10 +492,15 @@ def _run_training(command: list[str], interval: float, record_path: str | None, 
         fail(str(exc))
     except OSError as exc:
         fail(f"cannot start {command[0]}: {exc.strerror or exc}")
-    return _run_dashboard(training, interval, record_path)
+    return _run_dashboard(training, interval, record_path, analyzer)
 
 
-def _run_dashboard(training: Training, interval: float, record_path: str | None) -> int:
+def _run_dashboard(
+    training: Training,
+    interval: float,
+    record_path: str | None,
+    analyzer: Callable[[Snapshot], Snapshot] | None = None,
+) -> int:
     from dlmon.flow.sources import LiveSource
     from dlmon.ui import run_dashboard
 
@@ -447,7 +510,7 @@ def _run_dashboard(training: Training, interval: float, record_path: str | None)
     source = LiveSource(
         training.pid,
         interval,
-        analyzer=Analyzer(),
+        analyzer=analyzer or Analyzer(),
         record_path=record_path,
         exit_code=training.exit_code,
         log_path=training.log_path,
@@ -586,3 +649,106 @@ def speed_factor(text: str) -> float:
     if not value >= 0 or value == float("inf"):
         fail(f"--speed must be a factor of 0 or more (1: the recorded pace, 0: all at once), not {text!r}")
     return value
+
+
+# --- export, report, diff (dlmon/export) ---------------------------------------------------------
+
+
+@main.command("export")
+@click.argument("pid")
+@click.option("--prometheus", metavar="[HOST:]PORT", required=True, help=PROMETHEUS_HELP)
+@click.option("--interval", default="1", metavar="S", help=INTERVAL_HELP)
+def export_command(pid: str, prometheus: str, interval: str) -> None:
+    """Serve PID's snapshots as Prometheus metrics, headless, until it exits or Ctrl-C."""
+    target = parse_pid(pid)
+    seconds = interval_seconds(interval)
+    from dlmon.analysis import Analyzer
+    from dlmon.flow.loop import Pipeline, sample_until_done, stop_on_signals
+    from dlmon.launch.session import AlertLog
+
+    sampler = open_sampler(target)
+    pipeline = Pipeline(with_prometheus(Analyzer(), prometheus), None, (AlertLog(),))
+    stop = threading.Event()
+    with stop_on_signals(stop):
+        reason = sample_until_done(sampler, seconds, pipeline, stop)
+    sampler.close()
+    click.echo(f"dlmon: export stopped ({reason.replace('_', ' ')})", err=True)
+
+
+def _summarize(path: str) -> Any:
+    """A recording's summary; one line and exit 2 if it cannot be read or holds no snapshot."""
+    from dlmon.export.summary import summarize
+
+    try:
+        summary = summarize(path)
+    except OSError as exc:
+        fail(f"cannot read {path}: {exc.strerror or exc}")
+    for problem in summary.problems[:5]:
+        click.echo(f"dlmon: skipping line {problem.line} of {path}: {problem.reason}", err=True)
+    if summary.problems_total > 5:
+        click.echo(f"dlmon: ... and {summary.problems_total - 5} more skipped lines in {path}", err=True)
+    if not summary.snapshots:
+        why = f" (line {summary.problems[0].line}: {summary.problems[0].reason})" if summary.problems else ""
+        fail(f"{path} holds no snapshots{why}")
+    return summary
+
+
+@main.command()
+@click.argument("file")
+@click.option("--html", "html_path", metavar="OUT.html", help="Also write a self-contained HTML report.")
+@click.option("--md", "as_markdown", is_flag=True, help="Print Markdown (for a PR comment) instead of text.")
+@click.option("--no-charts", is_flag=True, help="Leave out the terminal charts.")
+def report(file: str, html_path: str | None, as_markdown: bool, no_charts: bool) -> None:
+    """Summarise a recording (.jsonl or .jsonl.gz): peaks, throughput, data-wait, deaths, alerts.
+
+    Streams the file, so a day-long recording needs no more memory than a short one.
+    """
+    from dlmon.export.text import format_markdown, format_text
+
+    summary = _summarize(file)
+    if html_path:
+        from dlmon.export.html import format_html
+
+        try:
+            with open(html_path, "w", encoding="utf-8") as fh:
+                fh.write(format_html(summary))
+        except OSError as exc:
+            fail(f"cannot write {html_path}: {exc.strerror or exc}")
+        click.echo(f"dlmon: HTML report written to {html_path}", err=True)
+    if as_markdown:
+        click.echo(format_markdown(summary), nl=False)
+        return
+    click.echo(format_text(summary), nl=False)
+    if not no_charts:
+        from dlmon.ui.report_charts import report_charts
+
+        width = min(120, max(40, os.get_terminal_size().columns if sys.stdout.isatty() else 100))
+        click.echo("\n" + report_charts(summary, width=width, colour=sys.stdout.isatty()))
+
+
+@main.command()
+@click.argument("before")
+@click.argument("after")
+@click.option(
+    "--fail-on",
+    "fail_on",
+    multiple=True,
+    metavar="SPEC",
+    help="Exit 1 when a figure moves past a limit: memory+10%, throughput-5%, data-wait+5pp, "
+    "worker-memory+20%, rss|anon|shm|vram+N%, alerts+0 (new alert kinds). Repeatable.",
+)
+def diff(before: str, after: str, fail_on: tuple[str, ...]) -> None:
+    """Compare two recordings (BEFORE and AFTER a change): throughput, data-wait, peak memory per
+    process, alerts; a verdict, and exit 1 when a --fail-on limit is exceeded."""
+    from dlmon.export.diff import SpecError, compare, format_diff, parse_limit
+
+    limits = []
+    for spec in fail_on:
+        try:
+            limits.append(parse_limit(spec))
+        except SpecError as exc:
+            fail(str(exc))
+    a, b = _summarize(before), _summarize(after)
+    result = compare(a, b, limits)
+    click.echo(format_diff(a, b, result), nl=False)
+    sys.exit(1 if result.verdict == "FAIL" else 0)

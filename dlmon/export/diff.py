@@ -1,0 +1,233 @@
+"""``dlmon diff A B``: two recordings of the same job (before/after a change) side by side, a
+verdict, and limits for CI (``--fail-on memory+10% --fail-on throughput-5%``)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from dlmon.export.summary import RunSummary
+from dlmon.export.text import figure
+
+NOISE = 0.05  # changes within 5% (or 5 percentage points of data-wait) count as "the same"
+
+
+class SpecError(ValueError):
+    """A --fail-on value that is not NAME+N% / NAME-N% (data-wait also in pp)."""
+
+
+def _peak(key: str) -> Callable[[RunSummary], float | None]:
+    def read(s: RunSummary) -> float | None:
+        peak = s.peaks.get(key)
+        return peak.value if peak is not None else None
+
+    return read
+
+
+def _mean(key: str) -> Callable[[RunSummary], float | None]:
+    def read(s: RunSummary) -> float | None:
+        d = s.distributions.get(key)
+        return d.mean if d is not None else None
+
+    return read
+
+
+def _memory(s: RunSummary) -> float | None:
+    """Peak job PSS; the RSS sum where PSS was never read."""
+    return _peak("job_pss")(s) if "job_pss" in s.peaks else _peak("rss_sum")(s)
+
+
+@dataclass(frozen=True, slots=True)
+class Measure:
+    name: str  # as written in --fail-on
+    label: str
+    unit: str
+    read: Callable[[RunSummary], float | None]
+    higher_is_better: bool
+
+
+# One line per figure that diff compares and --fail-on can name.
+MEASURES: tuple[Measure, ...] = (
+    Measure("throughput", "throughput (mean samples/s)", "per_s", _mean("throughput"), True),
+    Measure("data-wait", "data-wait (mean)", "ratio", _mean("data_wait"), False),
+    Measure("memory", "peak job PSS", "bytes", _memory, False),
+    Measure("rss", "peak RSS sum", "bytes", _peak("rss_sum"), False),
+    Measure("anon", "peak anonymous RSS", "bytes", _peak("rss_anon"), False),
+    Measure("shm", "peak /dev/shm used", "bytes", _peak("shm_used"), False),
+    Measure("vram", "peak VRAM", "bytes", _peak("vram"), False),
+)
+BY_NAME = {m.name: m for m in MEASURES}
+WORKER_MEMORY = "worker-memory"  # the largest per-process peak change
+ALERTS = "alerts"  # alert kinds in B that A did not have
+NAMES = (*BY_NAME, WORKER_MEMORY, ALERTS)
+
+_SPEC = re.compile(r"^\s*([a-z][a-z-]*?)\s*([+-])\s*(\d+(?:\.\d+)?)\s*(%|pp)?\s*$")
+
+
+@dataclass(frozen=True, slots=True)
+class Limit:
+    """Fail when ``name`` moves in ``direction`` (+1 up, -1 down) by more than ``amount``."""
+
+    name: str
+    direction: int
+    amount: float
+    unit: str  # "%" (relative), "pp" (percentage points, ratios only), "" (a count: alerts)
+    text: str
+
+
+def parse_limit(text: str) -> Limit:
+    match = _SPEC.match(text)
+    if match is None:
+        raise SpecError(f"--fail-on {text!r}: write NAME+N% or NAME-N% (e.g. memory+10%, throughput-5%)")
+    name, sign, number, unit = match.group(1), match.group(2), float(match.group(3)), match.group(4) or ""
+    if name not in NAMES:
+        raise SpecError(f"--fail-on {text!r}: unknown figure {name!r} (one of: {', '.join(NAMES)})")
+    if name == ALERTS:
+        if unit or sign != "+":
+            raise SpecError(f"--fail-on {text!r}: alerts takes a count of new alert kinds, e.g. alerts+0")
+    elif unit == "pp" and name != "data-wait":
+        raise SpecError(f"--fail-on {text!r}: pp (percentage points) applies to data-wait only")
+    elif not unit:
+        raise SpecError(
+            f"--fail-on {text!r}: say % (or pp for data-wait), e.g. {name}{sign}{match.group(3)}%"
+        )
+    return Limit(name, 1 if sign == "+" else -1, number, unit, text.strip())
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    label: str
+    a: str
+    b: str
+    change: str
+    verdict: str  # "better" | "worse" | "same" | "n/a"
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    rows: tuple[Row, ...]
+    worker_rows: tuple[Row, ...]
+    new_alerts: tuple[str, ...]  # kinds in B only
+    gone_alerts: tuple[str, ...]  # kinds in A only
+    breaches: tuple[str, ...]  # one line per --fail-on limit exceeded
+    verdict: str
+
+
+def _relative(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or a == 0:
+        return None
+    return (b - a) / abs(a)
+
+
+def _judge(change: float | None, higher_is_better: bool) -> str:
+    if change is None:
+        return "n/a"
+    if abs(change) <= NOISE:
+        return "same"
+    return "better" if (change > 0) == higher_is_better else "worse"
+
+
+def _row(label: str, unit: str, a: float | None, b: float | None, higher_is_better: bool) -> Row:
+    if unit == "ratio":  # shares of time: the change in percentage points
+        change = None if a is None or b is None else b - a
+        text = "n/a" if change is None else f"{change * 100:+.1f} pp"
+    else:
+        change = _relative(a, b)
+        text = "n/a" if change is None else f"{change * 100:+.1f}%"
+    return Row(label, figure(a, unit), figure(b, unit), text, _judge(change, higher_is_better))
+
+
+def _kinds(s: RunSummary) -> set[str]:
+    return {w.kind for w in s.alerts}
+
+
+def _measured(limit: Limit, a: RunSummary, b: RunSummary) -> float | None:
+    """The change the limit is about: relative (%), in points (pp) or a count (alerts)."""
+    if limit.name == ALERTS:
+        return float(len(_kinds(b) - _kinds(a)))
+    if limit.name == WORKER_MEMORY:
+        changes = [
+            c
+            for name in a.slot_peaks.keys() & b.slot_peaks.keys()
+            if (c := _relative(a.slot_peaks[name].value, b.slot_peaks[name].value)) is not None
+        ]
+        return (max(changes) if limit.direction > 0 else min(changes)) if changes else None
+    measure = BY_NAME[limit.name]
+    va, vb = measure.read(a), measure.read(b)
+    if limit.unit == "pp":
+        return None if va is None or vb is None else vb - va
+    return _relative(va, vb)
+
+
+def breach(limit: Limit, a: RunSummary, b: RunSummary) -> str | None:
+    """A line saying how the limit was exceeded, or None. A figure missing from either recording
+    breaches nothing but says so, so a CI job does not pass silently on an empty recording."""
+    change = _measured(limit, a, b)
+    if change is None:
+        return f"{limit.text}: n/a (not measured in both recordings; not counted as a failure)"
+    if limit.name == ALERTS:
+        return f"{limit.text}: {change:.0f} new alert kind(s)" if change > limit.amount else None
+    scale = 100.0
+    moved = change * scale * limit.direction
+    if moved > limit.amount:
+        unit = " pp" if limit.unit == "pp" else "%"
+        return f"{limit.text}: {limit.name} changed {change * scale:+.1f}{unit}"
+    return None
+
+
+def compare(a: RunSummary, b: RunSummary, limits: Sequence[Limit] = ()) -> Comparison:
+    rows = tuple(_row(m.label, m.unit, m.read(a), m.read(b), m.higher_is_better) for m in MEASURES)
+    names = sorted(a.slot_peaks.keys() | b.slot_peaks.keys(), key=lambda n: (n != "main", n))
+    worker_rows = tuple(
+        _row(
+            name,
+            "bytes",
+            a.slot_peaks[name].value if name in a.slot_peaks else None,
+            b.slot_peaks[name].value if name in b.slot_peaks else None,
+            False,
+        )
+        for name in names
+    )
+    lines = [line for limit in limits if (line := breach(limit, a, b)) is not None]
+    failures = tuple(line for line in lines if ": n/a" not in line)
+    new, gone = tuple(sorted(_kinds(b) - _kinds(a))), tuple(sorted(_kinds(a) - _kinds(b)))
+    judged = [r.verdict for r in rows if r.verdict != "n/a"]
+    if failures:
+        verdict = "FAIL"
+    elif "worse" in judged or new:
+        verdict = "worse" if "better" not in judged else "mixed"
+    elif "better" in judged or gone:
+        verdict = "better"
+    else:
+        verdict = "same"
+    return Comparison(rows, worker_rows, new, gone, tuple(lines), verdict)
+
+
+def format_diff(a: RunSummary, b: RunSummary, result: Comparison) -> str:
+    table = [
+        ("figure", "A", "B", "change", ""),
+        *((r.label, r.a, r.b, r.change, r.verdict) for r in result.rows),
+    ]
+    if result.worker_rows:
+        table.append(("peak memory per process", "", "", "", ""))
+        table += [("  " + r.label, r.a, r.b, r.change, r.verdict) for r in result.worker_rows]
+    widths = [max(len(row[i]) for row in table) for i in range(5)]
+    lines = [
+        f"dlmon diff: A = {a.path} ({a.snapshots} snapshots), B = {b.path} ({b.snapshots} snapshots)",
+        "",
+    ]
+    lines += ["  " + "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in table]
+    lines.append("")
+    lines.append(f"  alerts new in B: {', '.join(result.new_alerts) or 'none'}")
+    lines.append(f"  alerts gone in B: {', '.join(result.gone_alerts) or 'none'}")
+    lines += [f"  limit: {line}" for line in result.breaches]
+    explain = {
+        "FAIL": "a --fail-on limit was exceeded",
+        "worse": f"worse beyond {NOISE:.0%} noise, nothing better",
+        "mixed": "some figures better, some worse",
+        "better": "better, nothing worse",
+        "same": f"within {NOISE:.0%} noise",
+    }[result.verdict]
+    lines.append(f"verdict: {result.verdict} ({explain})")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,415 @@
+"""What dlmon exports to Prometheus, as tables: one line per metric.
+
+A new Snapshot field becomes a metric by adding one ``gauge(...)`` / ``counter(...)`` line to the
+table of its group. Names follow Prometheus conventions: ``dlmon_`` prefix, base units
+(``_bytes``, ``_seconds``, ratios 0..1), counters end in ``_total``.
+
+Labels stay bounded: per-process series are keyed by ``pid`` for the trainer and other children,
+but a DataLoader worker known to the agent is keyed by ``loader`` and ``worker_id`` only, so a
+respawned worker (every epoch without persistent_workers) continues its series instead of adding
+new ones; its current pid is the value of ``dlmon_worker_pid``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from operator import attrgetter
+from types import MappingProxyType
+from typing import Any, Generic, TypeVar
+
+from dlmon.model import DiskSample, GpuDevice, LoaderSample, ProcessSample, Snapshot
+
+T = TypeVar("T")
+Number = float | int | None
+_EMPTY_COUNTS: Mapping[tuple[str, str], int] = MappingProxyType({})
+_EMPTY_SECONDS: Mapping[str, float] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    """What one scrape renders: the newest snapshot plus the counters dlmon keeps over the run."""
+
+    snapshot: Snapshot
+    alerts_raised: Mapping[tuple[str, str], int] = field(default_factory=lambda: _EMPTY_COUNTS)
+    data_wait_seconds: Mapping[str, float] = field(default_factory=lambda: _EMPTY_SECONDS)
+
+
+@dataclass(frozen=True, slots=True)
+class Metric(Generic[T]):
+    name: str
+    help: str
+    read: Callable[[T], Number]
+    counter: bool = False
+
+
+def gauge(name: str, help: str, read: Callable[[T], Number]) -> Metric[T]:
+    return Metric(name, help, read)
+
+
+def counter(name: str, help: str, read: Callable[[T], Number]) -> Metric[T]:
+    return Metric(name, help, read, counter=True)
+
+
+def attr(path: str, scale: float = 1.0) -> Callable[[Any], Number]:
+    """Read a (dotted) attribute; ``scale`` converts to base units (percent -> ratio: 0.01)."""
+    get = attrgetter(path)
+
+    def read(obj: Any) -> Number:
+        try:
+            value = get(obj)
+        except AttributeError:  # a None on the way (no cgroup, no shm)
+            return None
+        if isinstance(value, bool):
+            return int(value)
+        if not isinstance(value, int | float):
+            return None
+        return value * scale if scale != 1.0 else value
+
+    return read
+
+
+@dataclass(frozen=True, slots=True)
+class Group(Generic[T]):
+    """Metrics sharing one set of labels; ``items`` yields (label values, object) per series."""
+
+    labels: tuple[str, ...]
+    items: Callable[[Published], Iterable[tuple[tuple[str, ...], T]]]
+    metrics: tuple[Metric[T], ...]
+
+
+# --- per process -------------------------------------------------------------------------------
+
+PROCESS_LABELS = ("pid", "role", "loader", "worker_id")
+
+
+def worker_slots(snapshot: Snapshot) -> dict[int, tuple[str, int]]:
+    """worker pid -> (loader id, worker id), from the agent's loaders."""
+    slots: dict[int, tuple[str, int]] = {}
+    for loader in snapshot.loaders:
+        for worker_id, pid in enumerate(loader.worker_pids):
+            slots[pid] = (loader.id, worker_id)
+    return slots
+
+
+def process_series(published: Published) -> list[tuple[tuple[str, ...], ProcessSample]]:
+    snapshot = published.snapshot
+    slots = worker_slots(snapshot)
+    seen: set[tuple[str, ...]] = set()
+    out: list[tuple[tuple[str, ...], ProcessSample]] = []
+    # Live processes first: a zombie of the previous epoch must not take its successor's slot.
+    for p in sorted(snapshot.processes, key=lambda p: p.state in ("Z", "X")):
+        labels = (str(p.pid), p.role, "", "")
+        if p.role == "worker":
+            loader, worker_id = slots.get(p.pid, ("", p.worker_id))
+            if worker_id is not None:
+                labels = ("", p.role, loader, str(worker_id))
+        if labels in seen:
+            labels = (str(p.pid), p.role, labels[2], labels[3])
+        seen.add(labels)
+        out.append((labels, p))
+    return out
+
+
+PROCESS: Group[ProcessSample] = Group(
+    PROCESS_LABELS,
+    process_series,
+    (
+        gauge("dlmon_process_pss_bytes", "Proportional set size (shared pages split).", attr("pss_bytes")),
+        gauge("dlmon_process_uss_bytes", "Unique set size: pages only this process maps.", attr("uss_bytes")),
+        gauge("dlmon_process_rss_bytes", "Resident set size (counts shared pages fully).", attr("rss_bytes")),
+        gauge("dlmon_process_rss_anon_bytes", "Resident anonymous memory.", attr("rss_anon_bytes")),
+        gauge("dlmon_process_rss_file_bytes", "Resident file-backed memory.", attr("rss_file_bytes")),
+        gauge(
+            "dlmon_process_rss_shmem_bytes",
+            "Resident shared memory (/dev/shm, shared tensors).",
+            attr("shmem_bytes"),
+        ),
+        gauge("dlmon_process_pss_shmem_bytes", "PSS of shared memory.", attr("pss_shmem_bytes")),
+        gauge("dlmon_process_swap_bytes", "Swapped-out memory.", attr("swap_bytes")),
+        gauge("dlmon_process_locked_bytes", "Locked memory (VmLck).", attr("locked_bytes")),
+        gauge("dlmon_process_pinned_bytes", "Pinned memory (VmPin).", attr("pinned_bytes")),
+        gauge(
+            "dlmon_process_gpu_memory_bytes",
+            "GPU memory used by this process (NVML).",
+            attr("gpu_memory_bytes"),
+        ),
+        gauge(
+            "dlmon_process_pss_age_seconds",
+            "Age of the PSS/USS/swap figures (read on a budget).",
+            attr("pss_age_s"),
+        ),
+        gauge("dlmon_process_cpu_ratio", "CPU use in cores (1 = one core busy).", attr("cpu_percent", 0.01)),
+        gauge("dlmon_process_threads", "Threads of the process.", attr("num_threads")),
+        gauge("dlmon_process_open_fds", "Open file descriptors.", attr("num_fds")),
+        gauge(
+            "dlmon_process_torch_threads", "torch.get_num_threads() in the process.", attr("torch_threads")
+        ),
+        gauge("dlmon_process_zombie", "1 while the process is a zombie.", lambda p: int(p.state == "Z")),
+        counter("dlmon_process_read_bytes_total", "Bytes read from the block layer.", attr("read_bytes")),
+        counter("dlmon_process_write_bytes_total", "Bytes written to the block layer.", attr("write_bytes")),
+        counter(
+            "dlmon_process_nonvoluntary_context_switches_total",
+            "Involuntary context switches.",
+            attr("nonvoluntary_ctxt_switches"),
+        ),
+    ),
+)
+
+
+def worker_pid_series(published: Published) -> list[tuple[tuple[str, ...], int]]:
+    return [
+        ((loader, str(worker_id)), pid)
+        for pid, (loader, worker_id) in worker_slots(published.snapshot).items()
+    ]
+
+
+WORKER: Group[int] = Group(
+    ("loader", "worker_id"),
+    worker_pid_series,
+    (gauge("dlmon_worker_pid", "The current pid of this DataLoader worker slot.", lambda pid: pid),),
+)
+
+# --- the job and the machine -------------------------------------------------------------------
+
+
+def one(published: Published) -> list[tuple[tuple[str, ...], Snapshot]]:
+    return [((), published.snapshot)]
+
+
+JOB: Group[Snapshot] = Group(
+    (),
+    one,
+    (
+        gauge("dlmon_target_up", "1 while the watched training process is alive.", attr("target.alive")),
+        gauge(
+            "dlmon_target_start_time_seconds",
+            "Unix time the training process started.",
+            attr("target.start_unix_time"),
+        ),
+        gauge("dlmon_snapshot_timestamp_seconds", "Unix time of the snapshot served.", attr("time")),
+        gauge("dlmon_sample_interval_seconds", "Seconds between the last two samples.", attr("interval_s")),
+        gauge("dlmon_processes", "Processes in the job's tree.", lambda s: len(s.processes)),
+        gauge(
+            "dlmon_job_pss_bytes",
+            "The job's true memory: PSS summed over its processes.",
+            attr("memory.pss_sum_bytes"),
+        ),
+        gauge("dlmon_job_uss_bytes", "USS summed over the job's processes.", attr("memory.uss_sum_bytes")),
+        gauge(
+            "dlmon_job_rss_sum_bytes",
+            "RSS summed over the job (double-counts shared pages).",
+            attr("memory.rss_sum_bytes"),
+        ),
+        gauge(
+            "dlmon_job_pss_missing_processes",
+            "Processes whose PSS is not known yet.",
+            attr("memory.pss_missing"),
+        ),
+        gauge("dlmon_memory_total_bytes", "Machine memory.", attr("memory.total_bytes")),
+        gauge("dlmon_memory_available_bytes", "Machine memory available.", attr("memory.available_bytes")),
+        gauge("dlmon_memory_shmem_bytes", "Machine-wide shared memory (Shmem).", attr("memory.shmem_bytes")),
+        gauge("dlmon_memory_dirty_bytes", "Dirty page cache.", attr("memory.dirty_bytes")),
+        gauge("dlmon_swap_total_bytes", "Swap space.", attr("memory.swap_total_bytes")),
+        gauge("dlmon_swap_used_bytes", "Swap in use.", attr("memory.swap_used_bytes")),
+        counter(
+            "dlmon_oom_kills_total", "OOM kills on the machine (/proc/vmstat).", attr("memory.oom_kill_count")
+        ),
+        gauge(
+            "dlmon_cgroup_memory_limit_bytes",
+            "The memory cgroup's effective limit.",
+            attr("cgroup.limit_bytes"),
+        ),
+        gauge(
+            "dlmon_cgroup_memory_usage_bytes",
+            "The memory cgroup's current usage.",
+            attr("cgroup.current_bytes"),
+        ),
+        counter(
+            "dlmon_cgroup_oom_kills_total",
+            "OOM kills in the job's memory cgroup.",
+            attr("cgroup.oom_kill_count"),
+        ),
+        gauge("dlmon_shm_size_bytes", "Size of the /dev/shm the job sees.", attr("shm.total_bytes")),
+        gauge("dlmon_shm_used_bytes", "Used /dev/shm.", attr("shm.used_bytes")),
+        gauge("dlmon_shm_available_bytes", "Available /dev/shm.", attr("shm.available_bytes")),
+        gauge("dlmon_pinned_memory_bytes", "Pinned host memory of the job.", attr("pinned.bytes")),
+        gauge("dlmon_pressure_io_some_ratio", "PSI io some avg10.", attr("pressure.io_some_avg10", 0.01)),
+        gauge("dlmon_pressure_io_full_ratio", "PSI io full avg10.", attr("pressure.io_full_avg10", 0.01)),
+        gauge(
+            "dlmon_pressure_memory_some_ratio",
+            "PSI memory some avg10.",
+            attr("pressure.memory_some_avg10", 0.01),
+        ),
+        gauge(
+            "dlmon_pressure_memory_full_ratio",
+            "PSI memory full avg10.",
+            attr("pressure.memory_full_avg10", 0.01),
+        ),
+        gauge("dlmon_pressure_cpu_some_ratio", "PSI cpu some avg10.", attr("pressure.cpu_some_avg10", 0.01)),
+    ),
+)
+
+# --- DataLoaders -------------------------------------------------------------------------------
+
+
+def loader_series(published: Published) -> list[tuple[tuple[str, ...], tuple[LoaderSample, float | None]]]:
+    return [((lo.id,), (lo, published.data_wait_seconds.get(lo.id))) for lo in published.snapshot.loaders]
+
+
+def _lo(path: str) -> Callable[[tuple[LoaderSample, float | None]], Number]:
+    read = attr(path)
+    return lambda pair: read(pair[0])
+
+
+LOADER: Group[tuple[LoaderSample, float | None]] = Group(
+    ("loader",),
+    loader_series,
+    (
+        counter(
+            "dlmon_loader_batches_total", "Batches the training took from this loader.", _lo("batches_total")
+        ),
+        counter(
+            "dlmon_loader_samples_total", "Samples the training took from this loader.", _lo("samples_total")
+        ),
+        counter("dlmon_loader_epochs_total", "Epochs finished.", _lo("epochs")),
+        counter(
+            "dlmon_loader_data_wait_seconds_total",
+            "Seconds the training waited for this loader (data-wait ratio x interval, summed).",
+            lambda pair: pair[1],
+        ),
+        gauge(
+            "dlmon_loader_batches_per_second",
+            "Batches per second over the last interval.",
+            _lo("batches_per_s"),
+        ),
+        gauge(
+            "dlmon_loader_samples_per_second",
+            "Samples per second over the last interval.",
+            _lo("samples_per_s"),
+        ),
+        gauge(
+            "dlmon_loader_data_wait_ratio",
+            "Share of the last interval spent waiting for data.",
+            _lo("data_wait_fraction"),
+        ),
+        gauge("dlmon_loader_workers", "num_workers.", _lo("num_workers")),
+        gauge("dlmon_loader_batch_size", "batch_size.", _lo("batch_size")),
+        gauge("dlmon_loader_prefetch_factor", "prefetch_factor.", _lo("prefetch_factor")),
+        gauge("dlmon_loader_pin_memory", "1 if pin_memory.", _lo("pin_memory")),
+        gauge("dlmon_loader_persistent_workers", "1 if persistent_workers.", _lo("persistent_workers")),
+    ),
+)
+
+
+def loader_worker_series(published: Published) -> list[tuple[tuple[str, ...], int]]:
+    return [
+        ((lo.id, str(worker_id)), count)
+        for lo in published.snapshot.loaders
+        for worker_id, count in enumerate(lo.batches_per_worker)
+    ]
+
+
+LOADER_WORKER: Group[int] = Group(
+    ("loader", "worker_id"),
+    loader_worker_series,
+    (counter("dlmon_worker_batches_total", "Batches this worker slot produced.", lambda n: n),),
+)
+
+# --- disks and GPUs ----------------------------------------------------------------------------
+
+
+def disk_series(published: Published) -> list[tuple[tuple[str, ...], DiskSample]]:
+    return [((d.name,), d) for d in published.snapshot.disks]
+
+
+DISK: Group[DiskSample] = Group(
+    ("disk",),
+    disk_series,
+    (
+        gauge("dlmon_disk_read_bytes_per_second", "Disk reads, bytes/s.", attr("read_bytes_per_s")),
+        gauge("dlmon_disk_write_bytes_per_second", "Disk writes, bytes/s.", attr("write_bytes_per_s")),
+        gauge("dlmon_disk_reads_per_second", "Read requests/s.", attr("reads_per_s")),
+        gauge("dlmon_disk_writes_per_second", "Write requests/s.", attr("writes_per_s")),
+        gauge(
+            "dlmon_disk_utilization_ratio",
+            "Share of time the disk was busy (%util).",
+            attr("util_percent", 0.01),
+        ),
+        gauge("dlmon_disk_read_await_seconds", "Mean read latency (r_await).", attr("r_await_ms", 0.001)),
+        gauge("dlmon_disk_write_await_seconds", "Mean write latency (w_await).", attr("w_await_ms", 0.001)),
+        gauge("dlmon_disk_queue_depth", "Mean queue depth (aqu-sz).", attr("queue_depth")),
+    ),
+)
+
+
+def gpu_series(published: Published) -> list[tuple[tuple[str, ...], GpuDevice]]:
+    return [((str(g.index),), g) for g in published.snapshot.gpus]
+
+
+GPU: Group[GpuDevice] = Group(
+    ("gpu",),
+    gpu_series,
+    (
+        gauge("dlmon_gpu_memory_used_bytes", "GPU memory used (all processes).", attr("memory_used_bytes")),
+        gauge("dlmon_gpu_memory_total_bytes", "GPU memory.", attr("memory_total_bytes")),
+        gauge("dlmon_gpu_utilization_ratio", "GPU busy share.", attr("utilization_percent", 0.01)),
+        gauge(
+            "dlmon_gpu_torch_allocated_bytes", "torch.cuda.memory_allocated.", attr("torch_allocated_bytes")
+        ),
+        gauge("dlmon_gpu_torch_reserved_bytes", "torch.cuda.memory_reserved.", attr("torch_reserved_bytes")),
+        gauge(
+            "dlmon_gpu_torch_peak_allocated_bytes",
+            "torch.cuda.max_memory_allocated.",
+            attr("torch_peak_allocated_bytes"),
+        ),
+    ),
+)
+
+# --- alerts and deaths -------------------------------------------------------------------------
+
+
+def alert_series(published: Published) -> list[tuple[tuple[str, ...], int]]:
+    return [((a.kind, a.severity, a.subject), 1) for a in published.snapshot.alerts]
+
+
+def raised_series(published: Published) -> list[tuple[tuple[str, ...], int]]:
+    return [((kind, severity), n) for (kind, severity), n in sorted(published.alerts_raised.items())]
+
+
+def death_series(published: Published) -> list[tuple[tuple[str, ...], int]]:
+    counts: dict[tuple[str, ...], int] = {}
+    for death in published.snapshot.worker_deaths:
+        key = (death.loader_id or "", death.signal_name or (str(death.signal) if death.signal else "exit"))
+        counts[key] = counts.get(key, 0) + 1
+    return sorted(counts.items())
+
+
+ALERT: Group[int] = Group(
+    ("kind", "severity", "subject"),
+    alert_series,
+    (gauge("dlmon_alert_active", "1 for each alert active now.", lambda n: n),),
+)
+ALERTS_RAISED: Group[int] = Group(
+    ("kind", "severity"),
+    raised_series,
+    (counter("dlmon_alerts_raised_total", "Alerts raised (or escalated) since dlmon started.", lambda n: n),),
+)
+DEATHS: Group[int] = Group(
+    ("loader", "cause"),
+    death_series,
+    (counter("dlmon_worker_deaths_total", "DataLoader workers that died, by cause.", lambda n: n),),
+)
+
+GROUPS: tuple[Group[Any], ...] = (
+    JOB,
+    PROCESS,
+    WORKER,
+    LOADER,
+    LOADER_WORKER,
+    DISK,
+    GPU,
+    ALERT,
+    ALERTS_RAISED,
+    DEATHS,
+)

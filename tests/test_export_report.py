@@ -1,0 +1,281 @@
+"""`dlmon report` and `dlmon diff` on real recordings made here: a healthy DataLoader job, one
+whose trainer leaks, one whose worker is SIGKILLed, a gzip'd one, and damaged copies."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tracemalloc
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dlmon.export.summary import SERIES_POINTS, summarize
+from dlmon.model.format import human_bytes
+from export_support import LOADER_JOB, dlmon_cmd, kill_group, read_snapshots, wait_for
+
+pytestmark = pytest.mark.slow
+
+JOB = [LOADER_JOB, "--store", "tensor", "--items", "20000", "--workers", "2", "--rate", "40"]
+LEAK_S = 80  # the 60-s memory_growth window needs ~40 s of readings (docs/detectors.md), + load
+DEATH_JOB = str(Path(LOADER_JOB).parent / "worker_death_job.py")  # worker 1 SIGKILLs itself
+LEAK_JOB = [*JOB[:4], "200000", *JOB[5:], "--persistent"]
+
+
+def record(path: Path, *job: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        dlmon_cmd("run", "--headless", "--interval", "0.5", "--record", str(path), *job),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+@pytest.fixture(scope="module")
+def recordings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
+    """Made side by side (about a minute): healthy, leak, death, healthy gzip'd, slow."""
+    tmp = tmp_path_factory.mktemp("recordings")
+    paths = {
+        "healthy": tmp / "healthy.jsonl",
+        "healthy_gz": tmp / "healthy.jsonl.gz",
+        "leak": tmp / "leak.jsonl",
+        "death": tmp / "death.jsonl",
+        "slow": tmp / "slow.jsonl",
+    }
+    runs = [
+        record(paths["healthy"], *JOB, "--seconds", "12"),
+        record(paths["healthy_gz"], *JOB, "--seconds", "8"),
+        record(paths["slow"], *JOB, "--seconds", "12", "--rate", "15"),  # the same job, throttled
+        # one long epoch, persistent workers: no respawn sawtooth over the steady leak
+        record(paths["leak"], *LEAK_JOB, "--seconds", str(LEAK_S), "--leak-main", str(4 << 20)),
+    ]
+    runs.append(record(paths["death"], DEATH_JOB, "16"))
+    try:
+        for run in runs:
+            run.wait(timeout=LEAK_S + 120)
+        yield paths
+    finally:
+        for run in runs:
+            kill_group(run)
+
+
+def report(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(dlmon_cmd("report", *args), capture_output=True, text=True, timeout=120)
+
+
+def diff(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(dlmon_cmd("diff", *args), capture_output=True, text=True, timeout=120)
+
+
+def test_healthy_report_shows_the_recordings_own_figures(recordings: dict[str, Path]) -> None:
+    path = recordings["healthy"]
+    snapshots = read_snapshots(path)
+    result = report(str(path))
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    peak_pss = max(s["memory"]["pss_sum_bytes"] or 0 for s in snapshots)
+    peak_rss = max(s["memory"]["rss_sum_bytes"] or 0 for s in snapshots)
+    assert re.search(rf"job PSS \(true total\)\s+{re.escape(human_bytes(peak_pss))}", out), out
+    assert re.search(rf"RSS sum \(double-counts shared\)\s+{re.escape(human_bytes(peak_rss))}", out)
+    started = [s for s in snapshots if any(lo["batches_total"] for lo in s["loaders"]) and s["interval_s"]]
+    known = [[lo["samples_per_s"] for lo in s["loaders"] if lo["samples_per_s"] is not None] for s in started]
+    rates = [sum(values) for values in known if values]
+    assert rates, "the agent's loader figures are missing from the recording"
+    assert f"{sum(rates) / len(rates):,.1f}/s" in out
+    assert f"({len(snapshots)} snapshots)" in out and "ended            target exited" in out
+    assert "Worker deaths (0)" in out
+    assert "memory_growth" not in out and "worker_died" not in out  # healthy stays quiet
+    assert "Memory [MiB]" in out and "seconds since start" in out  # the plotext charts
+
+
+def test_leak_report_has_the_memory_growth_window(recordings: dict[str, Path]) -> None:
+    result = report(str(recordings["leak"]), "--no-charts")
+    assert result.returncode == 0, result.stderr
+    line = next((ln for ln in result.stdout.splitlines() if "memory_growth" in ln), None)
+    assert line is not None, result.stdout
+    assert re.search(r"\+0:\d\d:\d\d\s+\+0:\d\d:\d\d", line), line  # its time window
+
+
+def test_death_report_names_the_worker_and_the_signal(recordings: dict[str, Path]) -> None:
+    result = report(str(recordings["death"]), "--no-charts")
+    assert result.returncode == 0, result.stderr
+    assert "Worker deaths (1)" in result.stdout
+    if summarize(str(recordings["death"])).oom_kills == 0:  # the test's SIGKILL, not the kernel's
+        assert "not by the OOM killer" in result.stdout
+    assert re.search(r"worker \d \(pid \d+\).*SIGKILL", result.stdout), result.stdout
+    assert "worker_died" in result.stdout
+
+
+def test_gzip_recordings_are_written_and_read(recordings: dict[str, Path]) -> None:
+    path = recordings["healthy_gz"]
+    with gzip.open(path, "rt") as fh:
+        lines = fh.read().splitlines()
+    assert json.loads(lines[-1])["type"] == "end"
+    result = report(str(path), "--no-charts")
+    assert result.returncode == 0 and f"({len(lines) - 1} snapshots)" in result.stdout, result.stderr
+
+
+def test_a_killed_gzip_recording_keeps_its_whole_lines(tmp_path: Path) -> None:
+    path = tmp_path / "killed.jsonl.gz"
+    job = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    recorder = subprocess.Popen(
+        dlmon_cmd("record", str(job.pid), "-o", str(path), "--interval", "0.2"), start_new_session=True
+    )
+    try:
+        assert wait_for(lambda: path.exists() and path.stat().st_size > 2000, timeout=60)
+        recorder.send_signal(signal.SIGKILL)
+        recorder.wait(timeout=30)
+    finally:
+        kill_group(job)
+        kill_group(recorder)
+    result = report(str(path), "--no-charts")
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"\((\d+) snapshots\)", result.stdout)
+    assert "no end marker" in result.stdout
+
+
+def test_a_damaged_recording_says_what_it_skipped_and_renders_the_rest(
+    recordings: dict[str, Path], tmp_path: Path
+) -> None:
+    lines = recordings["healthy"].read_text().splitlines(keepends=True)
+    whole = len(read_snapshots(recordings["healthy"]))
+    damaged = tmp_path / "damaged.jsonl"
+    # line 3 garbage, line 6 a snapshot of a future schema, the last line cut mid-way, no end marker
+    body = [*lines[:2], "{not json\n", *lines[2:4], '{"type":"snapshot","schema":99}\n', *lines[4:-2]]
+    damaged.write_text("".join(body) + lines[-2][: len(lines[-2]) // 2])
+    result = report(str(damaged), "--no-charts")
+    assert result.returncode == 0, result.stderr
+    assert "skipping line 3" in result.stderr and "skipping line 6" in result.stderr
+    assert f"({whole - 1} snapshots)" in result.stdout
+    assert "3 line(s) skipped" in result.stdout and "Memory peaks" in result.stdout
+
+
+def test_markdown_for_a_pr_comment(recordings: dict[str, Path]) -> None:
+    result = report(str(recordings["death"]), "--md")
+    assert result.returncode == 0
+    assert result.stdout.startswith("## dlmon report")
+    assert "| figure | peak | at |" in result.stdout and "| at | worker | loader | cause |" in result.stdout
+
+
+def test_html_report_is_one_self_contained_file(recordings: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "leak.html"
+    result = report(str(recordings["leak"]), "--html", str(out), "--no-charts")
+    assert result.returncode == 0 and "HTML report written" in result.stderr
+    html = out.read_text()
+    assert html.count("<svg") == 4 and "memory_growth" in html
+    assert "<script" not in html and not re.search(r"""(src|href)\s*=\s*["']?(https?:|//)""", html)
+    assert "<link" not in html and "@import" not in html
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium not installed (.ci/run installs it)")
+def test_html_report_renders_in_headless_chromium(recordings: dict[str, Path], tmp_path: Path) -> None:
+    html, png = tmp_path / "report.html", tmp_path / "report.png"
+    assert report(str(recordings["leak"]), "--html", str(html), "--no-charts").returncode == 0
+    result = subprocess.run(
+        ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+         f"--screenshot={png}", "--window-size=880,1800", html.as_uri()],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0 and png.exists(), result.stderr[-2000:]
+    data = png.read_bytes()
+    width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    assert (width, height) == (880, 1800)
+    assert len(data) > 40_000  # a blank page compresses to a few kB; charts and tables do not
+
+
+def test_diff_fails_ci_on_a_memory_regression(recordings: dict[str, Path]) -> None:
+    result = diff(str(recordings["healthy"]), str(recordings["leak"]), "--fail-on", "memory+10%")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "verdict: FAIL" in result.stdout and "memory_growth" in result.stdout
+    assert re.search(r"limit: memory\+10%: memory changed \+\d+\.\d%", result.stdout)
+
+
+def test_diff_fails_ci_on_a_throughput_regression(recordings: dict[str, Path]) -> None:
+    limits = ["--fail-on", "throughput-5%", "--fail-on", "memory+50%"]
+    result = diff(str(recordings["healthy"]), str(recordings["slow"]), *limits)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert re.search(r"limit: throughput-5%: throughput changed -\d\d\.\d%", result.stdout), result.stdout
+    assert "limit: memory+50%" not in result.stdout
+    assert re.search(r"throughput \(mean samples/s\).*worse", result.stdout)
+    back = diff(str(recordings["slow"]), str(recordings["healthy"]), *limits)
+    assert back.returncode == 0, back.stdout
+    assert re.search(r"throughput \(mean samples/s\).*better", back.stdout)  # data-wait may rise with it
+
+
+def test_diff_per_worker_memory_limit(recordings: dict[str, Path]) -> None:
+    result = diff(str(recordings["healthy"]), str(recordings["leak"]), "--fail-on", "worker-memory+50%")
+    assert result.returncode == 1 and "limit: worker-memory+50%: worker-memory changed +" in result.stdout
+
+
+def test_diff_of_a_run_with_itself_passes(recordings: dict[str, Path]) -> None:
+    path = str(recordings["healthy"])
+    result = diff(
+        path, path, "--fail-on", "memory+10%", "--fail-on", "throughput-5%", "--fail-on", "alerts+0"
+    )
+    assert result.returncode == 0, result.stdout
+    assert "verdict: same" in result.stdout and "worker 0 (loader 1)" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "spec", ["memory", "memory+10", "speed-5%", "throughput-5pp", "alerts-1", "memory+x%"]
+)
+def test_bad_fail_on_specs_are_one_line_and_exit_2(spec: str) -> None:
+    result = diff("/nonexistent-a", "/nonexistent-b", "--fail-on", spec)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1 and "--fail-on" in result.stderr
+
+
+@pytest.mark.parametrize(("content", "words"), [(None, "cannot read"), ("", "holds no snapshots")])
+def test_unreadable_or_empty_recordings_are_one_line_and_exit_2(
+    tmp_path: Path, content: str | None, words: str
+) -> None:
+    path = tmp_path / "r.jsonl"
+    if content is not None:
+        path.write_text(content)
+    for result in (report(str(path)), diff(str(path), str(path))):
+        assert result.returncode == 2 and words in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_a_long_recording_is_streamed_in_bounded_memory(recordings: dict[str, Path], tmp_path: Path) -> None:
+    """20 000 snapshots (5.5 h at 1 Hz, tens of MB): the summary's series stay at most
+    SERIES_POINTS and the reader's peak memory stays a small fraction of the file."""
+    snapshots = read_snapshots(recordings["healthy"])
+    template: dict[str, Any] = snapshots[len(snapshots) // 2]
+    long_path = tmp_path / "long.jsonl"
+    with open(long_path, "w") as fh:
+        for i in range(20_000):
+            template["time"] = 1_800_000_000.0 + i
+            template["memory"]["pss_sum_bytes"] = 100_000_000 + i
+            fh.write(json.dumps(template) + "\n")
+    tracemalloc.start()
+    try:
+        summary = summarize(str(long_path))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert summary.snapshots == 20_000 and summary.peaks["job_pss"].value == 100_000_000 + 19_999
+    assert all(len(points) <= SERIES_POINTS for points in summary.series.values())
+    assert peak < long_path.stat().st_size / 10, (peak, long_path.stat().st_size)
+    assert summary.duration_s == 19_999
+
+
+def test_report_is_also_a_module_command() -> None:
+    """`python -m dlmon report --help` works without loading the collectors (fast CLI)."""
+    result = subprocess.run(
+        [sys.executable, "-m", "dlmon", "report", "--help"], capture_output=True, text=True
+    )
+    assert result.returncode == 0 and "--html" in result.stdout
+
+
+def test_prometheus_with_once_is_refused() -> None:
+    result = subprocess.run(
+        dlmon_cmd("attach", str(os.getpid()), "--once", "--prometheus", "0"), capture_output=True, text=True
+    )
+    assert result.returncode == 2 and "--once" in result.stderr and result.stderr.count("\n") == 1
