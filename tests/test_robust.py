@@ -428,3 +428,42 @@ def test_the_dashboard_shows_failed_samples_and_a_stopped_record() -> None:
     texts = [n.message for n in app._notifications]
     assert any("1 sample(s) failed" in t and "Input/output error" in t for t in texts), texts
     assert any("recording stopped: cannot write r.jsonl: No space left" in t for t in texts), texts
+
+
+# -- numbers JSON allows but a float cannot hold -------------------------------------------------
+
+HUGE = "1" + "0" * 400  # valid JSON (under Python's 4300-digit limit), too large for a float
+
+
+def test_a_400_digit_number_is_a_record_problem_not_a_crash(tmp_path: Path) -> None:
+    good = json.dumps(snapshot_to_dict(make_snapshot()))
+    bad_time = json.loads(good)
+    bad_time["time"] = "__HUGE__"
+    bad_cpu = json.loads(good)
+    bad_cpu["processes"][0]["cpu_percent"] = "__HUGE__"
+    end = '{"type":"end","time":__HUGE__,"reason":"interrupted"}'
+    lines = [good, json.dumps(bad_time), json.dumps(bad_cpu), good, end]
+    path = tmp_path / "huge.jsonl"
+    path.write_text("\n".join(lines).replace('"__HUGE__"', HUGE).replace("__HUGE__", HUGE) + "\n")
+
+    records = list(iter_records(str(path)))
+    assert [type(r).__name__ for r in records] == [
+        "Snapshot",
+        "RecordProblem",
+        "RecordProblem",
+        "Snapshot",
+        "RecordEnd",
+    ]
+    assert "time" in records[1].reason and "cpu_percent" in records[2].reason  # type: ignore[union-attr]
+    assert records[4].time is None  # type: ignore[union-attr]
+    replay = subprocess.run(
+        [sys.executable, "-m", "dlmon", "replay", str(path)],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=60,
+    )
+    assert "Traceback" not in replay.stderr, replay.stderr
+    assert "skipping line 2" in replay.stderr and "skipping line 3" in replay.stderr

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO, cast
@@ -88,9 +89,13 @@ def parse_line(number: int, raw: bytes) -> Record:
     kind = record.get("type", "snapshot")
     if kind == "end":
         when = record.get("time")
-        return RecordEnd(
-            number, float(when) if isinstance(when, int | float) else None, str(record.get("reason"))
-        )
+        try:
+            end_time = float(when) if isinstance(when, int | float) else None
+        except OverflowError:  # a 400-digit integer: valid JSON, no time
+            end_time = None
+        if end_time is not None and not math.isfinite(end_time):
+            end_time = None
+        return RecordEnd(number, end_time, str(record.get("reason")))
     if kind != "snapshot":
         return RecordProblem(number, f"unknown record type {str(kind)[:40]!r}")
     try:
