@@ -72,6 +72,8 @@ def terminal_problem() -> str | None:
         return "stdout is not a terminal"
     if not sys.stdin.isatty():
         return "stdin is not a terminal"
+    if not sys.stderr.isatty():  # Textual draws the dashboard on stderr: `2>log` would hide it
+        return "stderr is not a terminal (the dashboard is drawn there)"
     if os.environ.get("TERM", "") in ("dumb", "unknown"):
         return f"TERM={os.environ['TERM']} cannot show a dashboard"
     return None

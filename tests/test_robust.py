@@ -467,3 +467,36 @@ def test_a_400_digit_number_is_a_record_problem_not_a_crash(tmp_path: Path) -> N
     )
     assert "Traceback" not in replay.stderr, replay.stderr
     assert "skipping line 2" in replay.stderr and "skipping line 3" in replay.stderr
+
+
+# -- the dashboard is drawn on stderr: a terminal with stderr redirected is no terminal for it ----
+
+
+def test_replay_in_a_terminal_with_stderr_redirected_says_so_instead_of_drawing_into_the_file(
+    tmp_path: Path,
+) -> None:
+    import shutil
+
+    if shutil.which("tmux") is None:
+        pytest.skip("needs tmux")
+    record = tmp_path / "r.jsonl"
+    record.write_text(json.dumps(snapshot_to_dict(make_snapshot())) + "\n")
+    err, rc = tmp_path / "err.txt", tmp_path / "rc.txt"
+    session = f"dlmon-stderr-{os.getpid()}"
+    shell = (
+        f"cd {ROOT} && PYTHONPATH={ROOT} {sys.executable} -m dlmon replay {record} 2>{err}; "
+        f"echo $? > {rc}.tmp && mv {rc}.tmp {rc}; sleep 30"
+    )
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "120", "-y", "40", shell], check=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not rc.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if not rc.exists():  # the dashboard runs, drawn into the file: leave it
+            subprocess.run(["tmux", "send-keys", "-t", session, "q"], check=False)
+            time.sleep(2)
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], check=False)
+    text = err.read_text(errors="replace")
+    assert "\x1b[" not in text, "the dashboard was drawn into the redirected stderr"
+    assert rc.read_text().strip() == "2" and "needs a terminal" in text and "stderr" in text, text
