@@ -500,3 +500,21 @@ def test_replay_in_a_terminal_with_stderr_redirected_says_so_instead_of_drawing_
     text = err.read_text(errors="replace")
     assert "\x1b[" not in text, "the dashboard was drawn into the redirected stderr"
     assert rc.read_text().strip() == "2" and "needs a terminal" in text and "stderr" in text, text
+
+
+def test_replay_of_a_record_with_a_huge_time_gap_keeps_its_thread_waiting(tmp_path: Path) -> None:
+    """A valid line 1e300 s after the previous one: the replay waits (stoppable), never dies."""
+    lines = [json.dumps(snapshot_to_dict(make_snapshot(t))) for t in (T0, 1e300)]
+    path = tmp_path / "gap.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    source = ReplaySource(str(path), speed=1.0)
+    got: list[Snapshot] = []
+    source.start(got.append, lambda reason: None)
+    deadline = time.monotonic() + 30
+    while not got and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    thread = source._thread
+    assert thread is not None and thread.is_alive(), "the replay thread died on the gap"
+    source.stop()
+    assert not thread.is_alive() and len(got) == 1
