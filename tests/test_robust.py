@@ -518,3 +518,31 @@ def test_replay_of_a_record_with_a_huge_time_gap_keeps_its_thread_waiting(tmp_pa
     assert thread is not None and thread.is_alive(), "the replay thread died on the gap"
     source.stop()
     assert not thread.is_alive() and len(got) == 1
+
+
+@pytest.mark.parametrize("value", [1e18, -1e18])
+def test_a_time_no_clock_can_show_is_a_record_problem_not_a_dashboard_crash(
+    tmp_path: Path, value: float
+) -> None:
+    """``"time": 1e18`` is a number of the right type; shown as a clock it crashed the dashboard."""
+    from dlmon.ui import create_app
+
+    good = make_snapshot()
+    bad = snapshot_to_dict(make_snapshot(T0 + 1))
+    bad["time"] = value
+    path = tmp_path / "far.jsonl"
+    path.write_text(json.dumps(snapshot_to_dict(good)) + "\n" + json.dumps(bad) + "\n")
+    source = ReplaySource(str(path), speed=None)
+    assert [p.line for p in source.record.problems] == [2]
+    app = create_app(source, clock=fixed_clock, boot_time=BOOT)
+
+    async def main() -> None:
+        async with app.run_test(size=(160, 50)) as pilot:
+            deadline = time.monotonic() + 30
+            while app.state.end_reason is None and time.monotonic() < deadline:
+                await pilot.pause(0.05)
+            await pilot.pause(0.3)
+            await pilot.press("q")
+
+    asyncio.run(main())
+    assert app.state.latest == good
