@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
 MIN_INTERVAL_S = 0.1  # below this dlmon would burn a core sampling, and rates turn to noise
+MAX_INTERVAL_S = 86400.0  # a day; far above, the wait between ticks overflows the clock (OverflowError)
 
 
 def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
@@ -57,10 +58,12 @@ def thread_group_of(pid: int) -> int | None:
 
 
 def interval_seconds(text: str) -> float:
-    """``--interval``: a number of seconds, not below MIN_INTERVAL_S."""
+    """``--interval``: a number of seconds, from MIN_INTERVAL_S to MAX_INTERVAL_S."""
     seconds = positive_seconds(text, "--interval")
     if seconds < MIN_INTERVAL_S:
         fail(f"--interval must be at least {MIN_INTERVAL_S} seconds, not {text!r}")
+    if seconds > MAX_INTERVAL_S:
+        fail(f"--interval must be at most {MAX_INTERVAL_S:.0f} seconds (a day), not {text!r}")
     return seconds
 
 
@@ -73,6 +76,8 @@ def terminal_problem() -> str | None:
         return "stdout is not a terminal"
     if not sys.stdin.isatty():
         return "stdin is not a terminal"
+    if not sys.stderr.isatty():  # Textual draws the dashboard on stderr: `2>log` would hide it
+        return "stderr is not a terminal (the dashboard is drawn there)"
     if os.environ.get("TERM", "") in ("dumb", "unknown"):
         return f"TERM={os.environ['TERM']} cannot show a dashboard"
     return None

@@ -88,6 +88,13 @@ CASES = [
         "at least 0.1",
     ),
     Case("run-interval-tiny", ("run", "--interval", "1e-9", "--", "true"), 2, "at least 0.1 seconds"),
+    Case(  # a wait of 1e300 s overflows the clock: it was a traceback
+        "record-interval-huge",
+        ("record", "{pid}", "-o", "{tmp}/r.jsonl", "--interval", "1e300", "--duration", "2"),
+        2,
+        "at most 86400 seconds",
+        timeout=20,
+    ),
     # -- messages that mislead ------------------------------------------------------------------
     Case("replay-negative-speed", ("replay", "{good}", "--speed", "-1"), 2, "a factor of 0 or more"),
     Case("attach-a-thread-id", ("attach", "{tid}", "--once"), 2, "is a thread of process"),

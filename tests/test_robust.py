@@ -428,3 +428,122 @@ def test_the_dashboard_shows_failed_samples_and_a_stopped_record() -> None:
     texts = [n.message for n in app._notifications]
     assert any("1 sample(s) failed" in t and "Input/output error" in t for t in texts), texts
     assert any("recording stopped: cannot write r.jsonl: No space left" in t for t in texts), texts
+
+
+# -- numbers JSON allows but a float cannot hold -------------------------------------------------
+
+HUGE = "1" + "0" * 400  # valid JSON (under Python's 4300-digit limit), too large for a float
+
+
+def test_a_400_digit_number_is_a_record_problem_not_a_crash(tmp_path: Path) -> None:
+    good = json.dumps(snapshot_to_dict(make_snapshot()))
+    bad_time = json.loads(good)
+    bad_time["time"] = "__HUGE__"
+    bad_cpu = json.loads(good)
+    bad_cpu["processes"][0]["cpu_percent"] = "__HUGE__"
+    end = '{"type":"end","time":__HUGE__,"reason":"interrupted"}'
+    lines = [good, json.dumps(bad_time), json.dumps(bad_cpu), good, end]
+    path = tmp_path / "huge.jsonl"
+    path.write_text("\n".join(lines).replace('"__HUGE__"', HUGE).replace("__HUGE__", HUGE) + "\n")
+
+    records = list(iter_records(str(path)))
+    assert [type(r).__name__ for r in records] == [
+        "Snapshot",
+        "RecordProblem",
+        "RecordProblem",
+        "Snapshot",
+        "RecordEnd",
+    ]
+    assert "time" in records[1].reason and "cpu_percent" in records[2].reason  # type: ignore[union-attr]
+    assert records[4].time is None  # type: ignore[union-attr]
+    replay = subprocess.run(
+        [sys.executable, "-m", "dlmon", "replay", str(path)],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=60,
+    )
+    assert "Traceback" not in replay.stderr, replay.stderr
+    assert "skipping line 2" in replay.stderr and "skipping line 3" in replay.stderr
+
+
+# -- the dashboard is drawn on stderr: a terminal with stderr redirected is no terminal for it ----
+
+
+def test_replay_in_a_terminal_with_stderr_redirected_says_so_instead_of_drawing_into_the_file(
+    tmp_path: Path,
+) -> None:
+    import shutil
+
+    if shutil.which("tmux") is None:
+        pytest.skip("needs tmux")
+    record = tmp_path / "r.jsonl"
+    record.write_text(json.dumps(snapshot_to_dict(make_snapshot())) + "\n")
+    err, rc = tmp_path / "err.txt", tmp_path / "rc.txt"
+    session = f"dlmon-stderr-{os.getpid()}"
+    shell = (
+        f"cd {ROOT} && PYTHONPATH={ROOT} {sys.executable} -m dlmon replay {record} 2>{err}; "
+        f"echo $? > {rc}.tmp && mv {rc}.tmp {rc}; sleep 30"
+    )
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "120", "-y", "40", shell], check=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not rc.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if not rc.exists():  # the dashboard runs, drawn into the file: leave it
+            subprocess.run(["tmux", "send-keys", "-t", session, "q"], check=False)
+            time.sleep(2)
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], check=False)
+    text = err.read_text(errors="replace")
+    assert "\x1b[" not in text, "the dashboard was drawn into the redirected stderr"
+    assert rc.read_text().strip() == "2" and "needs a terminal" in text and "stderr" in text, text
+
+
+def test_replay_of_a_record_with_a_huge_time_gap_keeps_its_thread_waiting(tmp_path: Path) -> None:
+    """A gap of 10 s at ``--speed 1e-300`` (1e301 s, or a 9e10 s gap at speed 1): the replay waits
+    (stoppable), never dies of an OverflowError."""
+    lines = [json.dumps(snapshot_to_dict(make_snapshot(t))) for t in (T0, T0 + 10)]
+    path = tmp_path / "gap.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    source = ReplaySource(str(path), speed=1e-300)
+    got: list[Snapshot] = []
+    source.start(got.append, lambda reason: None)
+    deadline = time.monotonic() + 30
+    while not got and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    thread = source._thread
+    assert thread is not None and thread.is_alive(), "the replay thread died on the gap"
+    source.stop()
+    assert not thread.is_alive() and len(got) == 1
+
+
+@pytest.mark.parametrize("value", [1e18, -1e18])
+def test_a_time_no_clock_can_show_is_a_record_problem_not_a_dashboard_crash(
+    tmp_path: Path, value: float
+) -> None:
+    """``"time": 1e18`` is a number of the right type; shown as a clock it crashed the dashboard."""
+    from dlmon.ui import create_app
+
+    good = make_snapshot()
+    bad = snapshot_to_dict(make_snapshot(T0 + 1))
+    bad["time"] = value
+    path = tmp_path / "far.jsonl"
+    path.write_text(json.dumps(snapshot_to_dict(good)) + "\n" + json.dumps(bad) + "\n")
+    source = ReplaySource(str(path), speed=None)
+    assert [p.line for p in source.record.problems] == [2]
+    app = create_app(source, clock=fixed_clock, boot_time=BOOT)
+
+    async def main() -> None:
+        async with app.run_test(size=(160, 50)) as pilot:
+            deadline = time.monotonic() + 30
+            while app.state.end_reason is None and time.monotonic() < deadline:
+                await pilot.pause(0.05)
+            await pilot.pause(0.3)
+            await pilot.press("q")
+
+    asyncio.run(main())
+    assert app.state.latest == good

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO, cast
@@ -88,12 +89,33 @@ def parse_line(number: int, raw: bytes) -> Record:
     kind = record.get("type", "snapshot")
     if kind == "end":
         when = record.get("time")
-        return RecordEnd(
-            number, float(when) if isinstance(when, int | float) else None, str(record.get("reason"))
-        )
+        try:
+            end_time = float(when) if isinstance(when, int | float) else None
+        except OverflowError:  # a 400-digit integer: valid JSON, no time
+            end_time = None
+        if end_time is not None and not math.isfinite(end_time):
+            end_time = None
+        return RecordEnd(number, end_time, str(record.get("reason")))
     if kind != "snapshot":
         return RecordProblem(number, f"unknown record type {str(kind)[:40]!r}")
     try:
-        return snapshot_from_dict(record)
+        snapshot = snapshot_from_dict(record)
     except (SnapshotFormatError, RecursionError) as exc:
         return RecordProblem(number, str(exc)[:200])
+    bad_time = _time_out_of_range(snapshot)
+    return RecordProblem(number, bad_time) if bad_time else snapshot
+
+
+# Unix times the dashboard shows as a clock (time.localtime): 1e18 is a number, not a time, and
+# would crash the dashboard (EOVERFLOW) after the reader passed it.
+MAX_UNIX_TIME = 1e11  # the year 5138
+
+
+def _time_out_of_range(snapshot: Snapshot) -> str | None:
+    times = [("time", snapshot.time), ("target.start_unix_time", snapshot.target.start_unix_time)]
+    times += [("worker_deaths.time", d.time) for d in snapshot.worker_deaths]
+    times += [("alerts.since", a.since) for a in snapshot.alerts]
+    for name, value in times:
+        if value is not None and not 0 <= value < MAX_UNIX_TIME:
+            return f"malformed snapshot: {name}: {value!r} is not a Unix time"
+    return None

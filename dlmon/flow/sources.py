@@ -196,6 +196,7 @@ class ReplaySource:
             for snapshot in self.record.snapshots:
                 if self.speed and previous is not None:
                     delay = max(0.0, snapshot.time - previous) / self.speed
+                    delay = min(delay, threading.TIMEOUT_MAX)  # a gap of 1e300 s must not kill the thread
                     if self._stop.wait(delay):
                         return
                 elif self._stop.is_set():

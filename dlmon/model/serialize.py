@@ -138,9 +138,13 @@ def _scalar(hint: Any, value: Any) -> Any:
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise TypeError(f"expected a number, got {_show(value)}")
-        if not math.isfinite(value):
+        try:  # a JSON integer of 400 digits is valid JSON but no float: OverflowError
+            number = float(value)
+        except OverflowError:
+            number = math.inf
+        if not math.isfinite(number):
             raise ValueError(f"expected a finite number, got {_show(value)}")
-        return float(value)
+        return number
     if hint is str:
         if not isinstance(value, str):
             raise TypeError(f"expected a string, got {_show(value)}")
