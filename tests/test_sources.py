@@ -90,3 +90,13 @@ def test_record_reader_caps_a_line_that_never_ends(tmp_path: Path, monkeypatch: 
     items = list(records.iter_records(str(path)))
     assert [type(i).__name__ for i in items] == ["RecordProblem", "RecordEnd", "RecordProblem"]
     assert "longer than" in str(items[0])
+
+
+def test_record_reader_stops_on_a_line_without_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`dlmon replay /dev/zero`: bounded memory is not enough, the reader must also stop."""
+    from dlmon.flow import records
+
+    monkeypatch.setattr(records, "MAX_LINE_BYTES", 1 << 20)
+    items = list(records.iter_records("/dev/zero"))
+    assert len(items) == 1 and isinstance(items[0], records.RecordProblem)
+    assert "never ends" in items[0].reason

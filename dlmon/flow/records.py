@@ -61,22 +61,27 @@ def iter_records(path: str) -> Iterator[Record]:
             if not raw:
                 return
             if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
-                yield RecordProblem(number, f"longer than {MAX_LINE_BYTES >> 20} MiB: skipped")
                 if not _skip_rest_of_line(fh):
+                    yield RecordProblem(
+                        number, f"longer than {MAX_LINE_BYTES >> 20} MiB and never ends: stopped"
+                    )
                     return
+                yield RecordProblem(number, f"longer than {MAX_LINE_BYTES >> 20} MiB: skipped")
                 continue
             if raw.strip():
                 yield parse_line(number, raw)
 
 
 def _skip_rest_of_line(fh: IO[bytes]) -> bool:
-    """Read past the end of an over-long line in bounded chunks; False at end of file."""
-    while True:
+    """Read past the end of an over-long line in bounded chunks; False at end of file, or when the
+    line runs on for 16 times the cap (``/dev/zero`` has no end to skip to)."""
+    for _ in range(16 * max(1, MAX_LINE_BYTES >> 20)):
         chunk = fh.readline(1 << 20)
         if not chunk:
             return False
         if chunk.endswith(b"\n"):
             return True
+    return False
 
 
 def parse_line(number: int, raw: bytes) -> Record:
