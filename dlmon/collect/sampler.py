@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from dlmon.collect.agent_client import AgentClient, AgentReading, merge_torch_memory
 from dlmon.collect.cgroup import CgroupMemoryReader
@@ -115,6 +115,15 @@ class Sampler:
             uss_sum_bytes=sum(uss) if uss else None,
             pss_missing=sum(1 for p in live if p.pss_bytes is None),
             oom_kill_count=read_oom_kill_count(self.proc_root),
+            cgroup_working_set_bytes=cgroup.working_set_bytes if cgroup else None,
+            cgroup_cache_bytes=cgroup.cache_bytes if cgroup else None,
+            cgroup_unavailable=None if cgroup else self._cgroup.reason,
+            pss_anon_sum_bytes=_sum_if_all(
+                None if p.pss_bytes is None or p.pss_file_bytes is None else p.pss_bytes - p.pss_file_bytes
+                for p in live
+                if p.pss_bytes is not None
+            ),
+            pss_file_sum_bytes=_sum_if_all(p.pss_file_bytes for p in live if p.pss_bytes is not None),
         )
         snapshot = Snapshot(
             time=wall,
@@ -149,6 +158,17 @@ class Sampler:
     def close(self) -> None:
         self.processes.close()
         self._gpu.close()
+
+
+def _sum_if_all(values: Iterable[int | None]) -> int | None:
+    """The sum, or None when any value is unknown (an old kernel without the smaps split)."""
+    total = 0
+    seen = False
+    for v in values:
+        if v is None:
+            return None
+        total, seen = total + v, True
+    return total if seen else None
 
 
 def _with_gpu_memory(

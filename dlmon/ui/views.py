@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dlmon.model import Alert, ProcessSample, Snapshot
+from dlmon.model import Alert, MemorySummary, ProcessSample, Snapshot
 from dlmon.ui.fmt import DASH, NA, cbytes, cpct, duration, human_bytes, mbps, ratio
 from dlmon.ui.state import SORT_NAMES, DashboardState, ProcessRow
 
@@ -202,17 +202,25 @@ def _of(used: int | None, total: int | None, compact: bool) -> str:
     return f"{f(used)}/{f(total)}" if compact else f"{human_bytes(used)} of {human_bytes(total)}"
 
 
+def _cgroup_used(m: MemorySummary) -> int | None:
+    """The cgroup's working set (usage - inactive page cache); raw usage from older records."""
+    return m.cgroup_working_set_bytes if m.cgroup_working_set_bytes is not None else m.cgroup_current_bytes
+
+
 def memory_trend(state: DashboardState, window: float = 300.0) -> tuple[float | None, float | None]:
     """(PSS slope in bytes/s over the window, seconds until the limit at that slope)."""
     s = state.latest
     if s is None:
         return None, None
-    slope = state.pss_sum.slope(window, s.time)
+    m = s.memory
+    # without file-backed pages when the kernel splits them: a mapped dataset is cache, not growth
+    series = state.pss_anon_sum if m.pss_anon_sum_bytes is not None else state.pss_sum
+    slope = series.slope(window, s.time)
     if slope is None or slope <= 0:
         return slope, None
-    m = s.memory
-    if m.cgroup_limit_bytes is not None and m.cgroup_current_bytes is not None:
-        headroom = float(m.cgroup_limit_bytes - m.cgroup_current_bytes)
+    used = _cgroup_used(m)
+    if m.cgroup_limit_bytes is not None and used is not None:
+        headroom = float(m.cgroup_limit_bytes - used)
     elif m.available_bytes is not None:
         headroom = float(m.available_bytes)
     else:
@@ -240,7 +248,8 @@ def memory_lines(state: DashboardState, width: int, compact: bool) -> Lines:
     if s is None:
         return ((("waiting for data…", "dim"),),)
     m = s.memory
-    pct = ratio(m.cgroup_current_bytes, m.cgroup_limit_bytes)
+    cg_used = _cgroup_used(m)
+    pct = ratio(cg_used, m.cgroup_limit_bytes)
     cg_style = "crit" if (pct or 0) > 0.9 else "warn" if (pct or 0) > 0.75 else ""
     avail_style = ""
     if m.available_bytes is not None and m.total_bytes:
@@ -259,11 +268,20 @@ def memory_lines(state: DashboardState, width: int, compact: bool) -> Lines:
         [("used ", "dim"), (_of(m.used_bytes, m.total_bytes, compact), "")],
         [("avail ", "dim"), (f(m.available_bytes, NA), avail_style)],
     ]
+    cache = m.cgroup_cache_bytes
+    cache_part: list[Span] = (
+        [("cache ", "dim"), (f(cache), ""), ("" if compact else " (reclaimable)", "dim")] if cache else []
+    )
     if m.cgroup_limit_bytes is not None:
-        cg = _of(m.cgroup_current_bytes, m.cgroup_limit_bytes, compact)
-        system.append([("cgroup ", "dim"), (cg, cg_style), (f" {pct * 100:.0f}%" if pct else "", cg_style)])
+        cg = _of(cg_used, m.cgroup_limit_bytes, compact)
+        name = "cgroup " if m.cgroup_working_set_bytes is None else "cgroup ws " if compact else "cgroup working set "
+        system.append([(name, "dim"), (cg, cg_style), (f" {pct * 100:.0f}%" if pct else "", cg_style)])
     elif s.cgroup is not None:
         system.append([("cgroup ", "dim"), ("no limit", "dim")])
+    elif m.cgroup_unavailable is not None:
+        system.append([("cgroup ", "dim"), (m.cgroup_unavailable, "dim")])
+    if cache_part and (m.cgroup_limit_bytes is not None or s.cgroup is not None):
+        system.append(cache_part)
     if m.oom_kill_count and state.oom_baseline is not None:
         new = m.oom_kill_count - state.oom_baseline
         if new > 0:
@@ -280,6 +298,9 @@ def memory_lines(state: DashboardState, width: int, compact: bool) -> Lines:
         [("USS ", "dim"), (f(m.uss_sum_bytes, NA), "")],
         _trend_text(slope, eta, compact),
     ]
+    if m.pss_file_sum_bytes is not None and m.pss_anon_sum_bytes is not None:
+        job.insert(1, [("anon ", "dim"), (f(m.pss_anon_sum_bytes), "")])
+        job.insert(2, [("mapped files ", "dim"), (f(m.pss_file_sum_bytes), ""), (" reclaimable", "dim")])
     shared: list[list[Span]] = [
         [("shm ", "dim"), (f(m.shmem_bytes, NA), "")],
         [
@@ -299,7 +320,7 @@ def memory_lines(state: DashboardState, width: int, compact: bool) -> Lines:
     lead = 8
     return (
         fit(system, width, SEP, lead=[label("System", lead)]),
-        fit(job[:3], width, SEP, lead=[label("Job", lead)]),
+        fit(job[:-1], width, SEP, lead=[label("Job", lead)]),
         fit(
             [[("PSS", "dim")], _trend_text(slope, eta, False), [("(last 5 min, at this rate)", "dim")]],
             width,
