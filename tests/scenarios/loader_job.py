@@ -10,6 +10,8 @@ stays flat. ``--store tensor`` keeps the same bytes in one uint8 tensor: nothing
 ``--busy-threads N``: each sample is a matmul on N intra-op threads (oversubscription).
 ``--tensor-bytes N``: each sample is a float tensor of N bytes (batches go through /dev/shm).
 ``--fill-shm BYTES``: first write a file of that size to /dev/shm (to make it nearly full).
+``--store memmap --memmap PATH``: each sample is a random 64 KiB row of a 1 GiB (``--memmap-bytes``)
+np.memmap: workers map more and more file pages (clean, reclaimable), which is no leak.
 ``--leak-main BYTES_PER_S``: the trainer itself keeps that many bytes per second (a steady leak).
 
 Prints READY once the workers are running and the first batch has arrived. A worker killed by a
@@ -65,6 +67,24 @@ class Busy(Dataset[torch.Tensor]):
         return a[0, :4].clone()
 
 
+class Mapped(Dataset[torch.Tensor]):
+    """Rows of an np.memmap read at random: file-backed pages, mapped in each worker as read."""
+
+    def __init__(self, path: str, nbytes: int, row_bytes: int = 64 * 1024) -> None:
+        import numpy as np
+
+        with open(path, "ab") as fh:  # sparse is enough: holes read through the page cache too
+            fh.truncate(max(nbytes, os.path.getsize(path)))
+        self.rows = np.memmap(path, dtype=np.uint8, mode="r", shape=(nbytes // row_bytes, row_bytes))
+
+    def __len__(self) -> int:
+        return int(self.rows.shape[0])
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        row = self.rows[i]
+        return torch.tensor([int(row[::4096].sum())])  # touch every page of the row
+
+
 class Big(Dataset[torch.Tensor]):
     def __init__(self, n: int, nbytes: int) -> None:
         self.n = n
@@ -79,7 +99,9 @@ class Big(Dataset[torch.Tensor]):
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--store", choices=["list", "tensor", "busy", "big"], default="list")
+    p.add_argument("--store", choices=["list", "tensor", "busy", "big", "memmap"], default="list")
+    p.add_argument("--memmap", default="", help="file for --store memmap (made sparse if missing)")
+    p.add_argument("--memmap-bytes", type=int, default=1 << 30)
     p.add_argument("--items", type=int, default=2_000_000)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--batch", type=int, default=64)
@@ -104,6 +126,8 @@ def main() -> None:
         dataset = Packed(args.items)  # type: ignore[assignment]
     elif args.store == "busy":
         dataset = Busy(args.items)  # type: ignore[assignment]
+    elif args.store == "memmap":
+        dataset = Mapped(args.memmap, args.memmap_bytes)  # type: ignore[assignment]
     else:
         dataset = Big(args.items, args.tensor_bytes)  # type: ignore[assignment]
 

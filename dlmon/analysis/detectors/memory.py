@@ -95,6 +95,12 @@ _WHAT = {
     WORKERS_USS: "The workers' private memory (USS)",
     JOB_ANON: "The job's anonymous memory (RssAnon)",
 }
+# the same signals without file-backed pages (smaps_rollup's Pss_File): mapped datasets are cache
+_WHAT_SPLIT = {
+    JOB_PSS: "The job's memory without mapped files (PSS - Pss_File)",
+    WORKERS_USS: "The workers' anonymous memory (PSS - Pss_File)",
+    JOB_ANON: _WHAT[JOB_ANON],
+}
 
 
 def _series(digest: Digest, name: str) -> Series:
@@ -135,7 +141,7 @@ def attribute(
     digest: Digest, now: float, window_s: float, job_slope: float, cfg: Thresholds, anon: bool = False
 ) -> Attribution:
     slopes = process_slopes(digest, now, window_s, anon)
-    label = "RssAnon" if anon else "USS"
+    label = "RssAnon" if anon else "anon PSS" if digest.split else "USS"
     n_workers = sum(1 for t in digest.live() if t.role == "worker")
     floor = max(cfg.process_growth_min_bytes_per_s, 0.2 * job_slope / max(1, len(slopes)))
     growing = tuple(sorted((g for g in slopes if g.slope >= floor), key=lambda g: -g.slope))
@@ -241,7 +247,7 @@ def detect_memory_growth(ctx: Context) -> list[Candidate]:
         severity = WARNING
     shape = "steadily" if t.steps.steady or not 2 <= t.steps.ups <= 6 else f"in {t.steps.ups} steps"
     message = (
-        f"{_WHAT[signal]} grew {shape} from {size(t.start_level)} to {size(t.end_level)} "
+        f"{(_WHAT_SPLIT if digest.split else _WHAT)[signal]} grew {shape} from {size(t.start_level)} to {size(t.end_level)} "
         f"over the last {duration(t.span_s)} ({per_min(rate)}), {attribution.phrase}"
     )
     if rss_flat and signal != JOB_ANON:
