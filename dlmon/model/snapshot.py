@@ -199,6 +199,10 @@ class LoaderSample:
     epochs: int | None = None  # epochs finished (iterators run to StopIteration)
     multiprocessing_context: str | None = None  # fork, spawn, forkserver
     alive: bool = True  # False once the DataLoader object was garbage-collected
+    # worker start-up: building the iterator and the first batch of each epoch, a call still in
+    # progress included; it is not in data_wait_fraction (which is steady-state only)
+    startup_s_total: float | None = None
+    epochs_started: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

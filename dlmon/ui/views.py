@@ -13,6 +13,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from dlmon.analysis.startup import startup_of
 from dlmon.model import Alert, MemorySummary, ProcessSample, Snapshot
 from dlmon.ui.fmt import DASH, NA, cbytes, cpct, duration, human_bytes, mbps, ratio
 from dlmon.ui.state import SORT_NAMES, DashboardState, ProcessRow
@@ -516,6 +517,15 @@ def throughput_lines(state: DashboardState, width: int, compact: bool) -> Lines:
             [(_rate(ld.samples_per_s), ""), (" samples/s", "dim")],
             [("data wait ", "dim"), (f"{cpct(wait, NA)}%", _wait_style(wait))],
         ]
+        startup = startup_of(s, ld)
+        if startup is not None and startup.seconds_per_epoch is not None:
+            share = "" if startup.share is None else f" ({startup.share:.0%})"
+            parts.append(
+                [
+                    ("start-up " if compact else "worker start-up ", "dim"),
+                    (f"{startup.seconds_per_epoch:.1f} s/epoch{share}", "warn" if startup.large else ""),
+                ]
+            )
         if not compact:
             cfg = [f"{ld.num_workers if ld.num_workers is not None else '?'} workers"]
             if ld.batch_size is not None:

@@ -12,6 +12,7 @@ stays flat. ``--store tensor`` keeps the same bytes in one uint8 tensor: nothing
 ``--fill-shm BYTES``: first write a file of that size to /dev/shm (to make it nearly full).
 ``--store memmap --memmap PATH``: each sample is a random 64 KiB row of a 1 GiB (``--memmap-bytes``)
 np.memmap: workers map more and more file pages (clean, reclaimable), which is no leak.
+``--init-sleep S``: each worker sleeps S seconds in worker_init_fn (slow worker start-up).
 ``--leak-main BYTES_PER_S``: the trainer itself keeps that many bytes per second (a steady leak).
 
 Prints READY once the workers are running and the first batch has arrived. A worker killed by a
@@ -114,6 +115,7 @@ def main() -> None:
     p.add_argument("--fill-shm", type=int, default=0)
     p.add_argument("--prefetch", type=int, default=2)
     p.add_argument("--leak-main", type=float, default=0.0)
+    p.add_argument("--init-sleep", type=float, default=0.0, help="worker start-up seconds")
     args = p.parse_args()
 
     if args.fill_shm:
@@ -132,9 +134,11 @@ def main() -> None:
         dataset = Big(args.items, args.tensor_bytes)  # type: ignore[assignment]
 
     threads = args.busy_threads
+    init_sleep = args.init_sleep
 
     def init(_: int) -> None:
         torch.set_num_threads(threads)
+        time.sleep(init_sleep)  # a slow worker start-up (opening shards, loading an index)
 
     loader = DataLoader(
         dataset,
