@@ -5,7 +5,6 @@ Analyzer (tests/test_analysis_scenarios.py has the fixtures)."""
 from __future__ import annotations
 
 import dataclasses
-
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,10 @@ MIB = 1024 * 1024
 # the real 10-min window, which needs 240 s of readings and averages over more.
 SCALED = dataclasses.replace(
     DEFAULT_THRESHOLDS,
-    growth_windows=(*DEFAULT_THRESHOLDS.growth_windows, GrowthWindow("10 min/90 s", 90.0, 45.0, 6, 5.0 * MIB / 60)),
+    growth_windows=(
+        *DEFAULT_THRESHOLDS.growth_windows,
+        GrowthWindow("10 min/90 s", 90.0, 45.0, 6, 5.0 * MIB / 60),
+    ),
 )
 
 
@@ -39,15 +41,25 @@ def _alerts(w: Watch) -> list[str]:
 
 
 @pytest.mark.slow
-def test_memmap_dataset_read_by_four_workers_is_not_a_leak(start: Start, tmp_path: Path) -> None:
+def test_memmap_dataset_read_by_four_workers_is_not_a_leak(start: Start, tmp_path: Path) -> None:  # noqa: F811
     """4 workers random-read a 1 GiB np.memmap: they map ever more clean file pages (USS and PSS
     climb, as in the report: "grew from 162 MiB to 1.3 GiB" after 41 s) but nothing leaks. The
     mapped pages are shown as their own reclaimable figure; no alert is raised."""
     proc = start(
         job(
-            "--store", "memmap", "--memmap", str(tmp_path / "rows.u8"), "--workers", "4",
-            "--batch", "8", "--rate", "20", "--shuffle", "--persistent",
-        )  # fmt: skip
+            "--store",
+            "memmap",
+            "--memmap",
+            str(tmp_path / "rows.u8"),
+            "--workers",
+            "4",
+            "--batch",
+            "8",
+            "--rate",
+            "20",
+            "--shuffle",
+            "--persistent",
+        )
     )
     w = _watch(proc.pid)
     try:
@@ -71,11 +83,23 @@ def test_memmap_dataset_read_by_four_workers_is_not_a_leak(start: Start, tmp_pat
 
 
 @pytest.mark.slow
-def test_copy_on_read_still_fires_with_the_anonymous_split(start: Start) -> None:
+def test_copy_on_read_still_fires_with_the_anonymous_split(start: Start) -> None:  # noqa: F811
     """The leak the anonymous split must keep: 3M Python strings read by 2 workers."""
     proc = start(
-        job("--store", "list", "--items", "3000000", "--workers", "2", "--batch", "50", "--rate", "20",
-            "--shuffle", "--persistent")  # fmt: skip
+        job(
+            "--store",
+            "list",
+            "--items",
+            "3000000",
+            "--workers",
+            "2",
+            "--batch",
+            "50",
+            "--rate",
+            "20",
+            "--shuffle",
+            "--persistent",
+        )
     )
     w = _watch(proc.pid)
     try:
@@ -85,7 +109,6 @@ def test_copy_on_read_still_fires_with_the_anonymous_split(start: Start) -> None
     assert alert is not None, "copy-on-read was not caught"
     assert alert.evidence["cause"] == "copy_on_read", alert.message
     assert "without mapped files" in alert.message or "anonymous" in alert.message, alert.message
-
 
 
 @pytest.mark.slow
@@ -101,7 +124,6 @@ def test_slow_worker_startup_without_persistent_workers_is_not_input_bound() -> 
     import subprocess
 
     from agent_support import private_agent_env
-
     from dlmon.analysis import advise
     from dlmon.ui.views import throughput_lines
 
@@ -111,7 +133,12 @@ def test_slow_worker_startup_without_persistent_workers_is_not_input_bound() -> 
     )  # fmt: skip
     with private_agent_env("dlmon-verdicts-") as env:
         proc = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, start_new_session=True
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            text=True,
+            start_new_session=True,
         )
         try:
             assert proc.stdout is not None

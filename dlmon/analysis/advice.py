@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from dlmon.analysis.analyzer import default_cores
-from dlmon.analysis.startup import startup_of
 from dlmon.analysis.detectors import Candidate, detect, headroom
 from dlmon.analysis.detectors._base import JobTree, duration, per_min, size
 from dlmon.analysis.digest import Digest, DigestLimits
+from dlmon.analysis.startup import startup_of
 from dlmon.analysis.stats import median, theil_sen
 from dlmon.model import LoaderSample, ProcessSample, Snapshot
 

@@ -33,10 +33,9 @@ STATUS_FIELDS = FieldPicker(
     )
 )  # fmt: skip
 IO_FIELDS = FieldPicker(("read_bytes", "write_bytes"))
-SMAPS_FIELDS = FieldPicker(("Pss", "Pss_Shmem", "Private_Clean", "Private_Dirty", "Private_Hugetlb", "Swap")
-                           + ("Pss_Anon", "Pss_File", "Anonymous"))  # fmt: skip
 # the split, in SmapsValues' order; Pss_Anon/Pss_File are absent before Linux 5.7: None
 SMAPS_SPLIT = ("Pss_Anon", "Pss_File", "Anonymous")
+SMAPS_FIELDS = FieldPicker(("Pss", "Pss_Shmem", "Private_Clean", "Private_Dirty", "Private_Hugetlb", "Swap", *SMAPS_SPLIT))  # fmt: skip  # noqa: E501
 Identity = tuple[int, int]  # (pid, start_time)
 _NONE_UNAVAILABLE: Mapping[str, str] = MappingProxyType({})
 

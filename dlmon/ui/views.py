@@ -275,7 +275,9 @@ def memory_lines(state: DashboardState, width: int, compact: bool) -> Lines:
     )
     if m.cgroup_limit_bytes is not None:
         cg = _of(cg_used, m.cgroup_limit_bytes, compact)
-        name = "cgroup " if m.cgroup_working_set_bytes is None else "cgroup ws " if compact else "cgroup working set "
+        name = "cgroup "
+        if m.cgroup_working_set_bytes is not None:
+            name = "cgroup ws " if compact else "cgroup working set "
         system.append([(name, "dim"), (cg, cg_style), (f" {pct * 100:.0f}%" if pct else "", cg_style)])
     elif s.cgroup is not None:
         system.append([("cgroup ", "dim"), ("no limit", "dim")])

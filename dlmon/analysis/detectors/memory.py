@@ -246,8 +246,9 @@ def detect_memory_growth(ctx: Context) -> list[Candidate]:
     else:
         severity = WARNING
     shape = "steadily" if t.steps.steady or not 2 <= t.steps.ups <= 6 else f"in {t.steps.ups} steps"
+    what = (_WHAT_SPLIT if digest.split else _WHAT)[signal]
     message = (
-        f"{(_WHAT_SPLIT if digest.split else _WHAT)[signal]} grew {shape} from {size(t.start_level)} to {size(t.end_level)} "
+        f"{what} grew {shape} from {size(t.start_level)} to {size(t.end_level)} "
         f"over the last {duration(t.span_s)} ({per_min(rate)}), {attribution.phrase}"
     )
     if rss_flat and signal != JOB_ANON:
