@@ -173,3 +173,63 @@ def test_slow_worker_startup_without_persistent_workers_is_not_input_bound() -> 
     state.ingest(last)
     screen = "\n".join(text_of(x) for x in throughput_lines(state, 200, False))
     assert "worker start-up " in screen and "s/epoch" in screen, screen
+
+
+_KILLED_TRAINER = """
+import os, signal, time
+import torch
+from torch.utils.data import DataLoader
+
+class Slow(torch.utils.data.Dataset):
+    def __len__(self):
+        return 10_000
+    def __getitem__(self, i):
+        time.sleep(0.05)
+        return i
+
+it = iter(DataLoader(Slow(), batch_size=4, num_workers=2))
+next(it)
+time.sleep(2.0)  # the workers are seen attached first
+os.kill(os.getpid(), signal.SIGKILL)  # the trainer dies; its workers notice within ~5 s and exit
+"""
+
+
+@pytest.mark.slow
+def test_headless_final_frame_holds_the_truth_after_orphans_exit(tmp_path: Path) -> None:
+    """A killed trainer orphans its workers (orphan_worker is raised); they exit a few seconds
+    later and the run ends. The last record line no longer carries orphan_worker, and the headless
+    alert log says "CLEARED" for it."""
+    import json
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text(_KILLED_TRAINER)
+    record = tmp_path / "rec.jsonl"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dlmon",
+            "run",
+            "--headless",
+            "--interval",
+            "0.25",
+            "--record",
+            str(record),
+            str(script),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = [json.loads(x) for x in record.read_text().splitlines()]
+    snapshots = [x for x in lines if "processes" in x]
+    kinds = [{a["kind"] for a in x["alerts"]} for x in snapshots]
+    assert any("orphan_worker" in k for k in kinds), result.stderr
+    last = snapshots[-1]
+    assert last["target"]["alive"] is False
+    assert not [p for p in last["processes"] if p["state"] not in ("Z", "X")]  # the orphans exited
+    assert "orphan_worker" not in kinds[-1], last["alerts"]
+    assert "RAISED" in result.stderr and "orphan_worker" in result.stderr
+    assert "CLEARED orphan_worker" in result.stderr, result.stderr

@@ -185,9 +185,12 @@ class Analyzer:
                 else:
                     track.candidate = c
                     track.absent_since = None
-        return self._update(s.time, seen)
+        return self._update(s.time, seen, ended=not s.target.alive)
 
-    def _update(self, now: float, seen: set[AlertKey]) -> tuple[Alert, ...]:
+    def _update(self, now: float, seen: set[AlertKey], ended: bool = False) -> tuple[Alert, ...]:
+        """``ended``: the target has exited. A source stops at most a few ticks later, so waiting
+        out a clear hold would leave the last frame and record line with a condition that is over
+        (an orphan_worker whose orphans have all exited): what is gone is cleared at once."""
         alerts: list[Alert] = []
         for key, track in list(self._tracks.items()):
             hold = self.holds.get(key[0], _DEFAULT_HOLD)
@@ -197,7 +200,7 @@ class Analyzer:
                     continue
                 if track.absent_since is None:
                     track.absent_since = now
-                if now - track.absent_since >= hold.clear_after_s:
+                if ended or now - track.absent_since >= hold.clear_after_s:
                     del self._tracks[key]
                     continue
             elif track.raised_at is None and now - track.present_since >= hold.raise_after_s:
