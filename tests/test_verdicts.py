@@ -8,15 +8,16 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from scenarios.synth import GIB, MAIN_PID, MIB, T0, proc, snap
 from test_analysis_scenarios import Start, Watch, job, start  # noqa: F401  (start is a fixture)
 
 from dlmon.analysis import Analyzer
 from dlmon.analysis.detectors import DEFAULT_THRESHOLDS, GrowthWindow
+from dlmon.model import Snapshot
 from dlmon.ui.state import DashboardState
 from dlmon.ui.views import memory_lines, text_of
 
 pytest.importorskip("torch")
-MIB = 1024 * 1024
 
 # The 10-min window squeezed into 90 s (same 5 MiB/min bar, 45 s of readings): a run of ~100 s
 # then passes through every window the detector has, not only the 60 s one. It is stricter than
@@ -233,3 +234,94 @@ def test_headless_final_frame_holds_the_truth_after_orphans_exit(tmp_path: Path)
     assert "orphan_worker" not in kinds[-1], last["alerts"]
     assert "RAISED" in result.stderr and "orphan_worker" in result.stderr
     assert "CLEARED orphan_worker" in result.stderr, result.stderr
+
+
+# -- warm-up and the staircase ------------------------------------------------------------------
+
+
+def _warm_up_history(
+    load_s: float, total: float, seconds: int = 300, refresh: float = 10.0
+) -> list[Snapshot]:
+    """A trainer that loads ``total`` bytes over its first ``load_s`` seconds, then stays flat
+    (RSS at once, PSS/USS re-read every ``refresh`` s, staggered); two flat workers."""
+    out = []
+    for k in range(seconds):
+        t = float(k)
+        procs = []
+        for i in range(3):
+            offset = (i * refresh / 3) % refresh
+            read_at = max(0.0, ((t - offset) // refresh) * refresh + offset)
+            if i == 0:
+                level = 300 * MIB + total * min(1.0, read_at / load_s)
+                rss = 500 * MIB + total * min(1.0, t / load_s)
+                procs.append(
+                    proc(MAIN_PID, "main", uss=level, pss=level + 100 * MIB, rss=rss, age=t - read_at)
+                )
+            else:
+                procs.append(
+                    proc(
+                        MAIN_PID + i,
+                        uss=50 * MIB,
+                        pss=100 * MIB,
+                        rss=400 * MIB,
+                        age=t - read_at,
+                        worker_id=i - 1,
+                    )
+                )
+        out.append(snap(t, procs))
+    return out
+
+
+@pytest.mark.parametrize(("load_s", "total_gib"), [(5, 2), (30, 3), (45, 1), (60, 3)])
+def test_warm_up_that_levels_off_is_not_a_leak(load_s: float, total_gib: float) -> None:
+    """Loading a dataset or weights (1-3 GiB over the first seconds to a minute, then flat) has no
+    earlier level to compare with; before, 45 s / 1 GiB and 60 s / 3 GiB raised memory_growth."""
+    analyzer = Analyzer(cores=2, strict=True)
+    outs = [analyzer(s) for s in _warm_up_history(load_s, total_gib * GIB)]
+    assert not [a.message for s in outs for a in s.alerts]
+
+
+def test_a_leak_from_the_start_heading_for_the_limit_is_not_held_back_by_the_warm_up_wait() -> None:
+    """The warm-up wait gives way when the limit is near: 2 GiB left, +1 GiB/min from t=0."""
+    analyzer = Analyzer(cores=2, strict=True)
+    found = None
+    for s in _warm_up_history(600.0, 10 * GIB, seconds=110):
+        s = analyzer(dataclasses.replace(s, memory=dataclasses.replace(s.memory, available_bytes=2 * GIB)))
+        if found is None and any(a.kind == "memory_growth" for a in s.alerts):
+            found = s.time - T0
+    assert found is not None and found < 100, found
+
+
+@pytest.mark.slow
+def test_true_staircase_is_caught_within_a_few_epochs(start: Start) -> None:  # noqa: F811
+    """The trainer keeps 96 MiB at each epoch end (a history of tensors kept by the loop), never
+    given back; epochs of ~10 s. Real process. The watch's warm-up wait is scaled like the epochs
+    (120 s -> 30 s): with real epochs of minutes, 120 s is less than one."""
+    proc_ = start(
+        job(
+            "--store",
+            "tensor",
+            "--items",
+            "2000",
+            "--batch",
+            "20",
+            "--rate",
+            "10",
+            "--workers",
+            "2",
+            "--persistent",
+            "--keep-per-epoch",
+            str(96 * MIB),
+        )
+    )
+    w = Watch(proc_.pid)
+    w.analyzer = Analyzer(
+        cores=w.analyzer.cores, thresholds=dataclasses.replace(SCALED, growth_warmup_s=30.0), strict=True
+    )
+    try:
+        alert = w.until("memory_growth", 90.0)
+    finally:
+        w.close()
+    assert alert is not None, "the staircase was not caught within 9 epochs"
+    assert alert.evidence["cause"] == "main_process", alert.message
+    assert w.elapsed() < 90.0

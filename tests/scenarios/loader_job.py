@@ -13,6 +13,7 @@ stays flat. ``--store tensor`` keeps the same bytes in one uint8 tensor: nothing
 ``--store memmap --memmap PATH``: each sample is a random 64 KiB row of a 1 GiB (``--memmap-bytes``)
 np.memmap: workers map more and more file pages (clean, reclaimable), which is no leak.
 ``--init-sleep S``: each worker sleeps S seconds in worker_init_fn (slow worker start-up).
+``--keep-per-epoch BYTES``: the trainer keeps that many bytes at each epoch end (a staircase).
 ``--leak-main BYTES_PER_S``: the trainer itself keeps that many bytes per second (a steady leak).
 
 Prints READY once the workers are running and the first batch has arrived. A worker killed by a
@@ -116,6 +117,7 @@ def main() -> None:
     p.add_argument("--prefetch", type=int, default=2)
     p.add_argument("--leak-main", type=float, default=0.0)
     p.add_argument("--init-sleep", type=float, default=0.0, help="worker start-up seconds")
+    p.add_argument("--keep-per-epoch", type=int, default=0, help="bytes the trainer keeps each epoch")
     args = p.parse_args()
 
     if args.fill_shm:
@@ -152,7 +154,7 @@ def main() -> None:
     end = time.monotonic() + args.seconds
     held: list[object] = []  # the live iterator: while it exists, a dead worker stays a zombie
     try:
-        run(loader, end, args.rate, held, Hoard(args.leak_main))
+        run(loader, end, args.rate, held, Hoard(args.leak_main), args.keep_per_epoch)
     except RuntimeError as exc:  # a worker died (torch's SIGCHLD handler or the next batch)
         print(f"dataloader error: {exc}", file=sys.stderr, flush=True)
         while time.monotonic() < end:
@@ -182,11 +184,21 @@ class Hoard:
             self.size += chunk
 
 
-def run(loader: DataLoader[object], end: float, rate: float, held: list[object], hoard: Hoard) -> None:
+def run(
+    loader: DataLoader[object],
+    end: float,
+    rate: float,
+    held: list[object],
+    hoard: Hoard,
+    keep_per_epoch: int = 0,
+) -> None:
     ready = False
+    kept: list[bytes] = []  # --keep-per-epoch: a history kept by the loop, never given back
     period = 1.0 / rate if rate > 0 else 0.0
     next_at = time.monotonic()
     while time.monotonic() < end:
+        if keep_per_epoch and ready:
+            kept.append(b"k" * keep_per_epoch)  # the staircase: one step at each epoch end
         it = iter(loader)
         held[:] = [it]
         for _ in it:

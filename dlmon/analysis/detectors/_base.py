@@ -71,6 +71,8 @@ class Thresholds:
     growth_step_span_s: float = 15.0  # a rise done within this is one step (PSS is re-read every 10 s)
     growth_lookback_factor: float = 5.0  # a new rise must pass the highest level of 5 windows back
     growth_tolerance_bytes: float = 1.0 * MIB  # changes smaller than this are ties (noise)
+    growth_warmup_s: float = 120.0  # no growth is raised in the watch's first 2 minutes ...
+    growth_warmup_max_eta_s: float = 300.0  # ... unless the limit is nearer than this at the rate
     growth_critical_eta_s: float = 600.0
     growth_info_eta_s: float = 6 * 3600.0
     process_growth_min_bytes_per_s: float = 2 * 1024.0  # ~0.12 MiB/min: a process "grows"

@@ -215,10 +215,28 @@ def growth(ctx: Context) -> tuple[GrowthWindow, str, Trend] | None:
                 continue
             start = end - window.window_s
             lookback = start - (cfg.growth_lookback_factor - 1.0) * window.window_s
-            prior = [v for _, v in series.between(lookback, start - 1e-9)]
+            prior = [v for pt, v in series.between(lookback, start) if pt < start]  # 1e-9 is lost at 1.7e9
+            if not held and name != WORKERS_USS and _warming_up(ctx, series, end, t):
+                continue
             if is_growth(t, window, cfg, held, max(prior) if prior else None):
                 return window, name, t
     return None
+
+
+def _warming_up(ctx: Context, series: Series, end: float, t: Trend) -> bool:
+    """The watch is younger than ``growth_warmup_s``: a trainer loading its dataset or weights
+    (GiBs in its first minute, then flat) looks exactly like a leak until it levels off, and there
+    is no earlier level to compare with. Wait for the levelling unless the job would hit its
+    limit soon at this rate. (Not applied to the workers' sum: copy-on-read must show within a
+    minute, and a worker's own start-up is small and levels off within the 60 s window.)"""
+    cfg = ctx.config
+    first = series.first()
+    if first is None or end - first[0] >= cfg.growth_warmup_s:
+        return False
+    room = headroom(ctx.latest)
+    if room is None or t.slope <= 0:
+        return True
+    return room.bytes / t.slope > cfg.growth_warmup_max_eta_s
 
 
 def detect_memory_growth(ctx: Context) -> list[Candidate]:
