@@ -14,6 +14,8 @@ stays flat. ``--store tensor`` keeps the same bytes in one uint8 tensor: nothing
 np.memmap: workers map more and more file pages (clean, reclaimable), which is no leak.
 ``--init-sleep S``: each worker sleeps S seconds in worker_init_fn (slow worker start-up).
 ``--keep-per-epoch BYTES``: the trainer keeps that many bytes at each epoch end (a staircase).
+``--preload BYTES --preload-seconds S``: the trainer first loads BYTES over S seconds and keeps them
+(a warm-up that levels off).
 ``--leak-main BYTES_PER_S``: the trainer itself keeps that many bytes per second (a steady leak).
 
 Prints READY once the workers are running and the first batch has arrived. A worker killed by a
@@ -118,8 +120,11 @@ def main() -> None:
     p.add_argument("--leak-main", type=float, default=0.0)
     p.add_argument("--init-sleep", type=float, default=0.0, help="worker start-up seconds")
     p.add_argument("--keep-per-epoch", type=int, default=0, help="bytes the trainer keeps each epoch")
+    p.add_argument("--preload", type=int, default=0, help="bytes the trainer loads at start (warm-up)")
+    p.add_argument("--preload-seconds", type=float, default=20.0)
     args = p.parse_args()
 
+    _preloaded = preload(args.preload, args.preload_seconds)  # kept for the whole run
     if args.fill_shm:
         with open(f"/dev/shm/dlmon-fill-{os.getpid()}", "wb") as fh:
             fh.write(b"\0" * args.fill_shm)
@@ -160,6 +165,17 @@ def main() -> None:
         while time.monotonic() < end:
             with contextlib.suppress(RuntimeError):
                 time.sleep(1.0)
+
+
+def preload(nbytes: int, seconds: float) -> list[bytes]:
+    """A warm-up: load ``nbytes`` (weights, an index) over ``seconds``, in 64 MiB pieces, then keep it."""
+    chunks: list[bytes] = []
+    piece = 64 << 20
+    pieces = -(-nbytes // piece) if nbytes > 0 else 0
+    for _ in range(pieces):
+        chunks.append(os.urandom(1 << 20) * 64)
+        time.sleep(seconds / pieces)
+    return chunks
 
 
 class Hoard:
