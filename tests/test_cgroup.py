@@ -514,3 +514,47 @@ def test_real_v1_reader_follows_a_move_at_once(
     after = reader.read()
     assert after is not None and after.limit_bytes == 128 * MIB
     assert after.path.endswith("/" + second.name)
+
+
+# --------------------------------------------------------------------------- usable cores (real)
+
+
+def test_real_usable_cores_are_the_targets_affinity_and_cpu_quota(
+    children: list[subprocess.Popen[str]],
+) -> None:
+    """The snapshot carries the target's cores, not dlmon's: a child pinned to one CPU, then put
+    in a v1 cpu cgroup with a quota of half a core."""
+    from dlmon.collect.cgroup import UsableCores
+    from dlmon.collect.sampler import Sampler
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.readline()"], stdin=subprocess.PIPE, text=True
+    )
+    children.append(proc)
+    os.sched_setaffinity(proc.pid, {min(os.sched_getaffinity(0))})
+    assert UsableCores(proc.pid).read() == 1.0
+    cpu_root = Path("/sys/fs/cgroup/cpu")
+    if not (cpu_root / "cpu.cfs_quota_us").exists():
+        pytest.skip("no cgroup v1 cpu hierarchy")
+    os.sched_setaffinity(proc.pid, os.sched_getaffinity(0))
+    d = cpu_root / f"dlmon-test-cpu-{os.getpid()}"
+    d.mkdir()
+    try:
+        (d / "cpu.cfs_period_us").write_text("100000")
+        (d / "cpu.cfs_quota_us").write_text("50000")
+        (d / "cgroup.procs").write_text(str(proc.pid))
+        assert UsableCores(proc.pid).read() == 0.5
+        sampler = Sampler(proc.pid)
+        try:
+            assert sampler.sample().target_cores == 0.5
+        finally:
+            sampler.close()
+    finally:
+        proc.kill()
+        proc.wait()
+        for _ in range(100):
+            try:
+                d.rmdir()
+                break
+            except OSError:
+                time.sleep(0.05)

@@ -8,7 +8,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from scenarios.synth import GIB, MAIN_PID, MIB, T0, proc, snap
+from scenarios.synth import GIB, MAIN_PID, MIB, T0, loader, proc, snap
 from test_analysis_scenarios import Start, Watch, job, start  # noqa: F401  (start is a fixture)
 
 from dlmon.analysis import Analyzer
@@ -325,3 +325,44 @@ def test_true_staircase_is_caught_within_a_few_epochs(start: Start) -> None:  # 
     assert alert is not None, "the staircase was not caught within 9 epochs"
     assert alert.evidence["cause"] == "main_process", alert.message
     assert w.elapsed() < 90.0
+
+
+# -- input_bound's advice: per rank, never what the loader already does --------------------------
+
+
+def _input_bound_history(ranks: int, workers: int, cpu: float, seconds: int = 40) -> list[Snapshot]:
+    """``ranks`` training processes on one node, each iterating its own loader of ``workers``."""
+    out = []
+    for k in range(seconds):
+        procs = []
+        loaders = []
+        for r in range(ranks):
+            rank_pid = MAIN_PID + 100 * r
+            if r:
+                procs.append(proc(rank_pid, "child", cpu=50.0))
+            pids = [rank_pid + 1 + i for i in range(workers)]
+            procs.extend(proc(p, ppid=rank_pid, cpu=cpu) for p in pids)
+            loaders.append(
+                loader(id=f"{rank_pid}:1", pid=rank_pid, num_workers=workers, wait=0.6, worker_pids=pids)
+            )
+        out.append(snap(float(k), procs, loaders=loaders))
+    return out
+
+
+def _input_bound_advice(history: list[Snapshot], cores: int) -> list[str]:
+    analyzer = Analyzer(cores=cores, strict=True)
+    last = [analyzer(s) for s in history][-1]
+    return [a.advice for a in last.alerts if a.kind == "input_bound"]
+
+
+def test_ddp_ranks_share_the_node_cores_in_the_advice() -> None:
+    """8 ranks x 4 CPU-bound workers on 56 cores: 7 cores per rank, so "raise from 4 to 6", not
+    "from 4 to 55" per rank (8 x 55 workers on 56 cores)."""
+    advice = _input_bound_advice(_input_bound_history(8, 4, cpu=97.0), cores=56)
+    assert advice and all("from 4 to 6" in a and "8 ranks" in a for a in advice), advice
+
+
+def test_latency_bound_loader_is_never_told_to_raise_to_what_it_has() -> None:
+    """1 idle worker on 2 cores: before, "Raise num_workers (up to 1 ...)" to a loader with 1."""
+    advice = _input_bound_advice(_input_bound_history(1, 1, cpu=5.0), cores=2)
+    assert advice and "from 1 to 2" in advice[0] and "up to 1" not in advice[0], advice

@@ -108,6 +108,7 @@ class Analyzer:
         strict: bool = False,
     ) -> None:
         self.cores = cores if cores is not None else default_cores()
+        self._cores_given = cores is not None
         self.thresholds = thresholds
         self.holds = holds
         self.detectors = detectors
@@ -166,7 +167,10 @@ class Analyzer:
             self._recent.popleft()
         self.digest.ingest(s)
         active = [key for key, track in self._tracks.items() if track.raised_at is not None]
-        ctx = Context(tuple(self._recent), self.digest, self.cores, self.thresholds, active)
+        # the target's own cores (affinity, CPU quota) when the snapshot knows them: a container's
+        # or a replayed machine's, not dlmon's
+        cores = self.cores if self._cores_given or not s.target_cores else max(1, int(s.target_cores))
+        ctx = Context(tuple(self._recent), self.digest, cores, self.thresholds, active)
         seen: set[AlertKey] = set()
         for detector in self.detectors.values():
             try:

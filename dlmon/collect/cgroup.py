@@ -39,6 +39,7 @@ __all__ = [
     "CgroupMemoryReader",
     "Mount",
     "ProcCgroup",
+    "UsableCores",
     "locate_memory_cgroup",
     "parse_mountinfo",
     "parse_proc_cgroup",
@@ -480,3 +481,78 @@ def read_cgroup_memory(
     """One-shot: locate and read. A monitor should keep a :class:`CgroupMemoryReader` instead."""
     loc, _ = locate_memory_cgroup(pid, proc_root, mount_root, mountinfo_path)
     return None if loc is None else read_location(loc)
+
+
+# --------------------------------------------------------------------------- usable cores
+
+
+def _cpu_cgroup_dirs(pid: int | str, proc_root: str) -> tuple[int, list[str]] | None:
+    """(version, [the target's cpu cgroup directory and its visible ancestors]) or None."""
+    cg_text = read_text(f"{proc_root}/{pid}/cgroup")
+    mi_text = read_text(f"{proc_root}/self/mountinfo")
+    if cg_text is None or mi_text is None:
+        return None
+    mounts = parse_mountinfo(mi_text)
+    v1_path = v2_path = None
+    for line in cg_text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        if parts[0] == "0" and parts[1] == "":
+            v2_path = parts[2]
+        elif "cpu" in parts[1].split(","):
+            v1_path = parts[2]
+    if v1_path is not None:
+        found = [m for m in mounts if m.fstype == "cgroup" and "cpu" in m.super_options]
+        version, path = 1, v1_path
+    elif v2_path is not None:
+        found = [m for m in mounts if m.fstype == "cgroup2"]
+        version, path = 2, v2_path
+    else:
+        return None
+    if not found or ".." in path.split("/"):
+        return None
+    mount = ([m for m in found if m.root == "/"] or found)[-1]
+    resolved = _resolve(mount.mount_point, mount.root, path)
+    directory = resolved[1] if resolved is not None and os.path.isdir(resolved[1]) else mount.mount_point
+    return version, [directory, *_ancestors(directory, mount.mount_point)]
+
+
+def _quota_cores(version: int, directory: str) -> float | None:
+    if version == 2:
+        text = read_text(f"{directory}/cpu.max")
+        parts = text.split() if text else []
+        if len(parts) == 2 and parts[0] != "max":
+            try:
+                return int(parts[0]) / int(parts[1])
+            except (ValueError, ZeroDivisionError):
+                return None
+        return None
+    quota = _read_int(f"{directory}/cpu.cfs_quota_us")
+    period = _read_int(f"{directory}/cpu.cfs_period_us")
+    if quota is None or period is None or quota <= 0 or period <= 0:
+        return None  # -1: no quota
+    return quota / period
+
+
+class UsableCores:
+    """The cores the target may use: its CPU affinity (a cpuset narrows it) and the CPU quota of
+    its cgroup and ancestors (v1 ``cpu.cfs_quota_us``/``cpu.cfs_period_us``, v2 ``cpu.max``),
+    whichever is smaller. The cgroup is located once; ``read()`` is a syscall and a few small files.
+    """
+
+    def __init__(self, pid: int, proc_root: str = "/proc") -> None:
+        self.pid = pid
+        self._dirs = _cpu_cgroup_dirs(pid, proc_root)
+
+    def read(self) -> float | None:
+        try:
+            affinity: float | None = float(len(os.sched_getaffinity(self.pid)))
+        except (AttributeError, OSError):
+            affinity = None
+        quotas: list[float] = []
+        if self._dirs is not None:
+            version, dirs = self._dirs
+            quotas = [q for q in (_quota_cores(version, d) for d in dirs) if q is not None]
+        options = [v for v in (affinity, min(quotas) if quotas else None) if v is not None]
+        return round(min(options), 2) if options else None

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from dlmon.collect.agent_client import AgentClient, AgentReading, merge_torch_memory
-from dlmon.collect.cgroup import CgroupMemoryReader
+from dlmon.collect.cgroup import CgroupMemoryReader, UsableCores
 from dlmon.collect.disks import DiskStatsReader
 from dlmon.collect.gpu import GpuCollector
 from dlmon.collect.processes import ProcessTracker
@@ -67,6 +67,7 @@ class Sampler:
         except (OSError, RuntimeError):
             self.start_unix_time = None
         self._cgroup = CgroupMemoryReader(pid, proc_root=proc_root)
+        self._cores = UsableCores(pid, proc_root=proc_root)
         self._disks = DiskStatsReader(proc_root=proc_root, sys_root=sys_root)
         self._gpu = gpu if gpu is not None else GpuCollector()
         self._agent = agent if agent is not None else AgentClient()
@@ -148,6 +149,7 @@ class Sampler:
             loaders=reading.loaders if reading else (),
             pinned=reading.pinned if reading else None,
             worker_deaths=reading.worker_deaths if reading else (),
+            target_cores=self._cores.read() if alive else None,
         )
         if self._last_time is not None:
             cheap_cpu = time.thread_time() - cpu_start - self.processes.smaps_cpu_last_tick

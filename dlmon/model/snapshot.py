@@ -258,6 +258,8 @@ class Snapshot:
     worker_deaths: tuple[WorkerDeath, ...] = ()  # cumulative over the run, from the agent
     alerts: tuple[Alert, ...] = ()  # active alerts after this sample (dlmon.analysis)
     schema: int = SCHEMA_VERSION
+    # the cores the target may use: its affinity and its cgroup's CPU quota, whichever is smaller
+    target_cores: float | None = None
 
     def workers(self) -> tuple[ProcessSample, ...]:
         return tuple(p for p in self.processes if p.role == "worker")

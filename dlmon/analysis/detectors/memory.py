@@ -300,6 +300,10 @@ def detect_memory_growth(ctx: Context) -> list[Candidate]:
         if attribution.growing
         else None,
     }
+    advice = _ADVICE[attribution.cause]
+    restarting = s.loaders and all(x.persistent_workers is False for x in s.loaders)
+    if attribution.cause == COPY_ON_READ and restarting:
+        advice = advice.replace(", or restart workers (persistent_workers=False)", "")  # it already does
     return [
         Candidate(
             MEMORY_GROWTH,
@@ -307,7 +311,7 @@ def detect_memory_growth(ctx: Context) -> list[Candidate]:
             severity,
             f"job (pid {s.target.pid})",
             message,
-            _ADVICE[attribution.cause],
+            advice,
             evidence,
         )
     ]
