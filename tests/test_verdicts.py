@@ -8,7 +8,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from scenarios.synth import GIB, MAIN_PID, MIB, T0, loader, proc, snap
+from scenarios.synth import GIB, MAIN_PID, MIB, T0, gpu, loader, proc, snap
 from test_analysis_scenarios import Start, Watch, job, start  # noqa: F401  (start is a fixture)
 
 from dlmon.analysis import Analyzer
@@ -366,3 +366,25 @@ def test_latency_bound_loader_is_never_told_to_raise_to_what_it_has() -> None:
     """1 idle worker on 2 cores: before, "Raise num_workers (up to 1 ...)" to a loader with 1."""
     advice = _input_bound_advice(_input_bound_history(1, 1, cpu=5.0), cores=2)
     assert advice and "from 1 to 2" in advice[0] and "up to 1" not in advice[0], advice
+
+
+# -- GPUs: only the job's, and fragmentation against the peak --------------------------------------
+
+
+def test_vram_pressure_only_on_the_gpus_this_job_uses() -> None:
+    """GPU 1 is a colleague's (NVML lists only pid 4242 there) and 99% full: not this job's alert.
+    The job's own GPU 0 at 99% is."""
+    gpus = [gpu(0, used=79.5 * GIB, total=80 * GIB), gpu(1, used=79.5 * GIB, total=80 * GIB, pids=(4242,))]
+    analyzer = Analyzer(cores=2, strict=True)
+    last = [analyzer(snap(float(t), [proc(1001)], gpus=gpus)) for t in range(8)][-1]
+    subjects = [a.subject for a in last.alerts if a.kind == "vram_pressure"]
+    assert subjects == ["GPU 0"], subjects
+
+
+def test_fragmentation_is_judged_against_peak_allocated() -> None:
+    """Reserved 30 GiB, allocated 10 GiB between steps but 28 GiB at the step's peak: the cache is
+    what the step needs, not fragmentation."""
+    gpus = [gpu(0, used=40 * GIB, allocated=10 * GIB, reserved=30 * GIB, peak=28 * GIB)]
+    analyzer = Analyzer(cores=2, strict=True)
+    outs = [analyzer(snap(float(t), [proc(1001)], gpus=gpus)) for t in range(8)]
+    assert not [a.message for s in outs for a in s.alerts]
