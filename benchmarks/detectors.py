@@ -519,12 +519,12 @@ def main() -> None:
         except Exception as exc:  # one broken scenario must not lose the others' numbers
             results.append(Result(key, "?", note=f"failed: {type(exc).__name__}: {exc}"))
     print(f"\nInterval {iv} s, {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}.\n")
+    detections = [r for r in results if r.name not in healthy_names]
     header = "| scenario | expected alert | detected after | ETA error at first alert | ETA error halfway "
-    print(header + "| OOM kill after | alerts of other kinds | analyzer ms/tick | note |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---|")
-    for r in results:
-        if r.name in healthy_names:
-            continue
+    if detections:
+        print(header + "| OOM kill after | alerts of other kinds | analyzer ms/tick | note |")
+        print("|---|---|---:|---:|---:|---:|---:|---:|---|")
+    for r in detections:
         fa = str(len(r.false_alarms)) + (
             f" ({', '.join(sorted(set(r.false_alarms)))})" if r.false_alarms else ""
         )

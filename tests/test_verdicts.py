@@ -14,8 +14,9 @@ from test_analysis_scenarios import Start, Watch, job, start  # noqa: F401  (sta
 from dlmon.analysis import Analyzer
 from dlmon.analysis.detectors import DEFAULT_THRESHOLDS, GrowthWindow
 from dlmon.model import Snapshot
+from dlmon.ui.fmt import DASH
 from dlmon.ui.state import DashboardState
-from dlmon.ui.views import memory_lines, text_of
+from dlmon.ui.views import memory_lines, table_cells, table_columns, text_of
 
 pytest.importorskip("torch")
 
@@ -81,6 +82,11 @@ def test_memmap_dataset_read_by_four_workers_is_not_a_leak(start: Start, tmp_pat
     assert "mapped files " in screen and "reclaimable" in screen
     workers = last.workers()
     assert len(workers) == 4 and all(p.pss_file_bytes is not None for p in workers if p.pss_bytes)
+    # the Workers table has the mapped pages in their own column
+    cols = table_columns(200, batches=False, gpu=False)
+    at = [c.key for c in cols].index("file")
+    rows = [r for r in state.rows.values() if r.process.role == "worker" and r.process.pss_file_bytes]
+    assert rows and all(text_of(table_cells(r, cols, 0.25)).split()[at] != DASH for r in rows)
 
 
 @pytest.mark.slow

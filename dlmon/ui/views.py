@@ -629,6 +629,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("rss", "RSS", 6, True, 70, "rss"),
     Column("uss", "USS", 6, True, 60, "uss"),
     Column("pss", "PSS", 7, True, 97, "pss"),
+    Column("file", "FILE", 6, True, 15),  # PSS of mapped files (Pss_File): reclaimable, no leak
     Column("shm", "SHM", 6, True, 20),
     Column("read", "RD MB/s", 7, True, 50, "read"),
     Column("batch", "BATCH%", 6, True, 40),
@@ -696,6 +697,10 @@ def table_cells(row: ProcessRow, cols: Sequence[Column], interval: float | None)
         elif c.key == "pss":
             text = DASH if dead else cbytes(p.pss_bytes)
             if not dead and p.pss_bytes is not None and pss_stale(p, interval):
+                text, style = "~" + text, "stale"
+        elif c.key == "file":
+            text = DASH if dead else cbytes(p.pss_file_bytes)
+            if not dead and p.pss_file_bytes is not None and pss_stale(p, interval):
                 text, style = "~" + text, "stale"
         elif c.key == "shm":
             text = DASH if dead else cbytes(p.shmem_bytes)
