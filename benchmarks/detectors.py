@@ -17,6 +17,11 @@ the memory_growth alert predicted is compared with when it did.
   can be told from a true one about something else on the machine (another process's IO);
 * analyzer cost: CPU per tick in the analyzer alone, on this job's tree.
 
+A false-alarm table runs healthy jobs for ``--healthy-seconds`` (3 min by default; ``--only
+fa-memmap fa-startup fa-warmup fa-cache``) and counts the alerts they raise: the target is 0.
+Timings on a loaded machine (other jobs sharing the cores) are approximate: detection times stretch
+with the sampling jitter, and a healthy job can look input-bound when it is starved of CPU.
+
 A last table times the Analyzer on a synthetic hour of a 1 + 32 process job at 1 Hz and says
 how much memory it keeps. Needs root for the cgroup, fio for the disk scenario, unshare for shm.
 """
@@ -69,9 +74,11 @@ class Result:
 
 
 @contextlib.contextmanager
-def started(argv: list[str], ready: bool = True, timeout: float = 120.0) -> Iterator[subprocess.Popen[str]]:
+def started(
+    argv: list[str], ready: bool = True, timeout: float = 120.0, env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen[str]]:
     proc = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True
+        argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True, env=env
     )
     try:
         if ready:
@@ -227,6 +234,73 @@ def steady(name: str, argv: list[str], seconds: float, interval: float, cores: i
         r.note = f"{seconds:.0f} s"
         run.close()
     return r
+
+
+@contextlib.contextmanager
+def agent_env() -> Iterator[dict[str, str]]:
+    """A child environment that starts the in-process agent, with a private runtime directory."""
+    from dlmon.agent.sitecustomize_hook import pythonpath_with_bootstrap
+
+    d = tempfile.mkdtemp(prefix="dlmon-bench-agent-")
+    old = os.environ.get("XDG_RUNTIME_DIR")
+    os.environ["XDG_RUNTIME_DIR"] = d
+    env = dict(os.environ)
+    env["PYTHONPATH"] = pythonpath_with_bootstrap(os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]))
+    env.pop("DLMON_AGENT_DISABLE", None)
+    try:
+        yield env
+    finally:
+        if old is None:
+            os.environ.pop("XDG_RUNTIME_DIR", None)
+        else:
+            os.environ["XDG_RUNTIME_DIR"] = old
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def healthy(name: str, argv: list[str], seconds: float, interval: float, agent: bool = False) -> Result:
+    """A healthy job run for minutes: every alert raised is a false alarm (target: 0)."""
+    with contextlib.ExitStack() as stack:
+        env = stack.enter_context(agent_env()) if agent else None
+        proc = stack.enter_context(started(argv, env=env))
+        run = Run(proc.pid, interval)
+        run.run_for(seconds)
+        r = Result(name, "(none)", false_alarms=run.others(set()), details=run.details)
+        r.ms_per_tick = run.cost_ms()
+        r.note = f"{seconds:.0f} s" + (", agent" if agent else "")
+        run.close()
+    return r
+
+
+def page_cache_in_cgroup(seconds: float, interval: float) -> Result:
+    """A job capped at 1.5 GiB streaming a 2.5 GiB file: its cgroup is full of page cache."""
+    data = Path(tempfile.mkdtemp(prefix="dlmon-bench-")) / "stream.bin"
+    with data.open("wb") as fh:
+        fh.truncate(2560 * MIB)  # sparse: read through the page cache all the same
+    reader = f"f=open({str(data)!r},'rb',buffering=0)\nprint('READY',flush=True)\n" + (
+        "while True:\n f.seek(0)\n while f.read(1<<20): pass\n"
+    )
+    try:
+        with memory_cgroup() as cg:
+            (cg / "memory.limit_in_bytes").write_text(str(1536 * MIB))
+            script = f'echo $$ > {cg}/cgroup.procs && exec {sys.executable} -c "$0"'
+            with started(["sh", "-c", script, reader]) as proc:
+                run = Run(proc.pid, interval)
+                run.run_for(seconds)
+                r = Result("page cache under a 1.5 GiB cgroup limit", "(none)", details=run.details)
+                r.false_alarms = run.others(set())
+                r.ms_per_tick = run.cost_ms()
+                cg_last = run.snapshots[-1].cgroup
+                ws = cg_last.working_set_bytes if cg_last is not None else None
+                cache = cg_last.cache_bytes if cg_last is not None else None
+                r.note = f"{seconds:.0f} s; working set {fmt_mib(ws)}, cache {fmt_mib(cache)}"
+                run.close()
+    finally:
+        shutil.rmtree(data.parent, ignore_errors=True)
+    return r
+
+
+def fmt_mib(v: int | None) -> str:
+    return "-" if v is None else f"{v / MIB:.0f} MiB"
 
 
 def after_kill(name: str, kind: str, kill_main: bool, interval: float) -> Result:
@@ -386,6 +460,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--interval", type=float, default=0.25)
     p.add_argument("--only", nargs="*", default=None)
+    p.add_argument("--healthy-seconds", type=float, default=180.0, help="how long each healthy job runs")
     args = p.parse_args()
     iv = args.interval
     cor = "--store list --items 3000000 --workers 2 --batch 50 --rate 20 --shuffle --persistent --seconds 900"
@@ -408,19 +483,48 @@ def main() -> None:
         "shm": lambda: small_shm(iv),
         "oversub": lambda: oversubscribed(iv),
     }
+    fa = args.healthy_seconds
+    mm = str(Path(tempfile.gettempdir()) / f"dlmon-bench-memmap-{os.getpid()}.u8")
+    healthy_jobs: dict[str, Callable[[], Result]] = {
+        "fa-memmap": lambda: healthy(
+            "4 workers random-read a 1 GiB np.memmap",
+            [sys.executable, JOB, "--store", "memmap", "--memmap", mm, "--workers", "4", "--batch", "8",
+             "--rate", "20", "--shuffle", "--persistent", "--seconds", "3600"],
+            fa, iv,
+        ),
+        "fa-startup": lambda: healthy(
+            "3 s worker start-up, no persistent workers",
+            [sys.executable, JOB, "--store", "tensor", "--items", "600", "--batch", "20", "--workers", "2",
+             "--rate", "20", "--init-sleep", "3", "--seconds", "3600"],
+            fa, iv, agent=True,
+        ),
+        "fa-warmup": lambda: healthy(
+            "trainer loads 2 GiB in 30 s, then flat",
+            [sys.executable, JOB, "--store", "tensor", "--items", "100000", "--workers", "2", "--rate", "20",
+             "--persistent", "--preload", str(2048 * MIB), "--preload-seconds", "30", "--seconds", "3600"],
+            fa, iv,
+        ),
+        "fa-cache": lambda: page_cache_in_cgroup(fa, iv),
+    }  # fmt: skip
+    scenarios.update(healthy_jobs)
     chosen = [k for k in (args.only if args.only is not None else list(scenarios)) if k in scenarios]
     results: list[Result] = []
+    healthy_names: set[str] = set()
     for key in chosen:
         print(f"running {key} ...", file=sys.stderr, flush=True)
         try:
             results.append(scenarios[key]())
+            if key in healthy_jobs:
+                healthy_names.add(results[-1].name)
         except Exception as exc:  # one broken scenario must not lose the others' numbers
             results.append(Result(key, "?", note=f"failed: {type(exc).__name__}: {exc}"))
     print(f"\nInterval {iv} s, {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}.\n")
+    detections = [r for r in results if r.name not in healthy_names]
     header = "| scenario | expected alert | detected after | ETA error at first alert | ETA error halfway "
-    print(header + "| OOM kill after | alerts of other kinds | analyzer ms/tick | note |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---|")
-    for r in results:
+    if detections:
+        print(header + "| OOM kill after | alerts of other kinds | analyzer ms/tick | note |")
+        print("|---|---|---:|---:|---:|---:|---:|---:|---|")
+    for r in detections:
         fa = str(len(r.false_alarms)) + (
             f" ({', '.join(sorted(set(r.false_alarms)))})" if r.false_alarms else ""
         )
@@ -430,6 +534,14 @@ def main() -> None:
             f"{fmt(r.oom_after_s)} | {fa} | "
             f"{fmt(r.ms_per_tick, '')} | {r.note} |"
         )
+    healthy_results = [r for r in results if r.name in healthy_names]
+    if healthy_results:
+        print("\nFalse alarms: healthy jobs that must stay quiet (target: 0 alerts raised).\n")
+        print("| healthy job | alerts raised | analyzer ms/tick | note |")
+        print("|---|---:|---:|---|")
+        for r in healthy_results:
+            kinds = f" ({', '.join(sorted(set(r.false_alarms)))})" if r.false_alarms else ""
+            print(f"| {r.name} | {len(r.false_alarms)}{kinds} | {fmt(r.ms_per_tick, '')} | {r.note} |")
     unexpected = [(r.name, d) for r in results for d in r.details if d.split()[0] not in r.expected]
     if unexpected:
         print("\nAlerts of other kinds, with their messages:\n")

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from dlmon.collect.cgroup import (
+    NOT_VISIBLE,
     CgroupMemoryReader,
     Mount,
     locate_memory_cgroup,
@@ -70,8 +71,8 @@ def test_v2_nested_parent_has_smaller_limit() -> None:
         version=2,
         path="/job.slice/train.scope",
         limit_bytes=1 * GIB,  # job.slice's 1 GiB, not train.scope's own 2 GiB
-        current_bytes=805306368,
-        oom_kill_count=2,
+        current_bytes=805310464,  # ... compared with job.slice's usage, not train.scope's 805306368
+        oom_kill_count=3,  # and job.slice's kills: the limit that kills is job.slice's
         pressure=Pressure(
             io_some_avg10=4.2,
             io_full_avg10=3.9,
@@ -79,6 +80,10 @@ def test_v2_nested_parent_has_smaller_limit() -> None:
             memory_full_avg10=17.8,
             cpu_some_avg10=55.0,
         ),
+        working_set_bytes=805310464 - 469762048,  # usage - inactive_file of job.slice's memory.stat
+        cache_bytes=536870912,
+        inactive_file_bytes=469762048,
+        usage_path="/job.slice",
     )
 
 
@@ -110,13 +115,16 @@ def test_v2_path_missing_falls_back_to_mount_root() -> None:
     assert cg.pressure is not None and cg.pressure.memory_full_avg10 == 5.0
 
 
-def test_path_outside_our_namespace_falls_back(tmp_path: Path) -> None:
-    # the kernel shows a cgroup outside our cgroup namespace as /../..; never walk out of the mount
+def test_path_outside_our_namespace_is_not_visible(tmp_path: Path) -> None:
+    # the kernel shows a cgroup outside our cgroup namespace as /../..; the mount root is dlmon's
+    # own cgroup then, and its limit is the sidecar's, not the target's: say so instead
     (tmp_path / "9").mkdir()
     (tmp_path / "9" / "cgroup").write_text("0::/../../job.slice/train.scope\n")
     loc, reason = locate_memory_cgroup(9, proc_root=str(tmp_path), mount_root=str(V2_CONTAINER))
-    assert reason is None and loc is not None
-    assert loc.fallback and loc.directory == str(V2_CONTAINER)
+    assert loc is None
+    assert reason == NOT_VISIBLE and reason.startswith("cgroup not visible from here")
+    reader = CgroupMemoryReader(9, proc_root=str(tmp_path), mount_root=str(V2_CONTAINER))
+    assert reader.read() is None and reader.reason == NOT_VISIBLE
 
 
 def test_v2_located_through_mountinfo(tmp_path: Path) -> None:
@@ -184,6 +192,7 @@ def test_hybrid_uses_v1_for_memory(tmp_path: Path) -> None:
         current_bytes=100 * MIB,
         oom_kill_count=4,
         pressure=None,
+        usage_path="/user.slice/user-1000.slice/session-2.scope",  # the parents show no files
     )
     _write_v1(session, limit=V1_UNLIMITED, hier=V1_UNLIMITED, usage=1, oom_kill=0)
     cg = read_cgroup_memory(4246, proc_root=str(PROC / "hybrid"), mount_root=str(v1))
@@ -364,3 +373,188 @@ def test_real_v1_oom_kill_counted(
     machine_after = read_oom_kill_count()
     if machine_before is not None and machine_after is not None:
         assert machine_after >= machine_before + 1
+
+
+# ------------------------------------------------- working set, limit level, moves (real v1)
+
+_STREAMER = r"""
+import sys
+sys.stdin.readline()                     # wait until we are in the test cgroup
+path = sys.argv[1]
+print("go", flush=True)
+while True:                              # stream the file again and again, keeping nothing
+    with open(path, "rb", buffering=0) as fh:
+        while fh.read(1 << 20):
+            pass
+"""
+
+
+def _v1_stat(d: Path, key: str) -> int:
+    return next(
+        int(line.split()[1])
+        for line in (d / "memory.stat").read_text().splitlines()
+        if line.split()[0] == key
+    )
+
+
+def test_real_v1_streaming_a_file_is_cache_not_used_memory(
+    v1_cgroup: Callable[[int | None], Path], children: list[subprocess.Popen[str]], tmp_path: Path
+) -> None:
+    """A job capped at 1.5 GiB streams a 2.5 GiB file: its cgroup fills with page cache up to the
+    limit, while what it really uses is a few MiB. The snapshot (JSON), the one-line form and the
+    dashboard show the working set and the cache apart; headroom comes from the working set; the
+    analysis raises nothing."""
+    from dlmon.analysis import Analyzer
+    from dlmon.analysis.detectors import headroom
+    from dlmon.collect.sampler import Sampler
+    from dlmon.model.format import one_line
+    from dlmon.model.serialize import snapshot_to_dict
+    from dlmon.ui.state import DashboardState
+    from dlmon.ui.views import memory_lines, text_of
+
+    data = tmp_path / "dataset.bin"
+    with data.open("wb") as fh:  # sparse: read back as zeros, through the page cache all the same
+        fh.truncate(2560 * MIB)
+    d = v1_cgroup(1536 * MIB)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _STREAMER, str(data)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    children.append(proc)
+    (d / "cgroup.procs").write_text(str(proc.pid))
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+    assert proc.stdout.readline().strip() == "go"
+    deadline = time.monotonic() + 120
+    while _v1_stat(d, "total_cache") < 1024 * MIB:  # the cache fills the cgroup
+        assert time.monotonic() < deadline, "the streamer did not fill the cgroup with cache"
+        time.sleep(0.2)
+
+    sampler = Sampler(proc.pid)
+    analyzer = Analyzer(strict=True)
+    state = DashboardState()
+    snapshots = []
+    try:
+        for _ in range(12):
+            snapshot = analyzer(sampler.sample())
+            state.ingest(snapshot)
+            snapshots.append(snapshot)
+            time.sleep(0.5)
+    finally:
+        sampler.close()
+    last = snapshots[-1]
+    cg = last.cgroup
+    assert cg is not None and cg.limit_bytes == 1536 * MIB
+    assert cg.current_bytes is not None and cg.current_bytes > 1024 * MIB  # "nearly full" as before
+    assert cg.cache_bytes is not None and cg.cache_bytes > 1024 * MIB
+    assert cg.working_set_bytes is not None and cg.working_set_bytes < 256 * MIB
+    as_json = snapshot_to_dict(last)
+    assert as_json["cgroup"]["working_set_bytes"] == cg.working_set_bytes
+    assert as_json["memory"]["cgroup_working_set_bytes"] == cg.working_set_bytes
+    assert as_json["memory"]["cgroup_cache_bytes"] == cg.cache_bytes
+    room = headroom(last)
+    assert room is not None
+    assert room.bytes > 1024 * MIB or room.source == "machine"  # not "0 B left" of the cgroup
+    assert all(not s.alerts for s in snapshots), [a.message for s in snapshots for a in s.alerts]
+    assert "cgroup ws " in one_line(last) and " cache " in one_line(last)
+    screen = "\n".join(text_of(line) for line in memory_lines(state, 200, False))
+    assert "cgroup working set " in screen and "of 1.5 GiB" in screen
+    assert "cache 1." in screen and "(reclaimable)" in screen
+
+
+def test_real_v1_usage_read_where_the_limit_is(
+    v1_cgroup: Callable[[int | None], Path], children: list[subprocess.Popen[str]]
+) -> None:
+    """Slurm's layout: the limit on the job's cgroup, the task in an unlimited step below it.
+    Usage is compared with the limit at the job's level (what the kernel compares)."""
+    job = v1_cgroup(512 * MIB)
+    step = job / "step_0"
+    step.mkdir()
+    try:
+        sibling = _start_child(job, 48 * MIB)  # another task of the job, in the job's own cgroup
+        children.append(sibling)
+        assert sibling.stdin is not None and sibling.stdout is not None
+        sibling.stdin.write("go\n")
+        sibling.stdin.flush()
+        assert sibling.stdout.readline().strip() == "ready"
+        proc = _start_child(step, 0)
+        children.append(proc)
+        cg = read_cgroup_memory(proc.pid)
+        assert cg is not None
+        assert cg.limit_bytes == 512 * MIB
+        assert cg.usage_path is not None and cg.usage_path.endswith("/" + job.name)
+        # the job's usage includes the sibling's 48 MiB, the step's alone does not
+        assert cg.current_bytes is not None and cg.current_bytes >= 48 * MIB
+        assert int((step / "memory.usage_in_bytes").read_text()) < 48 * MIB
+    finally:
+        for p in children:
+            p.kill()
+            p.wait()
+        for _ in range(100):
+            try:
+                step.rmdir()
+                break
+            except OSError:
+                time.sleep(0.05)
+
+
+def test_real_v1_reader_follows_a_move_at_once(
+    v1_cgroup: Callable[[int | None], Path], children: list[subprocess.Popen[str]]
+) -> None:
+    """A launcher moves the job into another cgroup after start: the next read follows it, even
+    though the old cgroup still exists."""
+    first = v1_cgroup(256 * MIB)
+    second = v1_cgroup(128 * MIB)
+    proc = _start_child(first, 0)
+    children.append(proc)
+    reader = CgroupMemoryReader(proc.pid)  # default relocate interval: 10 s
+    before = reader.read()
+    assert before is not None and before.limit_bytes == 256 * MIB
+    (second / "cgroup.procs").write_text(str(proc.pid))
+    after = reader.read()
+    assert after is not None and after.limit_bytes == 128 * MIB
+    assert after.path.endswith("/" + second.name)
+
+
+# --------------------------------------------------------------------------- usable cores (real)
+
+
+def test_real_usable_cores_are_the_targets_affinity_and_cpu_quota(
+    children: list[subprocess.Popen[str]],
+) -> None:
+    """The snapshot carries the target's cores, not dlmon's: a child pinned to one CPU, then put
+    in a v1 cpu cgroup with a quota of half a core."""
+    from dlmon.collect.cgroup import UsableCores
+    from dlmon.collect.sampler import Sampler
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.readline()"], stdin=subprocess.PIPE, text=True
+    )
+    children.append(proc)
+    os.sched_setaffinity(proc.pid, {min(os.sched_getaffinity(0))})
+    assert UsableCores(proc.pid).read() == 1.0
+    cpu_root = Path("/sys/fs/cgroup/cpu")
+    if not (cpu_root / "cpu.cfs_quota_us").exists():
+        pytest.skip("no cgroup v1 cpu hierarchy")
+    os.sched_setaffinity(proc.pid, os.sched_getaffinity(0))
+    d = cpu_root / f"dlmon-test-cpu-{os.getpid()}"
+    d.mkdir()
+    try:
+        (d / "cpu.cfs_period_us").write_text("100000")
+        (d / "cpu.cfs_quota_us").write_text("50000")
+        (d / "cgroup.procs").write_text(str(proc.pid))
+        assert UsableCores(proc.pid).read() == 0.5
+        sampler = Sampler(proc.pid)
+        try:
+            assert sampler.sample().target_cores == 0.5
+        finally:
+            sampler.close()
+    finally:
+        proc.kill()
+        proc.wait()
+        for _ in range(100):
+            try:
+                d.rmdir()
+                break
+            except OSError:
+                time.sleep(0.05)

@@ -16,6 +16,7 @@ from dlmon.analysis.analyzer import default_cores
 from dlmon.analysis.detectors import Candidate, detect, headroom
 from dlmon.analysis.detectors._base import JobTree, duration, per_min, size
 from dlmon.analysis.digest import Digest, DigestLimits
+from dlmon.analysis.startup import startup_of
 from dlmon.analysis.stats import median, theil_sen
 from dlmon.model import LoaderSample, ProcessSample, Snapshot
 
@@ -270,7 +271,28 @@ def advise(history: Sequence[Snapshot], *, cores: int | None = None) -> Advice:
     worker_ids = {(t.pid, t.start_time) for t in digest.processes.values() if t.role == "worker"}
     restarts = max(0, len(worker_ids) - len(workers))
     span = history[-1].time - history[0].time
-    if loader is not None and loader.persistent_workers is False and nw > 0:
+    startup = startup_of(s, loader) if loader is not None else None
+    if loader is not None and loader.persistent_workers is False and nw > 0 and startup is not None:
+        if startup.large:
+            lines.append(
+                AdviceLine(
+                    "persistent_workers",
+                    f"Set persistent_workers=True: worker start-up takes {startup.describe()}; "
+                    "persistent workers start once.",
+                    f"worker start-up {startup.seconds_total:.1f} s in all (building the iterator "
+                    "and the first batch of each epoch)",
+                )
+            )
+        else:
+            lines.append(
+                AdviceLine(
+                    "persistent_workers",
+                    f"Worker start-up is small here ({startup.describe()}): persistent_workers=True "
+                    "would save little.",
+                    f"worker start-up {startup.seconds_total:.1f} s in all",
+                )
+            )
+    elif loader is not None and loader.persistent_workers is False and nw > 0:
         if restarts:
             lines.append(
                 AdviceLine(

@@ -108,6 +108,7 @@ class Analyzer:
         strict: bool = False,
     ) -> None:
         self.cores = cores if cores is not None else default_cores()
+        self._cores_given = cores is not None
         self.thresholds = thresholds
         self.holds = holds
         self.detectors = detectors
@@ -166,7 +167,10 @@ class Analyzer:
             self._recent.popleft()
         self.digest.ingest(s)
         active = [key for key, track in self._tracks.items() if track.raised_at is not None]
-        ctx = Context(tuple(self._recent), self.digest, self.cores, self.thresholds, active)
+        # the target's own cores (affinity, CPU quota) when the snapshot knows them: a container's
+        # or a replayed machine's, not dlmon's
+        cores = self.cores if self._cores_given or not s.target_cores else max(1, int(s.target_cores))
+        ctx = Context(tuple(self._recent), self.digest, cores, self.thresholds, active)
         seen: set[AlertKey] = set()
         for detector in self.detectors.values():
             try:
@@ -185,9 +189,12 @@ class Analyzer:
                 else:
                     track.candidate = c
                     track.absent_since = None
-        return self._update(s.time, seen)
+        return self._update(s.time, seen, ended=not s.target.alive)
 
-    def _update(self, now: float, seen: set[AlertKey]) -> tuple[Alert, ...]:
+    def _update(self, now: float, seen: set[AlertKey], ended: bool = False) -> tuple[Alert, ...]:
+        """``ended``: the target has exited. A source stops at most a few ticks later, so waiting
+        out a clear hold would leave the last frame and record line with a condition that is over
+        (an orphan_worker whose orphans have all exited): what is gone is cleared at once."""
         alerts: list[Alert] = []
         for key, track in list(self._tracks.items()):
             hold = self.holds.get(key[0], _DEFAULT_HOLD)
@@ -197,7 +204,7 @@ class Analyzer:
                     continue
                 if track.absent_since is None:
                     track.absent_since = now
-                if now - track.absent_since >= hold.clear_after_s:
+                if ended or now - track.absent_since >= hold.clear_after_s:
                     del self._tracks[key]
                     continue
             elif track.raised_at is None and now - track.present_since >= hold.raise_after_s:

@@ -3,7 +3,8 @@
 Full snapshots are kept for a couple of minutes only (the short-window detectors need no more).
 What the slow detectors need over tens of minutes is extracted here, one snapshot at a time:
 
-* each process's **fresh** USS/PSS readings. PSS/USS are refreshed on a CPU budget, so most
+* each process's **fresh** USS/PSS readings, without file-backed pages when the kernel splits
+  them (see :func:`memory_views`). PSS/USS are refreshed on a CPU budget, so most
   snapshots repeat an old value; a reading is placed at the time it was really taken
   (``snapshot.time - pss_age_s``) and a repeat of the same reading is ignored;
 * the job's PSS total, recorded only when some reading in it is new, at the mean time its
@@ -26,7 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from dlmon.analysis.stats import Point
-from dlmon.model import Snapshot
+from dlmon.model import ProcessSample, Snapshot
 
 Identity = tuple[int, int]  # (pid, start_time)
 
@@ -105,6 +106,18 @@ class ProcessMemory:
         return process_label(self.role, self.pid, self.worker_id)
 
 
+def memory_views(pss: int, p: ProcessSample) -> tuple[int, int | None]:
+    """(PSS, private part) of a process with a PSS reading, without file-backed pages where the
+    kernel splits them (Pss_File, Linux >= 5.7): a worker mapping an np.memmap / Arrow / LMDB file
+    maps more clean file pages the more it reads, which the kernel drops under pressure and which
+    is no leak; USS counts them (Private_Clean). Copy-on-read shows in what is left: a copied page
+    is private anonymous. On older kernels: PSS and USS as they are."""
+    if p.pss_file_bytes is None:
+        return pss, p.uss_bytes
+    anon = max(0, pss - p.pss_file_bytes)
+    return anon, anon
+
+
 def process_label(role: str, pid: int, worker_id: int | None = None) -> str:
     """``worker 3 (pid 1234)``, ``main (pid 1000)``, ``child (pid 77)``."""
     if role == "worker" and worker_id is not None:
@@ -163,6 +176,7 @@ class Digest:
     last_time: float | None = None
     readings: int = 0  # fresh PSS readings taken in so far: a cheap change marker for caches
     memo: dict[tuple[object, ...], object] = field(default_factory=dict)  # detectors' pure caches
+    split: bool = False  # readings come without file-backed pages (smaps_rollup has Pss_File)
 
     def __post_init__(self) -> None:
         self.job_pss = Series(self.limits.min_gap_s, self.limits.job_points)
@@ -229,20 +243,23 @@ class Digest:
                         workers.complete = False
                 continue
             taken = now - (p.pss_age_s or 0.0)
-            pss_total += p.pss_bytes
+            pss, uss = memory_views(p.pss_bytes, p)
+            if p.pss_file_bytes is not None:
+                self.split = True
+            pss_total += pss
             time_total += taken
             counted += 1
             fresh = track.last_reading is None or taken > track.last_reading + limits.same_reading_s
             if p.role == "worker":
-                workers.add(p.uss_bytes, taken, fresh)
+                workers.add(uss, taken, fresh)
             if not fresh:
                 continue  # the same (stale) reading again
             track.last_reading = taken
             fresh_any = True
             self.readings += 1
-            track.pss.add(taken, float(p.pss_bytes))
-            if p.uss_bytes is not None:
-                track.uss.add(taken, float(p.uss_bytes))
+            track.pss.add(taken, float(pss))
+            if uss is not None:
+                track.uss.add(taken, float(uss))
         if rss_known:
             self.job_rss.add(now, float(rss_total))
         if anon_known:

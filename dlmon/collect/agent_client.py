@@ -495,6 +495,8 @@ class AgentClient:
             epochs=_int(wl.get("epochs")),
             multiprocessing_context=_str(wl.get("multiprocessing_context")),
             alive=wl.get("alive") is not False,
+            startup_s_total=_startup_s(wl),
+            epochs_started=_int(wl.get("epochs_started")),
         )
         detail = LoaderDetail(
             id=lid,
@@ -518,9 +520,10 @@ def _wait_fraction(cur: Mapping[str, Any], prev: Mapping[str, Any], dt_s: float)
     """The share of the interval's steady-state time the training spent waiting for this loader.
 
     A call still in progress counts up to the reading (``*_pending``), so a loader that hangs
-    shows about 1.0 while it hangs rather than nothing until it returns. A first call of an epoch
-    (start-up, excluded from the fraction) that has lasted the whole interval also gives 1.0:
-    the training did nothing but wait for this loader.
+    shows about 1.0 while it hangs rather than nothing until it returns. Worker start-up (building
+    the iterator, the first batch of an epoch) is not steady state: an interval spent all in it
+    gives None, and the time is in ``startup_s_total`` (a job with slow start-up and no
+    persistent workers is not input-bound between epochs).
     """
     w2, w1 = _int(cur.get("wait_ns_total")), _int(prev.get("wait_ns_total"))
     c2, c1 = _int(cur.get("compute_ns_total")), _int(prev.get("compute_ns_total"))
@@ -532,9 +535,13 @@ def _wait_fraction(cur: Mapping[str, Any], prev: Mapping[str, Any], dt_s: float)
         return None
     if dw + dc > 0:
         return min(1.0, dw / (dw + dc))
-    if _pending(cur, "startup_wait_ns_pending") >= dt_s * 1e9:
-        return 1.0
-    return None
+    return None  # all start-up (LoaderSample.startup_s_total), or nothing happened
+
+
+def _startup_s(wl: Mapping[str, Any]) -> float | None:
+    """Seconds of worker start-up so far, a start-up in progress included."""
+    total = _int(wl.get("startup_wait_ns_total"))
+    return None if total is None else (total + _pending(wl, "startup_wait_ns_pending")) / 1e9
 
 
 def _norm_uuid(u: str | None) -> str | None:

@@ -9,9 +9,17 @@ root, the smallest one is the effective limit; ``memory.current``; ``oom_kill`` 
 ``memory.events``; ``{memory,io,cpu}.pressure``.
 
 cgroup v1 (also on a hybrid system, where the memory controller lives on v1):
-``memory.limit_in_bytes`` and ``hierarchical_memory_limit`` of ``memory.stat`` (the smallest limit
-on the way up), ``memory.usage_in_bytes``, ``oom_kill`` of ``memory.oom_control``. Limits of
-2**60 bytes or more mean "unlimited" (the kernel reports PAGE_COUNTER_MAX * PAGE_SIZE).
+``memory.limit_in_bytes`` of the cgroup and its visible ancestors and ``hierarchical_memory_limit``
+of ``memory.stat`` (the smallest limit on the way up), ``memory.usage_in_bytes``, ``oom_kill`` of
+``memory.oom_control``. Limits of 2**60 bytes or more mean "unlimited" (the kernel reports
+PAGE_COUNTER_MAX * PAGE_SIZE).
+
+Usage and limit are compared at the same level: when the limit sits on an ancestor (Slurm puts it
+on the job, the task runs in a step below it), usage, page cache and OOM kills are read there too,
+as that is the counter the kernel compares with the limit. Usage includes page cache; the
+**working set** is usage - inactive_file (v2 ``inactive_file``, v1 ``total_inactive_file``), the
+figure the kubelet and cAdvisor act on: a job streaming its dataset fills the cgroup with cache the
+kernel reclaims before it kills anything.
 """
 
 from __future__ import annotations
@@ -25,11 +33,13 @@ from dlmon.collect.system import read_pressure, read_text
 from dlmon.model.snapshot import CgroupMemory
 
 __all__ = [
+    "NOT_VISIBLE",
     "UNLIMITED_THRESHOLD",
     "CgroupLocation",
     "CgroupMemoryReader",
     "Mount",
     "ProcCgroup",
+    "UsableCores",
     "locate_memory_cgroup",
     "parse_mountinfo",
     "parse_proc_cgroup",
@@ -37,6 +47,7 @@ __all__ = [
 ]
 
 UNLIMITED_THRESHOLD = 2**60
+NOT_VISIBLE = "cgroup not visible from here (the target is outside dlmon's cgroup namespace)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +73,7 @@ class CgroupLocation:
     version: int  # 1 or 2
     path: str  # cgroup path of ``directory``, relative to the hierarchy (as in /proc/PID/cgroup)
     directory: str  # where the files are read
-    ancestors: tuple[str, ...]  # v2: directory's parents up to and including the mount root
+    ancestors: tuple[str, ...]  # directory's parents up to and including the mount root
     fallback: bool = False  # the target's own path was not visible: the mount root is read instead
 
 
@@ -137,7 +148,7 @@ def _find_mount(mounts: tuple[Mount, ...], version: int) -> Mount | None:
 def _resolve(mount_point: str, mount_root_field: str, path: str) -> tuple[str, str] | None:
     """(cgroup path, directory) of ``path`` under a mount of ``mount_root_field``; None if outside."""
     if ".." in path.split("/"):
-        return None  # outside our cgroup namespace (the kernel shows such paths as /../..)
+        return None  # outside our cgroup namespace: handled by the caller
     path = posixpath.normpath("/" + path.lstrip("/")) if path else "/"
     root = posixpath.normpath(mount_root_field or "/")
     if root == "/":
@@ -216,6 +227,10 @@ def locate_memory_cgroup(
     else:
         return None, f"cgroup v{version} memory hierarchy is not mounted"
 
+    if ".." in path.split("/"):
+        # the kernel shows a cgroup outside our cgroup namespace as /../..: its files cannot be
+        # reached from here, and the mount root is dlmon's own cgroup, not the target's
+        return None, NOT_VISIBLE
     resolved = _resolve(mount_point, root_field, path)
     fallback = False
     if resolved is None or not os.path.isdir(resolved[1]):
@@ -226,7 +241,7 @@ def locate_memory_cgroup(
         resolved = (posixpath.normpath(root_field or "/"), mount_point)
         fallback = True
     cg_path, directory = resolved
-    ancestors = _ancestors(directory, mount_point) if version == 2 else ()
+    ancestors = _ancestors(directory, mount_point)
     return (
         CgroupLocation(
             version=version,
@@ -292,35 +307,92 @@ def _min_limit(values: list[int | None]) -> int | None:
     return min(present) if present else None
 
 
+def _working_set(usage: int | None, inactive_file: int | None) -> int | None:
+    if usage is None:
+        return None
+    return max(0, usage - (inactive_file or 0)) if inactive_file is not None else None
+
+
+def _limiting_level(levels: list[tuple[str, int | None]]) -> tuple[int | None, str]:
+    """(smallest limit, the directory that sets it): the deepest of equal limits; the first
+    directory (the target's own) when nothing is limited."""
+    best: tuple[int | None, str] = (None, levels[0][0])
+    for directory, limit in levels:
+        if limit is not None and (best[0] is None or limit < best[0]):
+            best = (limit, directory)
+    return best
+
+
+def _relative(loc: CgroupLocation, directory: str) -> str:
+    """The cgroup path of ``directory``, one of ``loc.directory`` and its ancestors."""
+    up = 0
+    d = posixpath.normpath(loc.directory)
+    while d != posixpath.normpath(directory) and up < 64:
+        d = posixpath.dirname(d)
+        up += 1
+    path = loc.path
+    for _ in range(up):
+        path = posixpath.dirname(path) or "/"
+    return path
+
+
 def read_location(loc: CgroupLocation) -> CgroupMemory | None:
     """The values of an already located cgroup; None when its directory is gone."""
     d = loc.directory
     if loc.version == 2:
         readable, own = _read_v2_max(f"{d}/memory.max")
-        current = _read_int(f"{d}/memory.current")
-        if not readable and current is None and not os.path.isdir(d):
+        own_current = _read_int(f"{d}/memory.current")
+        if not readable and own_current is None and not os.path.isdir(d):
             return None
-        limits = [own] + [_read_v2_max(f"{a}/memory.max")[1] for a in loc.ancestors]
+        levels = [(d, own)] + [(a, _read_v2_max(f"{a}/memory.max")[1]) for a in loc.ancestors]
+        limit, at = _limiting_level(levels)
+        current = own_current if at == d else _read_int(f"{at}/memory.current")
+        stat = read_text(f"{at}/memory.stat")
+        inactive = _keyed_value(stat, "inactive_file")
         return CgroupMemory(
             version=2,
             path=loc.path,
-            limit_bytes=_min_limit(limits),
+            limit_bytes=limit,
             current_bytes=current,
-            oom_kill_count=_keyed_value(read_text(f"{d}/memory.events"), "oom_kill"),
+            oom_kill_count=_keyed_value(read_text(f"{at}/memory.events"), "oom_kill"),
             pressure=read_pressure(d, cgroup=True),
+            working_set_bytes=_working_set(current, inactive),
+            cache_bytes=_keyed_value(stat, "file"),
+            inactive_file_bytes=inactive,
+            usage_path=_relative(loc, at),
         )
-    current = _read_int(f"{d}/memory.usage_in_bytes")
+    own_current = _read_int(f"{d}/memory.usage_in_bytes")
     own_raw = _read_int(f"{d}/memory.limit_in_bytes")
-    if current is None and own_raw is None and not os.path.isdir(d):
+    if own_current is None and own_raw is None and not os.path.isdir(d):
         return None
-    hier_raw = _keyed_value(read_text(f"{d}/memory.stat"), "hierarchical_memory_limit")
+    own_stat = read_text(f"{d}/memory.stat")
+    levels = [(d, _limit(own_raw))] + [
+        (a, _limit(_read_int(f"{a}/memory.limit_in_bytes"))) for a in loc.ancestors
+    ]
+    limit, at = _limiting_level(levels)
+    hier = _limit(_keyed_value(own_stat, "hierarchical_memory_limit"))
+    current = own_current if at == d else _read_int(f"{at}/memory.usage_in_bytes")
+    if hier is not None and (limit is None or hier < limit):
+        # set above what this mount shows: the highest readable level is the closest we have
+        limit, at, current = hier, d, own_current
+        for directory, _ in reversed(levels[1:]):
+            usage = _read_int(f"{directory}/memory.usage_in_bytes")
+            if usage is not None:
+                at, current = directory, usage
+                break
+    stat = own_stat if at == d else read_text(f"{at}/memory.stat")
+    inactive = _keyed_value(stat, "total_inactive_file")
     return CgroupMemory(
         version=1,
         path=loc.path,
-        limit_bytes=_min_limit([_limit(own_raw), _limit(hier_raw)]),
+        limit_bytes=limit,
         current_bytes=current,
-        oom_kill_count=_keyed_value(read_text(f"{d}/memory.oom_control"), "oom_kill"),
+        oom_kill_count=_keyed_value(read_text(f"{at}/memory.oom_control"), "oom_kill"),
         pressure=None,
+        working_set_bytes=_working_set(current, inactive),
+        cache_bytes=_keyed_value(stat, "total_cache"),
+        inactive_file_bytes=inactive,
+        usage_path=_relative(loc, at),
     )
 
 
@@ -333,6 +405,7 @@ class CgroupMemoryReader:
     """
 
     __slots__ = (
+        "_cgroup_text",
         "_last_locate",
         "location",
         "mount_root",
@@ -359,16 +432,26 @@ class CgroupMemoryReader:
         self.location: CgroupLocation | None = None
         self.reason: str | None = None
         self._last_locate = 0.0
+        self._cgroup_text: str | None = None
         self.locate()
 
     def locate(self) -> CgroupLocation | None:
         self._last_locate = time.monotonic()
+        self._cgroup_text = read_text(f"{self.proc_root}/{self.pid}/cgroup")
         self.location, self.reason = locate_memory_cgroup(
             self.pid, self.proc_root, self.mount_root, self.mountinfo_path
         )
         return self.location
 
+    def _moved(self) -> bool:
+        """/proc/PID/cgroup changed since the last locate (a launcher moved the job after start)."""
+        text = read_text(f"{self.proc_root}/{self.pid}/cgroup")
+        return text is not None and text != self._cgroup_text
+
     def read(self) -> CgroupMemory | None:
+        if self._moved():
+            self.locate()
+            return None if self.location is None else self._read_located(self.location)
         loc = self.location
         if loc is not None:
             value = read_location(loc)
@@ -380,6 +463,9 @@ class CgroupMemoryReader:
         loc = self.locate()
         if loc is None:
             return None
+        return self._read_located(loc)
+
+    def _read_located(self, loc: CgroupLocation) -> CgroupMemory | None:
         value = read_location(loc)
         if value is None:
             self.reason = f"{loc.directory} is gone"
@@ -395,3 +481,78 @@ def read_cgroup_memory(
     """One-shot: locate and read. A monitor should keep a :class:`CgroupMemoryReader` instead."""
     loc, _ = locate_memory_cgroup(pid, proc_root, mount_root, mountinfo_path)
     return None if loc is None else read_location(loc)
+
+
+# --------------------------------------------------------------------------- usable cores
+
+
+def _cpu_cgroup_dirs(pid: int | str, proc_root: str) -> tuple[int, list[str]] | None:
+    """(version, [the target's cpu cgroup directory and its visible ancestors]) or None."""
+    cg_text = read_text(f"{proc_root}/{pid}/cgroup")
+    mi_text = read_text(f"{proc_root}/self/mountinfo")
+    if cg_text is None or mi_text is None:
+        return None
+    mounts = parse_mountinfo(mi_text)
+    v1_path = v2_path = None
+    for line in cg_text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        if parts[0] == "0" and parts[1] == "":
+            v2_path = parts[2]
+        elif "cpu" in parts[1].split(","):
+            v1_path = parts[2]
+    if v1_path is not None:
+        found = [m for m in mounts if m.fstype == "cgroup" and "cpu" in m.super_options]
+        version, path = 1, v1_path
+    elif v2_path is not None:
+        found = [m for m in mounts if m.fstype == "cgroup2"]
+        version, path = 2, v2_path
+    else:
+        return None
+    if not found or ".." in path.split("/"):
+        return None
+    mount = ([m for m in found if m.root == "/"] or found)[-1]
+    resolved = _resolve(mount.mount_point, mount.root, path)
+    directory = resolved[1] if resolved is not None and os.path.isdir(resolved[1]) else mount.mount_point
+    return version, [directory, *_ancestors(directory, mount.mount_point)]
+
+
+def _quota_cores(version: int, directory: str) -> float | None:
+    if version == 2:
+        text = read_text(f"{directory}/cpu.max")
+        parts = text.split() if text else []
+        if len(parts) == 2 and parts[0] != "max":
+            try:
+                return int(parts[0]) / int(parts[1])
+            except (ValueError, ZeroDivisionError):
+                return None
+        return None
+    quota = _read_int(f"{directory}/cpu.cfs_quota_us")
+    period = _read_int(f"{directory}/cpu.cfs_period_us")
+    if quota is None or period is None or quota <= 0 or period <= 0:
+        return None  # -1: no quota
+    return quota / period
+
+
+class UsableCores:
+    """The cores the target may use: its CPU affinity (a cpuset narrows it) and the CPU quota of
+    its cgroup and ancestors (v1 ``cpu.cfs_quota_us``/``cpu.cfs_period_us``, v2 ``cpu.max``),
+    whichever is smaller. The cgroup is located once; ``read()`` is a syscall and a few small files.
+    """
+
+    def __init__(self, pid: int, proc_root: str = "/proc") -> None:
+        self.pid = pid
+        self._dirs = _cpu_cgroup_dirs(pid, proc_root)
+
+    def read(self) -> float | None:
+        try:
+            affinity: float | None = float(len(os.sched_getaffinity(self.pid)))
+        except (AttributeError, OSError):
+            affinity = None
+        quotas: list[float] = []
+        if self._dirs is not None:
+            version, dirs = self._dirs
+            quotas = [q for q in (_quota_cores(version, d) for d in dirs) if q is not None]
+        options = [v for v in (affinity, min(quotas) if quotas else None) if v is not None]
+        return round(min(options), 2) if options else None

@@ -49,7 +49,9 @@ STATUS_FIELDS = FieldPicker(
     )
 )  # fmt: skip
 IO_FIELDS = FieldPicker(("read_bytes", "write_bytes"))
-SMAPS_FIELDS = FieldPicker(("Pss", "Pss_Shmem", "Private_Clean", "Private_Dirty", "Private_Hugetlb", "Swap"))
+# the split, in SmapsValues' order; Pss_Anon/Pss_File are absent before Linux 5.7: None
+SMAPS_SPLIT = ("Pss_Anon", "Pss_File", "Anonymous")
+SMAPS_FIELDS = FieldPicker(("Pss", "Pss_Shmem", "Private_Clean", "Private_Dirty", "Private_Hugetlb", "Swap", *SMAPS_SPLIT))  # fmt: skip  # noqa: E501
 Identity = tuple[int, int]  # (pid, start_time)
 FDS_PER_HANDLE = 3  # stat, status, io
 SPAWNING_ROLES = frozenset({"main", "child"})  # can start DataLoader workers; workers rarely fork
@@ -92,6 +94,9 @@ class SmapsValues:
     pss_bytes: int | None
     pss_shmem_bytes: int | None
     swap_bytes: int | None
+    pss_anon_bytes: int | None = None
+    pss_file_bytes: int | None = None
+    anonymous_bytes: int | None = None
 
 
 def parse_smaps_rollup(raw: bytes) -> SmapsValues:
@@ -99,7 +104,7 @@ def parse_smaps_rollup(raw: bytes) -> SmapsValues:
     if "Pss" not in v:  # a zombie or kernel thread: no address space
         return SmapsValues(None, None, None, None)
     uss = v.get("Private_Clean", 0) + v.get("Private_Dirty", 0) + v.get("Private_Hugetlb", 0)
-    return SmapsValues(uss, v["Pss"], v.get("Pss_Shmem"), v.get("Swap"))
+    return SmapsValues(uss, v["Pss"], v.get("Pss_Shmem"), v.get("Swap"), *map(v.get, SMAPS_SPLIT))
 
 
 def held_fd_cap(cadence: Cadence) -> int:
@@ -491,6 +496,9 @@ class ProcessTracker:
             nonvoluntary_ctxt_switches=nvcsw,
             nonvoluntary_ctxt_switches_per_s=_rate(nvcsw, tracked.prev_nvcsw, dt),
             num_fds=None if zombie else tracked.num_fds,
+            pss_anon_bytes=smaps.pss_anon_bytes if smaps else None,
+            pss_file_bytes=smaps.pss_file_bytes if smaps else None,
+            anonymous_bytes=smaps.anonymous_bytes if smaps else None,
             unavailable=MappingProxyType(dict(tracked.unavailable))
             if tracked.unavailable
             else _NONE_UNAVAILABLE,

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from dlmon.collect.agent_client import AgentClient, AgentReading, merge_torch_memory
-from dlmon.collect.cgroup import CgroupMemoryReader
+from dlmon.collect.cgroup import CgroupMemoryReader, UsableCores
 from dlmon.collect.disks import DiskStatsReader
 from dlmon.collect.gpu import GpuCollector
 from dlmon.collect.processes import ProcessTracker
@@ -85,6 +85,7 @@ class Sampler:
         except (OSError, RuntimeError):
             self.start_unix_time = None
         self._cgroup = CgroupMemoryReader(pid, proc_root=proc_root)
+        self._cores = UsableCores(pid, proc_root=proc_root)
         self._disks = DiskStatsReader(proc_root=proc_root, sys_root=sys_root)
         self._gpu = gpu if gpu is not None else GpuCollector()
         self._agent = agent if agent is not None else AgentClient()
@@ -114,6 +115,7 @@ class Sampler:
         disks = self._disks.sample()  # timed at its own read, not at the tick start
         pressure = read_pressure(f"{self.proc_root}/pressure")
         oom_kill_count = read_oom_kill_count(self.proc_root)
+        target_cores = self._cores.read() if alive else None
         t_build = time.thread_time()
         if reading is not None:
             processes = _with_agent_identity(processes, reading)
@@ -142,6 +144,15 @@ class Sampler:
             uss_sum_bytes=sum(uss) if uss else None,
             pss_missing=sum(1 for p in live if p.pss_bytes is None),
             oom_kill_count=oom_kill_count,
+            cgroup_working_set_bytes=cgroup.working_set_bytes if cgroup else None,
+            cgroup_cache_bytes=cgroup.cache_bytes if cgroup else None,
+            cgroup_unavailable=None if cgroup else self._cgroup.reason,
+            pss_anon_sum_bytes=_sum_if_all(
+                None if p.pss_bytes is None or p.pss_file_bytes is None else p.pss_bytes - p.pss_file_bytes
+                for p in live
+                if p.pss_bytes is not None
+            ),
+            pss_file_sum_bytes=_sum_if_all(p.pss_file_bytes for p in live if p.pss_bytes is not None),
         )
         snapshot = Snapshot(
             time=wall,
@@ -167,6 +178,7 @@ class Sampler:
             pinned=reading.pinned if reading else None,
             worker_deaths=reading.worker_deaths if reading else (),
             processes_without_held_fds=self.processes.without_held_fds,
+            target_cores=target_cores,
         )
         end = time.thread_time()
         part = self.processes.cost
@@ -192,6 +204,17 @@ class Sampler:
     def close(self) -> None:
         self.processes.close()
         self._gpu.close()
+
+
+def _sum_if_all(values: Iterable[int | None]) -> int | None:
+    """The sum, or None when any value is unknown (an old kernel without the smaps split)."""
+    total = 0
+    seen = False
+    for v in values:
+        if v is None:
+            return None
+        total, seen = total + v, True
+    return total if seen else None
 
 
 def _with_gpu_memory(

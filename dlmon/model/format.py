@@ -48,7 +48,12 @@ def one_line(s: Snapshot) -> str:
         f"read {human_rate(sum(reads) if reads else None)}",
     ]
     if m.cgroup_limit_bytes is not None:
-        parts.insert(6, f"cgroup {human_bytes(m.cgroup_current_bytes)}/{human_bytes(m.cgroup_limit_bytes)}")
+        if m.cgroup_working_set_bytes is not None:
+            cg = f"cgroup ws {human_bytes(m.cgroup_working_set_bytes)}/{human_bytes(m.cgroup_limit_bytes)}"
+            cg += f" cache {human_bytes(m.cgroup_cache_bytes)}"
+        else:
+            cg = f"cgroup {human_bytes(m.cgroup_current_bytes)}/{human_bytes(m.cgroup_limit_bytes)}"
+        parts.insert(6, cg)
     zombies = sum(1 for p in s.processes if p.state == "Z")
     if zombies:
         parts.append(f"ZOMBIES {zombies}")

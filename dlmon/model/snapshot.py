@@ -59,6 +59,10 @@ class ProcessSample:
     unavailable: Mapping[str, str] = field(
         default_factory=lambda: _EMPTY
     )  # group ("io", "smaps", ...) -> reason
+    # smaps_rollup's split (Linux >= 5.7, else None), as old as pss_age_s says:
+    pss_anon_bytes: int | None = None  # PSS of anonymous pages: heap, copied-on-read objects
+    pss_file_bytes: int | None = None  # PSS of file-backed pages: mmapped datasets, libraries
+    anonymous_bytes: int | None = None  # anonymous pages resident (shared copy-on-write ones too)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +96,12 @@ class CgroupMemory:
     current_bytes: int | None
     oom_kill_count: int | None
     pressure: Pressure | None = None  # v2 only
+    # usage minus inactive_file (v1 total_inactive_file), as the kubelet/cAdvisor compute it:
+    # what the kernel cannot simply drop; headroom and ETA are computed from it
+    working_set_bytes: int | None = None
+    cache_bytes: int | None = None  # page cache charged to the cgroup (v2 file, v1 total_cache)
+    inactive_file_bytes: int | None = None  # the part of the cache reclaimed first
+    usage_path: str | None = None  # the cgroup whose usage is read: the one that holds the limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +120,11 @@ class MemorySummary:
     uss_sum_bytes: int | None
     pss_missing: int = 0  # processes in the tree whose PSS is not known (yet)
     oom_kill_count: int | None = None  # /proc/vmstat oom_kill, machine-wide
+    cgroup_working_set_bytes: int | None = None  # cgroup usage - inactive_file
+    cgroup_cache_bytes: int | None = None  # page cache charged to the cgroup (reclaimable)
+    cgroup_unavailable: str | None = None  # why there are no cgroup figures
+    pss_anon_sum_bytes: int | None = None  # the job's PSS of anonymous + shmem pages (not files)
+    pss_file_sum_bytes: int | None = None  # the job's PSS of file-backed pages (mapped datasets)
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +200,10 @@ class LoaderSample:
     epochs: int | None = None  # epochs finished (iterators run to StopIteration)
     multiprocessing_context: str | None = None  # fork, spawn, forkserver
     alive: bool = True  # False once the DataLoader object was garbage-collected
+    # worker start-up: building the iterator and the first batch of each epoch, a call still in
+    # progress included; it is not in data_wait_fraction (which is steady-state only)
+    startup_s_total: float | None = None
+    epochs_started: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,6 +263,8 @@ class Snapshot:
     # holding more would pass its share of RLIMIT_NOFILE: "fd limit: N processes read without held fds".
     processes_without_held_fds: int = 0
     agent_note: str | None = None  # why the in-process agent is unreachable, when dlmon can tell
+    # the cores the target may use: its affinity and its cgroup's CPU quota, whichever is smaller
+    target_cores: float | None = None
 
     def workers(self) -> tuple[ProcessSample, ...]:
         return tuple(p for p in self.processes if p.role == "worker")

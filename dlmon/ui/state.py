@@ -104,6 +104,7 @@ class DashboardState:
         self.available = Series()
         self.limit = Series()
         self.cgroup_current = Series()
+        self.pss_anon_sum = Series()  # PSS without file-backed pages: what a leak moves
         self.end_reason: str | None = None  # why the source ended, once it did
         self.oom_baseline: int | None = None  # the machine's OOM-kill count when we started
         self.first_time: float | None = None
@@ -127,6 +128,7 @@ class DashboardState:
         self.available.add(t, m.available_bytes)
         self.limit.add(t, m.cgroup_limit_bytes)
         self.cgroup_current.add(t, m.cgroup_current_bytes)
+        self.pss_anon_sum.add(t, m.pss_anon_sum_bytes)
 
         shares, loader_of = _batch_shares(snapshot.loaders)
         seen: set[RowKey] = set()

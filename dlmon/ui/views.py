@@ -13,7 +13,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dlmon.model import Alert, ProcessSample, Snapshot
+from dlmon.analysis.startup import startup_of
+from dlmon.model import Alert, MemorySummary, ProcessSample, Snapshot
 from dlmon.ui.fmt import DASH, NA, cbytes, cpct, duration, human_bytes, mbps, ratio
 from dlmon.ui.state import SORT_NAMES, DashboardState, ProcessRow
 
@@ -202,17 +203,25 @@ def _of(used: int | None, total: int | None, compact: bool) -> str:
     return f"{f(used)}/{f(total)}" if compact else f"{human_bytes(used)} of {human_bytes(total)}"
 
 
+def _cgroup_used(m: MemorySummary) -> int | None:
+    """The cgroup's working set (usage - inactive page cache); raw usage from older records."""
+    return m.cgroup_working_set_bytes if m.cgroup_working_set_bytes is not None else m.cgroup_current_bytes
+
+
 def memory_trend(state: DashboardState, window: float = 300.0) -> tuple[float | None, float | None]:
     """(PSS slope in bytes/s over the window, seconds until the limit at that slope)."""
     s = state.latest
     if s is None:
         return None, None
-    slope = state.pss_sum.slope(window, s.time)
+    m = s.memory
+    # without file-backed pages when the kernel splits them: a mapped dataset is cache, not growth
+    series = state.pss_anon_sum if m.pss_anon_sum_bytes is not None else state.pss_sum
+    slope = series.slope(window, s.time)
     if slope is None or slope <= 0:
         return slope, None
-    m = s.memory
-    if m.cgroup_limit_bytes is not None and m.cgroup_current_bytes is not None:
-        headroom = float(m.cgroup_limit_bytes - m.cgroup_current_bytes)
+    used = _cgroup_used(m)
+    if m.cgroup_limit_bytes is not None and used is not None:
+        headroom = float(m.cgroup_limit_bytes - used)
     elif m.available_bytes is not None:
         headroom = float(m.available_bytes)
     else:
@@ -240,7 +249,8 @@ def memory_lines(state: DashboardState, width: int, compact: bool) -> Lines:
     if s is None:
         return ((("waiting for data…", "dim"),),)
     m = s.memory
-    pct = ratio(m.cgroup_current_bytes, m.cgroup_limit_bytes)
+    cg_used = _cgroup_used(m)
+    pct = ratio(cg_used, m.cgroup_limit_bytes)
     cg_style = "crit" if (pct or 0) > 0.9 else "warn" if (pct or 0) > 0.75 else ""
     avail_style = ""
     if m.available_bytes is not None and m.total_bytes:
@@ -259,11 +269,22 @@ def memory_lines(state: DashboardState, width: int, compact: bool) -> Lines:
         [("used ", "dim"), (_of(m.used_bytes, m.total_bytes, compact), "")],
         [("avail ", "dim"), (f(m.available_bytes, NA), avail_style)],
     ]
+    cache = m.cgroup_cache_bytes
+    cache_part: list[Span] = (
+        [("cache ", "dim"), (f(cache), ""), ("" if compact else " (reclaimable)", "dim")] if cache else []
+    )
     if m.cgroup_limit_bytes is not None:
-        cg = _of(m.cgroup_current_bytes, m.cgroup_limit_bytes, compact)
-        system.append([("cgroup ", "dim"), (cg, cg_style), (f" {pct * 100:.0f}%" if pct else "", cg_style)])
+        cg = _of(cg_used, m.cgroup_limit_bytes, compact)
+        name = "cgroup "
+        if m.cgroup_working_set_bytes is not None:
+            name = "cgroup ws " if compact else "cgroup working set "
+        system.append([(name, "dim"), (cg, cg_style), (f" {pct * 100:.0f}%" if pct else "", cg_style)])
     elif s.cgroup is not None:
         system.append([("cgroup ", "dim"), ("no limit", "dim")])
+    elif m.cgroup_unavailable is not None:
+        system.append([("cgroup ", "dim"), (m.cgroup_unavailable, "dim")])
+    if cache_part and (m.cgroup_limit_bytes is not None or s.cgroup is not None):
+        system.append(cache_part)
     if m.oom_kill_count and state.oom_baseline is not None:
         new = m.oom_kill_count - state.oom_baseline
         if new > 0:
@@ -280,6 +301,9 @@ def memory_lines(state: DashboardState, width: int, compact: bool) -> Lines:
         [("USS ", "dim"), (f(m.uss_sum_bytes, NA), "")],
         _trend_text(slope, eta, compact),
     ]
+    if m.pss_file_sum_bytes is not None and m.pss_anon_sum_bytes is not None:
+        job.insert(1, [("anon ", "dim"), (f(m.pss_anon_sum_bytes), "")])
+        job.insert(2, [("mapped files ", "dim"), (f(m.pss_file_sum_bytes), ""), (" reclaimable", "dim")])
     shared: list[list[Span]] = [
         [("shm ", "dim"), (f(m.shmem_bytes, NA), "")],
         [
@@ -299,7 +323,7 @@ def memory_lines(state: DashboardState, width: int, compact: bool) -> Lines:
     lead = 8
     return (
         fit(system, width, SEP, lead=[label("System", lead)]),
-        fit(job[:3], width, SEP, lead=[label("Job", lead)]),
+        fit(job[:-1], width, SEP, lead=[label("Job", lead)]),
         fit(
             [[("PSS", "dim")], _trend_text(slope, eta, False), [("(last 5 min, at this rate)", "dim")]],
             width,
@@ -497,6 +521,15 @@ def throughput_lines(state: DashboardState, width: int, compact: bool) -> Lines:
             [(_rate(ld.samples_per_s), ""), (" samples/s", "dim")],
             [("data wait ", "dim"), (f"{cpct(wait, NA)}%", _wait_style(wait))],
         ]
+        startup = startup_of(s, ld)
+        if startup is not None and startup.seconds_per_epoch is not None:
+            share = "" if startup.share is None else f" ({startup.share:.0%})"
+            parts.append(
+                [
+                    ("start-up " if compact else "worker start-up ", "dim"),
+                    (f"{startup.seconds_per_epoch:.1f} s/epoch{share}", "warn" if startup.large else ""),
+                ]
+            )
         if not compact:
             cfg = [f"{ld.num_workers if ld.num_workers is not None else '?'} workers"]
             if ld.batch_size is not None:
@@ -598,6 +631,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("rss", "RSS", 6, True, 70, "rss"),
     Column("uss", "USS", 6, True, 60, "uss"),
     Column("pss", "PSS", 7, True, 97, "pss"),
+    Column("file", "FILE", 6, True, 15),  # PSS of mapped files (Pss_File): reclaimable, no leak
     Column("shm", "SHM", 6, True, 20),
     Column("read", "RD MB/s", 7, True, 50, "read"),
     Column("batch", "BATCH%", 6, True, 40),
@@ -665,6 +699,10 @@ def table_cells(row: ProcessRow, cols: Sequence[Column], interval: float | None)
         elif c.key == "pss":
             text = DASH if dead else cbytes(p.pss_bytes)
             if not dead and p.pss_bytes is not None and pss_stale(p, interval):
+                text, style = "~" + text, "stale"
+        elif c.key == "file":
+            text = DASH if dead else cbytes(p.pss_file_bytes)
+            if not dead and p.pss_file_bytes is not None and pss_stale(p, interval):
                 text, style = "~" + text, "stale"
         elif c.key == "shm":
             text = DASH if dead else cbytes(p.shmem_bytes)

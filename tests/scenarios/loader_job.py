@@ -10,6 +10,12 @@ stays flat. ``--store tensor`` keeps the same bytes in one uint8 tensor: nothing
 ``--busy-threads N``: each sample is a matmul on N intra-op threads (oversubscription).
 ``--tensor-bytes N``: each sample is a float tensor of N bytes (batches go through /dev/shm).
 ``--fill-shm BYTES``: first write a file of that size to /dev/shm (to make it nearly full).
+``--store memmap --memmap PATH``: each sample is a random 64 KiB row of a 1 GiB (``--memmap-bytes``)
+np.memmap: workers map more and more file pages (clean, reclaimable), which is no leak.
+``--init-sleep S``: each worker sleeps S seconds in worker_init_fn (slow worker start-up).
+``--keep-per-epoch BYTES``: the trainer keeps that many bytes at each epoch end (a staircase).
+``--preload BYTES --preload-seconds S``: the trainer first loads BYTES over S seconds and keeps them
+(a warm-up that levels off).
 ``--leak-main BYTES_PER_S``: the trainer itself keeps that many bytes per second (a steady leak).
 
 Prints READY once the workers are running and the first batch has arrived. A worker killed by a
@@ -65,6 +71,24 @@ class Busy(Dataset[torch.Tensor]):
         return a[0, :4].clone()
 
 
+class Mapped(Dataset[torch.Tensor]):
+    """Rows of an np.memmap read at random: file-backed pages, mapped in each worker as read."""
+
+    def __init__(self, path: str, nbytes: int, row_bytes: int = 64 * 1024) -> None:
+        import numpy as np
+
+        with open(path, "ab") as fh:  # sparse is enough: holes read through the page cache too
+            fh.truncate(max(nbytes, os.path.getsize(path)))
+        self.rows = np.memmap(path, dtype=np.uint8, mode="r", shape=(nbytes // row_bytes, row_bytes))
+
+    def __len__(self) -> int:
+        return int(self.rows.shape[0])
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        row = self.rows[i]
+        return torch.tensor([int(row[::4096].sum())])  # touch every page of the row
+
+
 class Big(Dataset[torch.Tensor]):
     def __init__(self, n: int, nbytes: int) -> None:
         self.n = n
@@ -79,7 +103,9 @@ class Big(Dataset[torch.Tensor]):
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--store", choices=["list", "tensor", "busy", "big"], default="list")
+    p.add_argument("--store", choices=["list", "tensor", "busy", "big", "memmap"], default="list")
+    p.add_argument("--memmap", default="", help="file for --store memmap (made sparse if missing)")
+    p.add_argument("--memmap-bytes", type=int, default=1 << 30)
     p.add_argument("--items", type=int, default=2_000_000)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--batch", type=int, default=64)
@@ -92,8 +118,13 @@ def main() -> None:
     p.add_argument("--fill-shm", type=int, default=0)
     p.add_argument("--prefetch", type=int, default=2)
     p.add_argument("--leak-main", type=float, default=0.0)
+    p.add_argument("--init-sleep", type=float, default=0.0, help="worker start-up seconds")
+    p.add_argument("--keep-per-epoch", type=int, default=0, help="bytes the trainer keeps each epoch")
+    p.add_argument("--preload", type=int, default=0, help="bytes the trainer loads at start (warm-up)")
+    p.add_argument("--preload-seconds", type=float, default=20.0)
     args = p.parse_args()
 
+    _preloaded = preload(args.preload, args.preload_seconds)  # kept for the whole run
     if args.fill_shm:
         with open(f"/dev/shm/dlmon-fill-{os.getpid()}", "wb") as fh:
             fh.write(b"\0" * args.fill_shm)
@@ -104,13 +135,17 @@ def main() -> None:
         dataset = Packed(args.items)  # type: ignore[assignment]
     elif args.store == "busy":
         dataset = Busy(args.items)  # type: ignore[assignment]
+    elif args.store == "memmap":
+        dataset = Mapped(args.memmap, args.memmap_bytes)  # type: ignore[assignment]
     else:
         dataset = Big(args.items, args.tensor_bytes)  # type: ignore[assignment]
 
     threads = args.busy_threads
+    init_sleep = args.init_sleep
 
     def init(_: int) -> None:
         torch.set_num_threads(threads)
+        time.sleep(init_sleep)  # a slow worker start-up (opening shards, loading an index)
 
     loader = DataLoader(
         dataset,
@@ -124,12 +159,23 @@ def main() -> None:
     end = time.monotonic() + args.seconds
     held: list[object] = []  # the live iterator: while it exists, a dead worker stays a zombie
     try:
-        run(loader, end, args.rate, held, Hoard(args.leak_main))
+        run(loader, end, args.rate, held, Hoard(args.leak_main), args.keep_per_epoch)
     except RuntimeError as exc:  # a worker died (torch's SIGCHLD handler or the next batch)
         print(f"dataloader error: {exc}", file=sys.stderr, flush=True)
         while time.monotonic() < end:
             with contextlib.suppress(RuntimeError):
                 time.sleep(1.0)
+
+
+def preload(nbytes: int, seconds: float) -> list[bytes]:
+    """A warm-up: load ``nbytes`` (weights, an index) over ``seconds``, in 64 MiB pieces, then keep it."""
+    chunks: list[bytes] = []
+    piece = 64 << 20
+    pieces = -(-nbytes // piece) if nbytes > 0 else 0
+    for _ in range(pieces):
+        chunks.append(os.urandom(1 << 20) * 64)
+        time.sleep(seconds / pieces)
+    return chunks
 
 
 class Hoard:
@@ -154,11 +200,21 @@ class Hoard:
             self.size += chunk
 
 
-def run(loader: DataLoader[object], end: float, rate: float, held: list[object], hoard: Hoard) -> None:
+def run(
+    loader: DataLoader[object],
+    end: float,
+    rate: float,
+    held: list[object],
+    hoard: Hoard,
+    keep_per_epoch: int = 0,
+) -> None:
     ready = False
+    kept: list[bytes] = []  # --keep-per-epoch: a history kept by the loop, never given back
     period = 1.0 / rate if rate > 0 else 0.0
     next_at = time.monotonic()
     while time.monotonic() < end:
+        if keep_per_epoch and ready:
+            kept.append(b"k" * keep_per_epoch)  # the staircase: one step at each epoch end
         it = iter(loader)
         held[:] = [it]
         for _ in it:

@@ -9,6 +9,7 @@ from dlmon.model import (
     CgroupMemory,
     DiskSample,
     GpuDevice,
+    GpuProcess,
     GpuStatus,
     LoaderSample,
     MemorySummary,
@@ -126,6 +127,8 @@ def gpu(
     total: float | None = 80 * GIB,
     allocated: float | None = None,
     reserved: float | None = None,
+    pids: Sequence[int] = (MAIN_PID,),  # the processes NVML lists on it: the job's trainer by default
+    peak: float | None = None,
 ) -> GpuDevice:
     return GpuDevice(
         index=index,
@@ -136,6 +139,8 @@ def gpu(
         utilization_percent=90.0,
         torch_allocated_bytes=None if allocated is None else int(allocated),
         torch_reserved_bytes=None if reserved is None else int(reserved),
+        torch_peak_allocated_bytes=None if peak is None else int(peak),
+        processes=tuple(GpuProcess(pid, None) for pid in pids),
     )
 
 

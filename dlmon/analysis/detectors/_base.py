@@ -71,6 +71,8 @@ class Thresholds:
     growth_step_span_s: float = 15.0  # a rise done within this is one step (PSS is re-read every 10 s)
     growth_lookback_factor: float = 5.0  # a new rise must pass the highest level of 5 windows back
     growth_tolerance_bytes: float = 1.0 * MIB  # changes smaller than this are ties (noise)
+    growth_warmup_s: float = 120.0  # no growth is raised in the watch's first 2 minutes ...
+    growth_warmup_max_eta_s: float = 300.0  # ... unless the limit is nearer than this at the rate
     growth_critical_eta_s: float = 600.0
     growth_info_eta_s: float = 6 * 3600.0
     process_growth_min_bytes_per_s: float = 2 * 1024.0  # ~0.12 MiB/min: a process "grows"
@@ -296,14 +298,25 @@ class Headroom:
     limit_bytes: int | None  # the cgroup limit, or MemTotal
 
 
+def cgroup_working_set(s: Snapshot) -> int | None:
+    """The cgroup's usage without its inactive page cache (what the kernel cannot just drop);
+    the raw usage from records that predate the working set."""
+    cg = s.cgroup
+    if cg is not None:
+        return cg.working_set_bytes if cg.working_set_bytes is not None else cg.current_bytes
+    m = s.memory
+    return m.cgroup_working_set_bytes if m.cgroup_working_set_bytes is not None else m.cgroup_current_bytes
+
+
 def headroom(s: Snapshot) -> Headroom | None:
-    """min(MemAvailable, cgroup limit - cgroup usage): the limit that will actually kill the job."""
+    """min(MemAvailable, cgroup limit - cgroup working set): the limit that will actually kill
+    the job. Page cache is not counted: the kernel reclaims it before any OOM kill."""
     options: list[Headroom] = []
     m = s.memory
     if m.available_bytes is not None:
         options.append(Headroom(max(0, m.available_bytes), "machine", m.total_bytes))
     limit = s.cgroup.limit_bytes if s.cgroup is not None else m.cgroup_limit_bytes
-    current = s.cgroup.current_bytes if s.cgroup is not None else m.cgroup_current_bytes
+    current = cgroup_working_set(s)
     if limit is not None and current is not None:
         options.append(Headroom(max(0, limit - current), "cgroup", limit))
     return min(options, key=lambda h: h.bytes) if options else None

@@ -3,13 +3,29 @@
 from __future__ import annotations
 
 from dlmon.analysis.detectors._base import Candidate, Context, size
+from dlmon.analysis.digest import DEAD
 from dlmon.analysis.kinds import CRITICAL, VRAM_PRESSURE, WARNING
+from dlmon.model import Snapshot
+
+
+def _jobs_gpus(s: Snapshot) -> set[int]:
+    """The GPUs this job uses: NVML lists one of its processes there, or its torch has memory
+    there (the agent's figures are matched to devices by UUID)."""
+    pids = {p.pid for p in s.processes if p.state not in DEAD}
+    used = {g.index for g in s.gpus if any(gp.pid in pids for gp in g.processes)}
+    used |= {g.index for g in s.gpus if g.torch_reserved_bytes or g.torch_allocated_bytes}
+    return used
 
 
 def detect_vram_pressure(ctx: Context) -> list[Candidate]:
+    """Only GPUs this job uses: a colleague's full GPU on the same machine is not this job's
+    problem (it shows on the GPU panel)."""
     cfg = ctx.config
     out: list[Candidate] = []
+    mine = _jobs_gpus(ctx.latest)
     for gpu in ctx.latest.gpus:
+        if gpu.index not in mine:
+            continue
         name = f"GPU {gpu.index}" + (f" ({gpu.name})" if gpu.name else "")
         used, total = gpu.memory_used_bytes, gpu.memory_total_bytes
         if used is not None and total:
@@ -41,7 +57,10 @@ def detect_vram_pressure(ctx: Context) -> list[Candidate]:
                         },
                     )
                 )
-        reserved, allocated = gpu.torch_reserved_bytes, gpu.torch_allocated_bytes
+        # fragmentation: reserved against the *peak* allocated (what the step really needs at its
+        # high point); the allocated figure is a random point of the step, low between steps
+        reserved = gpu.torch_reserved_bytes
+        allocated = gpu.torch_peak_allocated_bytes or gpu.torch_allocated_bytes
         if reserved is not None and allocated is not None:
             key = f"gpu:{gpu.index}:allocator"
             held = ctx.is_active(VRAM_PRESSURE, key)
@@ -57,14 +76,15 @@ def detect_vram_pressure(ctx: Context) -> list[Candidate]:
                         key,
                         WARNING,
                         f"GPU {gpu.index} allocator",
-                        f"torch on {name} has reserved {size(reserved)} but uses {size(allocated)}: "
+                        f"torch on {name} has reserved {size(reserved)} but uses at most {size(allocated)}: "
                         f"{size(slack)} sits in the caching allocator's free blocks (fragmentation).",
                         "Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, avoid varying tensor "
                         "shapes between steps (pad or bucket batch sizes); torch.cuda.empty_cache() "
                         "only returns memory to other processes.",
                         {
                             "torch_reserved_bytes": reserved,
-                            "torch_allocated_bytes": allocated,
+                            "torch_allocated_bytes": gpu.torch_allocated_bytes,
+                            "torch_peak_allocated_bytes": gpu.torch_peak_allocated_bytes,
                             "slack_bytes": slack,
                             "total_bytes": total,
                         },

@@ -88,7 +88,11 @@ def _input_bound(
     nw = loader.num_workers if loader.num_workers is not None else n_workers
     disks = saturated_disks(ctx)
     pressure = ctx.latest.pressure.io_some_avg10 if ctx.latest.pressure is not None else None
-    suggested = max(1, cores - 1)
+    # DDP / torchrun: every rank on the node has its own loader and workers; they share the cores
+    ranks = len({x.pid for x in ctx.latest.loaders if x.alive and (x.num_workers or 0) > 0}) or 1
+    rank_cores = max(1, cores // ranks)
+    suggested = max(1, rank_cores - 1)
+    on_cores = f"{cores} cores" if ranks == 1 else f"{rank_cores} of {cores} cores per rank, {ranks} ranks"
     what = (
         f"Loader {loader.name} waits for data {wait:.0%} of the time "
         f"(mean over {duration(cfg.input_window_s)})"
@@ -96,7 +100,7 @@ def _input_bound(
     if nw == 0:
         cause = NO_WORKERS
         why = "with num_workers=0 the main process loads every batch itself"
-        advice = f"Set num_workers (start at {min(8, suggested)}: this machine has {cores} cores)."
+        advice = f"Set num_workers (start at {min(8, suggested)}: {on_cores})."
     elif (
         disks
         or dstate >= cfg.io_dstate_fraction
@@ -125,21 +129,25 @@ def _input_bound(
     elif worker_cpu is not None and worker_cpu >= cfg.busy_cpu_percent:
         cause = CPU
         why = f"its {nw} workers are CPU-bound at {worker_cpu:.0f}% each"
-        if nw + 1 >= cores:
+        if nw >= suggested:
             advice = (
-                f"Every core is busy ({cores} cores): make transforms cheaper, decode or augment on "
-                "the GPU (DALI, torchvision.io.decode_jpeg on CUDA), or cache pre-processed samples."
+                f"Every core is busy ({on_cores}): the transforms are CPU-bound; make them cheaper, "
+                "decode or augment on the GPU (DALI, torchvision.io.decode_jpeg on CUDA), or cache "
+                "pre-processed samples."
             )
         else:
-            advice = f"Cores are free: raise num_workers from {nw} to {suggested} (cores - 1)."
+            advice = f"Cores are free: raise num_workers from {nw} to {suggested} (cores - 1, {on_cores})."
     elif worker_cpu is not None and worker_cpu < cfg.idle_cpu_percent:
         cause = LATENCY
         why = (
             f"its {nw} workers are mostly idle ({worker_cpu:.0f}% CPU each) and no disk is saturated: "
             "too few workers to hide per-sample latency"
         )
+        # idle workers waiting on latency cost no CPU: they may outnumber the cores
+        more = max(suggested, 2 * nw)
         advice = (
-            f"Raise num_workers (up to {suggested} on {cores} cores) or prefetch_factor (now "
+            f"Raise num_workers from {nw} to {more} ({on_cores}; idle workers waiting on latency "
+            "may outnumber the cores) or prefetch_factor (now "
             f"{loader.prefetch_factor if loader.prefetch_factor is not None else 'default 2'}) so more "
             "reads overlap; for remote storage, batch the reads."
         )
@@ -166,6 +174,7 @@ def _input_bound(
             "saturated_disk": disks[0].name if disks else None,
             "io_pressure_some_avg10": pressure,
             "cores": cores,
+            "ranks": ranks,
             "batch_size": loader.batch_size,
             "prefetch_factor": loader.prefetch_factor,
         },

@@ -95,6 +95,12 @@ _WHAT = {
     WORKERS_USS: "The workers' private memory (USS)",
     JOB_ANON: "The job's anonymous memory (RssAnon)",
 }
+# the same signals without file-backed pages (smaps_rollup's Pss_File): mapped datasets are cache
+_WHAT_SPLIT = {
+    JOB_PSS: "The job's memory without mapped files (PSS - Pss_File)",
+    WORKERS_USS: "The workers' anonymous memory (PSS - Pss_File)",
+    JOB_ANON: _WHAT[JOB_ANON],
+}
 
 
 def _series(digest: Digest, name: str) -> Series:
@@ -135,7 +141,7 @@ def attribute(
     digest: Digest, now: float, window_s: float, job_slope: float, cfg: Thresholds, anon: bool = False
 ) -> Attribution:
     slopes = process_slopes(digest, now, window_s, anon)
-    label = "RssAnon" if anon else "USS"
+    label = "RssAnon" if anon else "anon PSS" if digest.split else "USS"
     n_workers = sum(1 for t in digest.live() if t.role == "worker")
     floor = max(cfg.process_growth_min_bytes_per_s, 0.2 * job_slope / max(1, len(slopes)))
     growing = tuple(sorted((g for g in slopes if g.slope >= floor), key=lambda g: -g.slope))
@@ -209,10 +215,28 @@ def growth(ctx: Context) -> tuple[GrowthWindow, str, Trend] | None:
                 continue
             start = end - window.window_s
             lookback = start - (cfg.growth_lookback_factor - 1.0) * window.window_s
-            prior = [v for _, v in series.between(lookback, start - 1e-9)]
+            prior = [v for pt, v in series.between(lookback, start) if pt < start]  # 1e-9 is lost at 1.7e9
+            if not held and name != WORKERS_USS and _warming_up(ctx, series, end, t):
+                continue
             if is_growth(t, window, cfg, held, max(prior) if prior else None):
                 return window, name, t
     return None
+
+
+def _warming_up(ctx: Context, series: Series, end: float, t: Trend) -> bool:
+    """The watch is younger than ``growth_warmup_s``: a trainer loading its dataset or weights
+    (GiBs in its first minute, then flat) looks exactly like a leak until it levels off, and there
+    is no earlier level to compare with. Wait for the levelling unless the job would hit its
+    limit soon at this rate. (Not applied to the workers' sum: copy-on-read must show within a
+    minute, and a worker's own start-up is small and levels off within the 60 s window.)"""
+    cfg = ctx.config
+    first = series.first()
+    if first is None or end - first[0] >= cfg.growth_warmup_s:
+        return False
+    room = headroom(ctx.latest)
+    if room is None or t.slope <= 0:
+        return True
+    return room.bytes / t.slope > cfg.growth_warmup_max_eta_s
 
 
 def detect_memory_growth(ctx: Context) -> list[Candidate]:
@@ -240,8 +264,9 @@ def detect_memory_growth(ctx: Context) -> list[Candidate]:
     else:
         severity = WARNING
     shape = "steadily" if t.steps.steady or not 2 <= t.steps.ups <= 6 else f"in {t.steps.ups} steps"
+    what = (_WHAT_SPLIT if digest.split else _WHAT)[signal]
     message = (
-        f"{_WHAT[signal]} grew {shape} from {size(t.start_level)} to {size(t.end_level)} "
+        f"{what} grew {shape} from {size(t.start_level)} to {size(t.end_level)} "
         f"over the last {duration(t.span_s)} ({per_min(rate)}), {attribution.phrase}"
     )
     if rss_flat and signal != JOB_ANON:
@@ -275,6 +300,10 @@ def detect_memory_growth(ctx: Context) -> list[Candidate]:
         if attribution.growing
         else None,
     }
+    advice = _ADVICE[attribution.cause]
+    restarting = s.loaders and all(x.persistent_workers is False for x in s.loaders)
+    if attribution.cause == COPY_ON_READ and restarting:
+        advice = advice.replace(", or restart workers (persistent_workers=False)", "")  # it already does
     return [
         Candidate(
             MEMORY_GROWTH,
@@ -282,7 +311,7 @@ def detect_memory_growth(ctx: Context) -> list[Candidate]:
             severity,
             f"job (pid {s.target.pid})",
             message,
-            _ADVICE[attribution.cause],
+            advice,
             evidence,
         )
     ]
