@@ -248,3 +248,18 @@ def test_oom_kills_are_counted_from_when_dlmon_started() -> None:
     )
     text = "\n".join(text_of(line) for line in memory_lines(state, 200, False))
     assert "OOM kills +1 while watching" in text
+
+
+def test_processes_read_without_held_fds_are_named_on_screen_and_in_the_line() -> None:
+    """Past the fd limit the sampler degrades; the user must see that it did, and how far."""
+    from dlmon.model.format import one_line
+
+    state = DashboardState()
+    snap = dataclasses.replace(make_snapshot(), processes_without_held_fds=40)
+    state.ingest(snap)
+    text = "\n".join(text_of(line) for line in memory_lines(state, 200, False))
+    assert "fd limit: 40 processes read without held fds" in text
+    assert "fd limit: 40 processes read without held fds" in one_line(snap)
+    quiet = DashboardState()
+    quiet.ingest(make_snapshot())
+    assert "fd limit" not in "\n".join(text_of(line) for line in memory_lines(quiet, 200, False))

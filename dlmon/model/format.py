@@ -28,6 +28,11 @@ def percent(value: float | None, missing: str = "n/a") -> str:
     return missing if value is None else f"{value:.0f}%"
 
 
+def fd_limit_note(count: int) -> str:
+    """Past its share of RLIMIT_NOFILE the sampler reads processes by path: slower, still right."""
+    return f"fd limit: {count} process{'es' if count != 1 else ''} read without held fds"
+
+
 def one_line(s: Snapshot) -> str:
     """What ``dlmon attach`` prints per tick without the dashboard."""
     workers = s.workers()
@@ -57,4 +62,6 @@ def one_line(s: Snapshot) -> str:
     zombies = sum(1 for p in s.processes if p.state == "Z")
     if zombies:
         parts.append(f"ZOMBIES {zombies}")
+    if s.processes_without_held_fds:
+        parts.append(fd_limit_note(s.processes_without_held_fds))
     return "  ".join(parts)

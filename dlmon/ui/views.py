@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from dlmon.analysis.startup import startup_of
 from dlmon.model import Alert, MemorySummary, ProcessSample, Snapshot
+from dlmon.model.format import fd_limit_note
 from dlmon.ui.fmt import DASH, NA, cbytes, cpct, duration, human_bytes, mbps, ratio
 from dlmon.ui.state import SORT_NAMES, DashboardState, ProcessRow
 
@@ -313,6 +314,8 @@ def memory_lines(state: DashboardState, width: int, compact: bool) -> Lines:
         [("pinned ", "dim"), (f(pinned, NA), "")],
         [("swap ", "dim"), (_of(swap, m.swap_total_bytes, compact), "warn" if swap else "")],
     ]
+    if s.processes_without_held_fds:
+        shared.append([(fd_limit_note(s.processes_without_held_fds), "warn")])
     if compact:
         lead = 5
         return (
