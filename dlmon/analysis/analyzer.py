@@ -35,6 +35,7 @@ from dlmon.analysis.kinds import (
     SEVERITY_RANK,
     SHM_EXHAUSTION,
     SWAP_ACTIVITY,
+    TRAINER_DIED,
     VRAM_PRESSURE,
     WORKER_DIED,
     ZOMBIE_WORKER,
@@ -63,6 +64,7 @@ DEFAULT_HOLDS: Mapping[str, Hold] = MappingProxyType(
         OVERSUBSCRIPTION: Hold(5.0, 20.0),
         VRAM_PRESSURE: Hold(3.0, 15.0),
         SWAP_ACTIVITY: Hold(0.0, 60.0),
+        TRAINER_DIED: Hold(0.0, 0.0),  # the last snapshots of a run: say it at once
     }
 )
 _DEFAULT_HOLD = Hold(3.0, 15.0)

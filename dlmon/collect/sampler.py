@@ -10,9 +10,11 @@ from dlmon.collect.agent_client import AgentClient, AgentReading, merge_torch_me
 from dlmon.collect.cgroup import CgroupMemoryReader
 from dlmon.collect.disks import DiskStatsReader
 from dlmon.collect.gpu import GpuCollector
+from dlmon.collect.kernel import KernelLog
 from dlmon.collect.processes import ProcessTracker
 from dlmon.collect.procfs import CLOCK_TICKS, boot_time, read_cmdline
 from dlmon.collect.smaps_budget import BudgetPolicy, SmapsBudget
+from dlmon.collect.stacks import StallProbe
 from dlmon.collect.system import read_meminfo, read_oom_kill_count, read_pressure, read_shm
 from dlmon.model import (
     GpuDevice,
@@ -72,6 +74,8 @@ class Sampler:
         self._agent = agent if agent is not None else AgentClient()
         self._exit_code = exit_code
         self._last_time: float | None = None
+        self._kernel = KernelLog()
+        self._stall = StallProbe(self._agent)
 
     def sample(self) -> Snapshot:
         cpu_start = time.thread_time()
@@ -138,7 +142,9 @@ class Sampler:
             cgroup=cgroup,
             loaders=reading.loaders if reading else (),
             pinned=reading.pinned if reading else None,
-            worker_deaths=reading.worker_deaths if reading else (),
+            worker_deaths=self._agent.known_deaths(),
+            kernel_events=self._kernel.sample([self.pid, *(p.pid for p in processes)]),
+            stacks=self._stall.probe(reading, processes),
         )
         if self._last_time is not None:
             cheap_cpu = time.thread_time() - cpu_start - self.processes.smaps_cpu_last_tick
@@ -149,6 +155,7 @@ class Sampler:
     def close(self) -> None:
         self.processes.close()
         self._gpu.close()
+        self._kernel.close()
 
 
 def _with_gpu_memory(

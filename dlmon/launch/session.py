@@ -10,6 +10,7 @@ from types import FrameType
 from typing import TextIO
 
 from dlmon.analysis import events, format_event
+from dlmon.analysis.verdict import exit_verdict
 from dlmon.collect.sampler import Sampler
 from dlmon.flow.loop import Pipeline, handle_signals, sample_until_done
 from dlmon.flow.recording import RecordWriter
@@ -32,6 +33,21 @@ class AlertLog:
                 f"dlmon: {format_event(event, at=snapshot.time)}", file=self._stream or sys.stderr, flush=True
             )
         self._previous = snapshot.alerts
+
+
+class LastSnapshot:
+    """A sink that keeps the last analysed snapshot, for the verdict at the end."""
+
+    def __init__(self) -> None:
+        self.snapshot: Snapshot | None = None
+
+    def __call__(self, snapshot: Snapshot) -> None:
+        self.snapshot = snapshot
+
+    def say_verdict(self, exit_code: int | None, stream: TextIO | None = None) -> None:
+        line = exit_verdict(self.snapshot, exit_code)
+        if line is not None:
+            print(f"dlmon: {line}", file=stream or sys.stderr, flush=True)
 
 
 def run_headless(
@@ -72,8 +88,9 @@ def _watch(
     analyzer: Callable[[Snapshot], Snapshot] | None,
     on_alerts: AlertPrinter | None,
 ) -> int:
+    last = LastSnapshot()
     pipeline = Pipeline(
-        analyzer, RecordWriter(record_path) if record_path else None, (on_alerts,) if on_alerts else ()
+        analyzer, RecordWriter(record_path) if record_path else None, (*((on_alerts,) if on_alerts else ()), last)
     )
     sampler = Sampler(training.pid, exit_code=training.exit_code)
     try:
@@ -81,4 +98,6 @@ def _watch(
     finally:
         sampler.close()
     pipeline.finish(reason)
-    return exit_status(training.popen.wait())
+    code = exit_status(training.popen.wait())
+    last.say_verdict(code)
+    return code

@@ -184,6 +184,7 @@ class LoaderSample:
     epochs: int | None = None  # epochs finished (iterators run to StopIteration)
     multiprocessing_context: str | None = None  # fork, spawn, forkserver
     alive: bool = True  # False once the DataLoader object was garbage-collected
+    in_call_s: float | None = None  # how long the trainer has been inside __next__ now (0: not waiting)
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +205,48 @@ class WorkerDeath:
     time: float | None  # Unix time
     signal_name: str | None = None  # "SIGKILL"
     reported_by: int | None = None  # the training process whose worker it was
+    loader_name: str | None = None  # LoaderSample.name of its loader
+    source: str | None = None  # "agent" (socket), "journal" (the agent's death file), "kernel" (/dev/kmsg)
+
+
+@dataclass(frozen=True, slots=True)
+class KernelEvent:
+    """A kernel log line (/dev/kmsg) about a process of the job: an OOM kill or a segfault."""
+
+    kind: str  # "oom_kill" | "segfault"
+    pid: int
+    comm: str | None
+    time: float | None  # Unix time (from the kernel's monotonic stamp)
+    constraint: str | None = None  # oom_kill: "cgroup" (a memory cgroup's limit) | "machine" | other
+    memcg: str | None = None  # oom_kill: the cgroup whose limit was hit
+    anon_rss_bytes: int | None = None  # oom_kill: the victim's memory at the kill
+    file_rss_bytes: int | None = None
+    shmem_rss_bytes: int | None = None
+    total_vm_bytes: int | None = None
+    line: str = ""  # the kernel's own line, at most 300 characters
+
+
+@dataclass(frozen=True, slots=True)
+class StackFrame:
+    file: str
+    line: int | None
+    function: str
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessStack:
+    """Where a process is stuck: its Python stack (one thread), taken when dlmon saw a stall."""
+
+    pid: int
+    role: str  # "main" | "worker"
+    worker_id: int | None
+    time: float  # Unix time it was taken
+    thread: str | None  # "MainThread", or None for a worker's dump (its current thread)
+    frames: tuple[StackFrame, ...]  # outermost first, innermost last
+    state: str | None = None  # /proc/PID/stat state then
+    wchan: str | None = None  # the kernel function it sleeps in (/proc/PID/wchan)
+    reading: str | None = None  # a regular file it has open for reading, if any (/proc/PID/fd)
+    source: str = ""  # "agent" (sys._current_frames), "faulthandler" (worker dump), "none"
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,6 +282,8 @@ class Snapshot:
     worker_deaths: tuple[WorkerDeath, ...] = ()  # cumulative over the run, from the agent
     alerts: tuple[Alert, ...] = ()  # active alerts after this sample (dlmon.analysis)
     schema: int = SCHEMA_VERSION
+    kernel_events: tuple[KernelEvent, ...] = ()  # OOM kills / segfaults of the job's processes (recent)
+    stacks: tuple[ProcessStack, ...] = ()  # stacks of stuck processes, taken during a stall
 
     def workers(self) -> tuple[ProcessSample, ...]:
         return tuple(p for p in self.processes if p.role == "worker")

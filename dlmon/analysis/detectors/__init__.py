@@ -26,6 +26,7 @@ from dlmon.analysis.detectors.memory import detect_memory_growth, detect_swap_ac
 from dlmon.analysis.detectors.processes import (
     detect_leaked_workers,
     detect_orphan_worker,
+    detect_trainer_died,
     detect_worker_died,
     detect_zombie_worker,
 )
@@ -38,6 +39,7 @@ from dlmon.analysis.kinds import (
     OVERSUBSCRIPTION,
     SHM_EXHAUSTION,
     SWAP_ACTIVITY,
+    TRAINER_DIED,
     VRAM_PRESSURE,
     WORKER_DIED,
     ZOMBIE_WORKER,
@@ -58,6 +60,7 @@ DETECTORS: dict[str, Detector] = {
     OVERSUBSCRIPTION: detect_oversubscription,
     VRAM_PRESSURE: detect_vram_pressure,
     SWAP_ACTIVITY: detect_swap_activity,
+    TRAINER_DIED: detect_trainer_died,
 }
 
 
@@ -93,6 +96,7 @@ __all__ = [
     "detect_oversubscription",
     "detect_shm_exhaustion",
     "detect_swap_activity",
+    "detect_trainer_died",
     "detect_vram_pressure",
     "detect_worker_died",
     "detect_zombie_worker",

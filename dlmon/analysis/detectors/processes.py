@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Mapping
+
 from dlmon.analysis.detectors._base import (
+    MIB,
     Candidate,
     Context,
     Headroom,
@@ -19,11 +23,13 @@ from dlmon.analysis.kinds import (
     INFO,
     LEAKED_WORKERS,
     ORPHAN_WORKER,
+    TRAINER_DIED,
     WARNING,
     WORKER_DIED,
     ZOMBIE_WORKER,
 )
 from dlmon.model import ProcessSample, Snapshot, WorkerDeath
+from dlmon.model.snapshot import KernelEvent
 
 SIGNAL_NAMES = {
     1: "SIGHUP",
@@ -166,6 +172,109 @@ def _oom_increase(ctx: Context, when: float) -> tuple[int | None, str | None]:
     return None, None
 
 
+def _clock(t: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t))
+
+
+def kernel_event(s: Snapshot, pid: int, kind: str) -> KernelEvent | None:
+    """The kernel's last line of ``kind`` about ``pid`` in the snapshot, if it logged one."""
+    found = None
+    for e in s.kernel_events:
+        if e.pid == pid and e.kind == kind:
+            found = e
+    return found
+
+
+def _snapshot_at(ctx: Context, when: float) -> Snapshot:
+    """The last snapshot taken before ``when`` (the job as it stood just before the death)."""
+    best = ctx.recent[0]
+    for snap in ctx.recent:
+        if snap.time > when:
+            break
+        best = snap
+    return best
+
+
+def _oom_figures(
+    ctx: Context, event: KernelEvent | None, when: float
+) -> tuple[str, dict[str, float | int | str | None]]:
+    """ "cgroup limit 512 MiB, job at 505 MiB; its RSS at the kill 480 MiB anon" and the numbers."""
+    before = _snapshot_at(ctx, when)
+    ev: dict[str, float | int | str | None] = {}
+    parts: list[str] = []
+    scope = event.constraint if event is not None else None
+    cg = before.cgroup
+    if scope == "cgroup" or (scope is None and cg is not None and cg.limit_bytes is not None):
+        limit = cg.limit_bytes if cg is not None else None
+        current = cg.current_bytes if cg is not None else None
+        parts.append(f"cgroup limit {size(limit)}, cgroup at {size(current)} just before")
+        ev.update(limit="cgroup", limit_bytes=limit, memory_before_bytes=current)
+    else:
+        m = before.memory
+        parts.append(f"machine memory {size(m.total_bytes)}, {size(m.available_bytes)} available just before")
+        ev.update(limit="machine", limit_bytes=m.total_bytes, available_before_bytes=m.available_bytes)
+    job = before.memory.pss_sum_bytes
+    if job is not None:
+        parts.append(f"job PSS {size(job)}")
+        ev["job_pss_before_bytes"] = job
+    if event is not None:
+        rss = sum_known((event.anon_rss_bytes, event.file_rss_bytes, event.shmem_rss_bytes))
+        parts.append(
+            f"its RSS at the kill {size(rss)} (anon {size(event.anon_rss_bytes)}, "
+            f"shmem {size(event.shmem_rss_bytes)})"
+        )
+        ev.update(
+            kernel_anon_rss_bytes=event.anon_rss_bytes,
+            kernel_file_rss_bytes=event.file_rss_bytes,
+            kernel_shmem_rss_bytes=event.shmem_rss_bytes,
+            kernel_memcg=event.memcg,
+            kernel_line=event.line,
+        )
+    return "; ".join(parts), ev
+
+
+TRAIL_POINTS = 12
+
+
+def black_box(ctx: Context, pid: int) -> dict[str, float | int | str | None]:
+    """The dead process's last minutes of memory, thinned to TRAIL_POINTS readings (MiB, fds)."""
+    points: list[ProcessSample] = []
+    times: list[float] = []
+    for snap in ctx.recent:
+        for p in snap.processes:
+            if p.pid == pid and p.state not in DEAD:
+                points.append(p)
+                times.append(snap.time)
+    if not points:
+        return {}
+    step = max(1, -(-len(points) // TRAIL_POINTS))
+    idx = list(range(len(points) - 1, -1, -step))[::-1]
+
+    def series(get: Callable[[ProcessSample], int | None], scale: float) -> str:
+        return ",".join("" if (v := get(points[i])) is None else f"{v / scale:.0f}" for i in idx)
+
+    mib = float(MIB)
+    return {
+        "trail_t": ",".join(f"{times[i] - times[-1]:.0f}" for i in idx),  # seconds before its last reading
+        "trail_pss_mib": series(lambda p: p.pss_bytes, mib),
+        "trail_uss_mib": series(lambda p: p.uss_bytes, mib),
+        "trail_rss_anon_mib": series(lambda p: p.rss_anon_bytes, mib),
+        "trail_shm_mib": series(lambda p: p.shmem_bytes, mib),
+        "trail_fds": series(lambda p: p.num_fds, 1.0),
+    }
+
+
+def describe_trail(ev: Mapping[str, float | int | str | None]) -> str | None:
+    """ "USS 120 -> 480 MiB over its last 110 s" from a black box, when it says anything."""
+    t = ev.get("trail_t")
+    for key, name in (("trail_uss_mib", "USS"), ("trail_pss_mib", "PSS"), ("trail_rss_anon_mib", "anon RSS")):
+        vals = [v for v in str(ev.get(key) or "").split(",") if v]
+        if len(vals) >= 2 and isinstance(t, str):
+            span = -float(t.split(",")[0] or 0)
+            return f"{name} {vals[0]} -> {vals[-1]} MiB over its last {duration(span)}"
+    return None
+
+
 def _death_candidate(
     ctx: Context, death: WorkerDeath, when: float, room: Headroom | None
 ) -> Candidate | None:
@@ -177,69 +286,97 @@ def _death_candidate(
         "pid": death.pid,
         "worker_id": death.worker_id,
         "loader_id": death.loader_id,
+        "loader": death.loader_name,
         "signal": sig,
         "exit_code": death.exit_code,
         "time": when,
+        "source": death.source,
     }
+    at = f" at {_clock(when)}"
+    who = f"DataLoader {label}" + (f" of {death.loader_name}" if death.loader_name else "")
     memory_advice = "Lower num_workers or batch_size, or fix the growth (see memory_growth)"
     if room is not None:
         memory_advice += f"; now {describe_headroom(room)}"
-    if sig == SIGKILL:
+    oom = kernel_event(s, death.pid, "oom_kill")
+    if sig == SIGKILL or (sig is None and oom is not None):
         kills, counter = _oom_increase(ctx, when)
         evidence["oom_kills"] = kills
         evidence["oom_counter"] = counter
-        if kills:
+        if oom is not None or kills:
             cause, severity = "oom_killer", CRITICAL
-            message = (
-                f"DataLoader {label} was killed by the OOM killer (SIGKILL, and the {counter} "
-                f"OOM-kill count rose by {kills})."
+            figures, more = _oom_figures(ctx, oom, when)
+            evidence.update(more)
+            witness = (
+                "the kernel log names it"
+                if oom is not None
+                else f"the {counter} OOM-kill count rose by {kills}"
             )
+            message = f"{who} was killed by the kernel OOM killer{at} ({figures}; {witness})."
             advice = memory_advice + "; copy-on-read of a Python-object Dataset is the usual cause."
         elif kills == 0:
             cause, severity = "sigkill", WARNING
             message = (
-                f"DataLoader {label} was killed by SIGKILL, not by the OOM killer (no OOM kill was "
-                f"counted by the {counter})."
+                f"{who} was killed by SIGKILL{at}, not by the OOM killer (no OOM kill was "
+                f"counted by the {counter}, none in the kernel log)."
             )
             advice = "Something sent kill -9: a supervisor, a timeout, a user; check who."
         else:
             cause, severity = "sigkill_unknown", CRITICAL
             message = (
-                f"DataLoader {label} was killed by SIGKILL, most often the OOM killer "
+                f"{who} was killed by SIGKILL{at}, most often the OOM killer "
                 "(the OOM counters before its death are unknown)."
             )
             advice = "Check dmesg for 'Out of memory: Killed process'. " + memory_advice + "."
     elif sig == SIGBUS:
         cause, severity = "shm_exhausted", CRITICAL
-        shm = s.shm
-        free = "" if shm is None else f" ({size(shm.available_bytes)} free of {size(shm.total_bytes)} now)"
-        message = f"DataLoader {label} died of SIGBUS (Bus error): shared memory /dev/shm ran out{free}."
+        shm = _snapshot_at(ctx, when).shm or s.shm
+        free = (
+            ""
+            if shm is None
+            else f" ({size(shm.used_bytes)} used of {size(shm.total_bytes)}, {size(shm.available_bytes)} free)"
+        )
+        message = f"{who} died of SIGBUS (Bus error){at}: shared memory /dev/shm ran out{free}."
         advice = (
             "Give /dev/shm more room (docker run --shm-size=8g, or a bigger tmpfs), or lower "
-            "num_workers, prefetch_factor or the batch size."
+            "num_workers, prefetch_factor or the batch size; or pass tensors through files with "
+            "torch.multiprocessing.set_sharing_strategy('file_system')."
         )
         if shm is not None:
             evidence["shm_available_bytes"] = shm.available_bytes
+            evidence["shm_used_bytes"] = shm.used_bytes
             evidence["shm_total_bytes"] = shm.total_bytes
     elif sig in (SIGSEGV, SIGABRT):
         cause, severity = "crash", CRITICAL
-        message = f"DataLoader {label} crashed ({name}): a native library failed inside the worker."
+        seg = kernel_event(s, death.pid, "segfault")
+        where = f"; kernel: {seg.line}" if seg is not None else ""
+        message = f"{who} crashed ({name}){at}: a native library failed inside the worker{where}."
         advice = (
             "Usual suspects are image/video libraries with their own threads (OpenCV: "
             "cv2.setNumThreads(0) in worker_init_fn) or a library not safe after fork; try "
             "multiprocessing_context='spawn' or 'forkserver'."
         )
+        if seg is not None:
+            evidence["kernel_line"] = seg.line
     elif sig is not None:
         cause, severity = "signal", WARNING
-        message = f"DataLoader {label} was ended by {name}."
+        message = f"{who} was ended by {name}{at}."
         advice = "Something signalled the worker; check the job's supervisor and the log."
     elif death.exit_code not in (None, 0):
         cause, severity = "exit_code", WARNING
-        message = f"DataLoader {label} exited with code {death.exit_code}."
+        message = f"{who} exited with code {death.exit_code}{at}."
         advice = "Read the worker's traceback in the training log: the Dataset raised."
     else:
         return None
     evidence["cause"] = cause
+    memo_key = ("black_box", death.pid, round(when))
+    box = ctx.digest.memo.get(memo_key)
+    if not isinstance(box, dict):
+        box = black_box(ctx, death.pid)
+        ctx.digest.remember(memo_key, box)
+    evidence.update(box)
+    trail = describe_trail(box)
+    if trail is not None and cause in ("oom_killer", "sigkill_unknown", "shm_exhausted"):
+        message = message[:-1] + f"; {trail}."
     return Candidate(
         WORKER_DIED, f"death:{death.pid}:{round(when)}", severity, label, message, advice, evidence
     )
@@ -290,6 +427,118 @@ def _vanished(ctx: Context) -> list[Candidate]:
     ]
 
 
+def _vanished_without_agent(ctx: Context, reported: set[int]) -> list[Candidate]:
+    """No loader lists the workers (no agent): a worker that left the tree when the trainer died
+    with an error, or that the kernel log says it OOM-killed, died; say what is known."""
+    s = ctx.latest
+    if len(ctx.recent) < 2 or s.loaders:
+        return []
+    prev = ctx.recent[-2]
+    present = {p.pid: p for p in s.processes}
+    failed = not s.target.alive and s.target.exit_code not in (None, 0)
+    out: list[Candidate] = []
+    for w in prev.processes:
+        if w.role != "worker" or w.pid in reported or w.state in DEAD:
+            continue
+        now = present.get(w.pid)
+        oom = kernel_event(s, w.pid, "oom_kill")
+        gone = now is None or now.state in DEAD
+        if not gone or not (failed or oom is not None):
+            continue
+        label = process_label("worker", w.pid, w.worker_id)
+        death = WorkerDeath(
+            w.pid,
+            w.worker_id,
+            None,
+            9 if oom is not None else None,
+            None,
+            oom.time if oom else s.time,
+            source="kernel" if oom else None,
+        )
+        if oom is not None:
+            c = _death_candidate(ctx, death, death.time or s.time, headroom(s))
+            if c is not None:
+                out.append(c)
+            continue
+        box = black_box(ctx, w.pid)
+        out.append(
+            Candidate(
+                WORKER_DIED,
+                f"vanished:{w.pid}",
+                WARNING,
+                label,
+                f"DataLoader {label} vanished between {_clock(prev.time)} and {_clock(s.time)}, just before "
+                f"the trainer exited with code {s.target.exit_code}; its cause is unknown (no dlmon agent "
+                "in the trainer, nothing in the kernel log).",
+                "Run the training under 'dlmon run' (or call dlmon.agent.start()) to see how a worker died.",
+                {"pid": w.pid, "worker_id": w.worker_id, "cause": "vanished", "time": s.time, **box},
+            )
+        )
+    return out
+
+
+def detect_trainer_died(ctx: Context) -> list[Candidate]:
+    """The trainer itself was killed (exit 128+N under dlmon run, or the kernel log names it)."""
+    s = ctx.latest
+    t = s.target
+    if t.alive:
+        return []
+    oom = kernel_event(s, t.pid, "oom_kill")
+    code = t.exit_code
+    sig = code - 128 if code is not None and code > 128 else None
+    if oom is None and sig is None:
+        return []
+    when = oom.time if oom is not None and oom.time is not None else s.time
+    label = process_label("main", t.pid)
+    evidence: dict[str, float | int | str | None] = {
+        "pid": t.pid,
+        "exit_code": code,
+        "signal": sig,
+        "time": when,
+    }
+    kills, counter = _oom_increase(ctx, when) if sig in (None, SIGKILL) else (None, None)
+    if oom is not None or (sig == SIGKILL and kills):
+        figures, more = _oom_figures(ctx, oom, when)
+        evidence.update(more, cause="oom_killer")
+        message = (
+            f"The trainer (pid {t.pid}) was killed by the kernel OOM killer at {_clock(when)} ({figures})"
+        )
+        severity = CRITICAL
+    elif sig == SIGKILL and kills == 0:
+        evidence["cause"] = "sigkill"
+        message = f"The trainer (pid {t.pid}) was killed by SIGKILL at about {_clock(when)}, not by the OOM killer (no OOM kill counted by the {counter})"
+        severity = WARNING
+    else:
+        name = SIGNAL_NAMES.get(sig or 0, f"signal {sig}")
+        evidence["cause"] = "crash" if sig in (SIGSEGV, SIGABRT, SIGBUS) else "signal"
+        message = f"The trainer (pid {t.pid}) was ended by {name} at about {_clock(when)}"
+        severity = CRITICAL if sig in (SIGSEGV, SIGABRT, SIGBUS) else WARNING
+    box = black_box(ctx, t.pid)
+    evidence.update(box)
+    trail = describe_trail(box)
+    orphans = sorted(
+        p.pid for p in s.processes if p.pid != t.pid and p.state not in DEAD and p.role == "worker"
+    )
+    if trail is not None:
+        message += f"; {trail}"
+    if orphans:
+        message += f"; its {len(orphans)} workers (pids {pid_list(orphans)}) were orphaned"
+        evidence["orphans"] = ",".join(str(p) for p in orphans)
+    return [
+        Candidate(
+            TRAINER_DIED,
+            f"trainer:{t.pid}",
+            severity,
+            label,
+            message + ".",
+            "Lower the job's memory (batch size, num_workers, cached data) or raise the limit."
+            if evidence.get("cause") == "oom_killer"
+            else "Find who sent the signal (a supervisor, a timeout, a user) and read the log.",
+            evidence,
+        )
+    ]
+
+
 def detect_worker_died(ctx: Context) -> list[Candidate]:
     s = ctx.latest
     out: list[Candidate] = []
@@ -302,6 +551,7 @@ def detect_worker_died(ctx: Context) -> list[Candidate]:
             if candidate is not None:
                 out.append(candidate)
     out.extend(_vanished(ctx))
+    out.extend(_vanished_without_agent(ctx, {d.pid for d in s.worker_deaths}))
     return out
 
 

@@ -1,0 +1,250 @@
+"""Where a stuck job is stuck: Python stacks of the trainer and of its DataLoader workers.
+
+Taken only when a loader looks stalled (the trainer inside ``__next__`` for much longer than
+the loader's usual batch interval, or no batch at all for long while it is not waiting), and then
+at most every ``RETAKE_S`` per loader. A healthy job never pays for any of it.
+
+- The trainer's main thread: the agent's ``{"get": "stacks"}`` (``sys._current_frames()`` in
+  its serving thread).
+- A worker: dlmon sends it ``STACK_SIGNAL``; the ``faulthandler`` handler the agent registered at
+  worker start appends all its threads' stacks to ``<pid>.stack`` in the agent's private directory.
+  The signal is sent only to a process of the tree whose stack file's header names that very
+  process (pid and start time): the signal's default action would kill one without the handler.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from dlmon.agent._journal import STACK_HEADER, STACK_SIGNAL, STACK_SUFFIX
+from dlmon.collect.agent_client import AgentClient, AgentReading
+from dlmon.model.snapshot import LoaderSample, ProcessSample, ProcessStack, StackFrame
+
+STALL_MIN_S = 10.0  # never call a wait shorter than this a stall
+STALL_INTERVALS = 20.0  # ... nor one shorter than this many usual batch intervals
+RETAKE_S = 30.0
+DUMP_WAIT_S = 0.3
+MAX_WORKERS = 16
+MAX_FRAMES = 40
+MAX_DUMP_BYTES = 64 * 1024
+MAX_FDS = 512
+
+_FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+|\?\?\?) in (?P<func>.*)$')
+
+
+@dataclass(slots=True)
+class _LoaderWatch:
+    rate: float | None = None  # batches/s, smoothed over healthy intervals
+    batches: int | None = None
+    last_progress: float = 0.0  # monotonic time the batch count last moved
+    last_taken: float = -1e9
+
+
+def stall_threshold_s(rate: float | None) -> float:
+    """How long a wait must last to be a stall, given the loader's usual batches/s."""
+    usual = 1.0 / rate if rate else 0.0
+    return max(STALL_MIN_S, STALL_INTERVALS * usual)
+
+
+def parse_faulthandler(text: str) -> list[tuple[str | None, list[StackFrame]]]:
+    """faulthandler's dump: [(thread header, frames outermost first)] in the order written."""
+    threads: list[tuple[str | None, list[StackFrame]]] = []
+    for line in text.splitlines():
+        if line.startswith(("Thread ", "Current thread ", "Stack (most recent")):
+            threads.append((line.split(" (most recent")[0], []))
+            continue
+        m = _FRAME.match(line)
+        if m is not None and threads:
+            ln = m.group("line")
+            threads[-1][1].insert(
+                0, StackFrame(m.group("file"), int(ln) if ln.isdigit() else None, m.group("func"))
+            )
+    return threads
+
+
+def _read(path: str, limit: int = 4096) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read(limit).decode("utf-8", "replace")
+    except OSError:
+        return None
+
+
+def proc_state(pid: int) -> tuple[str | None, str | None, str | None]:
+    """(state letter, wchan, a regular file it has open) of a process; None where unreadable."""
+    stat = _read(f"/proc/{pid}/stat")
+    state = stat[stat.rindex(")") + 2] if stat and ")" in stat else None
+    wchan = _read(f"/proc/{pid}/wchan")
+    wchan = wchan.strip() if wchan and wchan.strip() not in ("", "0") else None
+    reading: str | None = None
+    with contextlib.suppress(OSError):
+        fds = sorted((int(n) for n in os.listdir(f"/proc/{pid}/fd") if n.isdigit()), reverse=True)
+        for fd in fds[:MAX_FDS]:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("/") and not target.startswith(("/dev/", "/proc/", "/sys/")):
+                if ".so" in os.path.basename(target) or target.endswith((STACK_SUFFIX, ".jsonl")):
+                    continue
+                reading = target
+                break
+    return state, wchan, reading
+
+
+def _start_time(pid: int) -> int | None:
+    stat = _read(f"/proc/{pid}/stat")
+    try:
+        return int(stat[stat.rindex(")") + 2 :].split()[19]) if stat else None
+    except (ValueError, IndexError):
+        return None
+
+
+class StallProbe:
+    """Decides when a loader is stalled and then collects stacks; keeps a little state per loader."""
+
+    def __init__(self, agent: AgentClient) -> None:
+        self._agent = agent
+        self._watch: dict[str, _LoaderWatch] = {}
+
+    def probe(
+        self, reading: AgentReading | None, processes: Sequence[ProcessSample]
+    ) -> tuple[ProcessStack, ...]:
+        if reading is None:
+            return ()
+        now = time.monotonic()
+        stuck: list[LoaderSample] = []
+        for ls in reading.loaders:
+            w = self._watch.setdefault(ls.id, _LoaderWatch(last_progress=now))
+            if ls.batches_total != w.batches:
+                w.batches = ls.batches_total
+                w.last_progress = now
+                if ls.batches_per_s and not (ls.in_call_s or 0.0) > 1.0:
+                    w.rate = ls.batches_per_s if w.rate is None else 0.8 * w.rate + 0.2 * ls.batches_per_s
+            if not ls.alive or w.rate is None:
+                continue  # never delivered in steady state: a start-up, not a stall
+            if max(ls.in_call_s or 0.0, now - w.last_progress) >= stall_threshold_s(w.rate):
+                if now - w.last_taken >= RETAKE_S:
+                    w.last_taken = now
+                    stuck.append(ls)
+        for gone in set(self._watch) - {ls.id for ls in reading.loaders}:
+            del self._watch[gone]
+        if not stuck:
+            return ()
+        by_pid = {p.pid: p for p in processes}
+        out: list[ProcessStack] = []
+        trainers = dict.fromkeys(ls.pid for ls in stuck)
+        for pid in trainers:
+            out.extend(self._trainer_stack(pid))
+        workers = [
+            (ls.pid, wid, wpid)
+            for ls in stuck
+            if (ls.in_call_s or 0.0) > 0
+            for wid, wpid in enumerate(ls.worker_pids)
+            if wpid in by_pid and by_pid[wpid].state not in ("Z", "X")
+        ]
+        out.extend(self._worker_stacks(workers[:MAX_WORKERS]))
+        return tuple(out)
+
+    def _trainer_stack(self, pid: int) -> list[ProcessStack]:
+        got = self._agent.main_thread_stack(pid)
+        state, wchan, reading = proc_state(pid)
+        if got is None:
+            return []
+        name, frames = got
+        return [
+            ProcessStack(
+                pid=pid,
+                role="main",
+                worker_id=None,
+                time=time.time(),
+                thread=name,
+                frames=tuple(StackFrame(f, ln, fn) for f, ln, fn in frames[-MAX_FRAMES:]),
+                state=state,
+                wchan=wchan,
+                reading=reading,
+                source="agent",
+            )
+        ]
+
+    def _worker_stacks(self, workers: Iterable[tuple[int, int, int]]) -> list[ProcessStack]:
+        if STACK_SIGNAL is None:
+            return []
+        sent: list[tuple[int, int, str, int]] = []  # (worker id, pid, path, size before)
+        for trainer, wid, pid in workers:
+            d = self._agent.stack_dir(trainer)
+            if d is None:
+                continue
+            path = os.path.join(d, f"{pid}{STACK_SUFFIX}")
+            try:
+                size = os.stat(path, follow_symlinks=False).st_size
+                head = _read(path, 256) or ""
+            except OSError:
+                continue
+            fields = dict(kv.split("=", 1) for kv in head.split("\n", 1)[0].split()[1:] if "=" in kv)
+            if not head.startswith(STACK_HEADER) or fields.get("pid") != str(pid):
+                continue
+            if fields.get("start") != str(_start_time(pid)):
+                continue  # another process now has that pid
+            try:
+                os.kill(pid, STACK_SIGNAL)
+            except OSError:
+                continue
+            sent.append((wid, pid, path, size))
+        if not sent:
+            return []
+        deadline = time.monotonic() + DUMP_WAIT_S
+        out: list[ProcessStack] = []
+        pending = list(sent)
+        while pending and time.monotonic() < deadline:
+            time.sleep(0.02)
+            still: list[tuple[int, int, str, int]] = []
+            for wid, pid, path, size in pending:
+                text = self._new_text(path, size)
+                if text is None or "File " not in text:
+                    still.append((wid, pid, path, size))
+                    continue
+                out.append(self._worker_stack(wid, pid, text))
+            pending = still
+        return out
+
+    @staticmethod
+    def _new_text(path: str, size: int) -> str | None:
+        try:
+            with open(path, "rb") as f:
+                f.seek(size)
+                data = f.read(MAX_DUMP_BYTES)
+        except OSError:
+            return None
+        return data.decode("utf-8", "replace") if data else None
+
+    @staticmethod
+    def _worker_stack(wid: int, pid: int, text: str) -> ProcessStack:
+        threads = parse_faulthandler(text)
+        chosen = next((t for t in threads if any(f.function == "_worker_loop" for f in t[1])), None)
+        if chosen is None and threads:
+            chosen = threads[0]
+        state, wchan, reading = proc_state(pid)
+        return ProcessStack(
+            pid=pid,
+            role="worker",
+            worker_id=wid,
+            time=time.time(),
+            thread=chosen[0] if chosen else None,
+            frames=tuple(chosen[1][-MAX_FRAMES:]) if chosen else (),
+            state=state,
+            wchan=wchan,
+            reading=reading,
+            source="faulthandler",
+        )
+
+
+def kill_signal_safe() -> bool:
+    """True where dlmon can ask workers for stacks at all (a real-time signal exists)."""
+    return STACK_SIGNAL is not None and hasattr(signal, "SIGRTMIN")
