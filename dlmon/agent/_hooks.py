@@ -455,6 +455,9 @@ def _patch_all(dl: ModuleType) -> None:
             raise AttributeError("no torch.utils.data._utils.worker._worker_loop")
         if not _is_ours(loop):
             wmod._worker_loop = _mark(_make_worker_loop(loop), loop, "worker_loop")  # type: ignore[union-attr]
+        wsh = getattr(sh, "_set_worker_signal_handlers", None)
+        if wsh is not None and not _is_ours(wsh):
+            sh._set_worker_signal_handlers = _mark(_make_worker_signal_handlers(wsh), wsh, "worker_signals")  # type: ignore[union-attr]
         _ok("worker_stacks")
     except Exception as exc:
         _fail("worker_stacks", exc)
@@ -467,9 +470,20 @@ def _make_worker_loop(orig: Callable[..., Any]) -> Callable[..., Any]:
             _journal.register_worker_stack_dump(wid if isinstance(wid, int) else None)
         except Exception:
             pass
-        return orig(*args, **kwargs)
+        result = orig(*args, **kwargs)
+        _journal.worker_exited_normally()
+        return result
 
     return _worker_loop
+
+
+def _make_worker_signal_handlers(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def _set_worker_signal_handlers(*args: Any, **kwargs: Any) -> Any:
+        result = orig(*args, **kwargs)
+        _journal.enable_crash_dump()  # in front of torch's handlers, chaining to them
+        return result
+
+    return _set_worker_signal_handlers
 
 
 # ---------------------------------------------------------------------------------------------

@@ -132,6 +132,28 @@ def register_worker_stack_dump(worker_id: int | None) -> None:
         pass
 
 
+def enable_crash_dump() -> None:
+    """After torch set the worker's own fatal-signal handlers: dump the stacks on SIGSEGV, SIGBUS,
+    SIGABRT, SIGFPE, SIGILL into the stack file first, then let torch's handler run as before."""
+    f = _stack_file
+    if f is None:
+        return
+    try:
+        import faulthandler
+
+        faulthandler.enable(file=f, all_threads=True)
+    except Exception:
+        pass
+
+
+def worker_exited_normally() -> None:
+    """The worker loop returned: its stack file is of no use to anyone now."""
+    if _stack_file is None or _dir is None:
+        return
+    with contextlib.suppress(OSError):
+        os.unlink(os.path.join(_dir, f"{os.getpid()}{STACK_SUFFIX}"))
+
+
 def after_fork_child() -> None:
     """A forked child does not inherit its parent's stack file (it registers its own, if a worker)."""
     global _stack_file

@@ -60,11 +60,39 @@ def parse_record(raw: bytes, *, now_unix: float, now_mono: float) -> tuple[str, 
     return line, when, head.decode("ascii", "replace")
 
 
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path, "rb") as f:
+            text = f.read(64).strip()
+    except OSError:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return None  # "max"
+
+
+UNLIMITED_V1 = 1 << 62
+
+
+def memcg_figures(memcg: str, root: str) -> tuple[int | None, int | None]:
+    """(limit, peak usage) of the memory cgroup the kernel named (v1 hierarchy, else v2)."""
+    if ".." in memcg.split("/"):
+        return None, None
+    v1 = f"{root}/memory{memcg}"
+    limit = _read_int(f"{v1}/memory.limit_in_bytes")
+    if limit is not None:
+        return (limit if limit < UNLIMITED_V1 else None), _read_int(f"{v1}/memory.max_usage_in_bytes")
+    v2 = f"{root}{memcg}"
+    return _read_int(f"{v2}/memory.max"), _read_int(f"{v2}/memory.peak")
+
+
 class KernelLog:
     """Follows /dev/kmsg for OOM kills and segfaults of the pids it is told about."""
 
-    def __init__(self, path: str = KMSG) -> None:
+    def __init__(self, path: str = KMSG, cgroup_root: str = "/sys/fs/cgroup") -> None:
         self.unavailable: str | None = None
+        self._cgroup_root = cgroup_root
         self._fd: int | None = None
         self._seen: OrderedDict[int, None] = OrderedDict()
         self._events: list[KernelEvent] = []
@@ -137,6 +165,7 @@ class KernelLog:
             if pid not in self._seen:
                 return
             constraint, memcg = self._constraints.get(pid, (None, None))
+            limit, peak = memcg_figures(memcg, self._cgroup_root) if memcg else (None, None)
             scope = m.group("scope")
             if constraint == "CONSTRAINT_MEMCG" or scope.startswith("Memory cgroup"):
                 where: str | None = "cgroup"
@@ -157,6 +186,8 @@ class KernelLog:
                     shmem_rss_bytes=_kb(m.group("shmem")),
                     total_vm_bytes=_kb(m.group("vm")),
                     line=line[:300],
+                    memcg_limit_bytes=limit,
+                    memcg_peak_bytes=peak,
                 )
             )
             return

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import signal
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -34,6 +33,8 @@ MAX_WORKERS = 16
 MAX_FRAMES = 40
 MAX_DUMP_BYTES = 64 * 1024
 MAX_FDS = 512
+
+CRASH_SIGNALS = frozenset({4, 6, 7, 8, 11})  # SIGILL, SIGABRT, SIGBUS, SIGFPE, SIGSEGV
 
 _FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+|\?\?\?) in (?P<func>.*)$')
 
@@ -112,8 +113,31 @@ class StallProbe:
     def __init__(self, agent: AgentClient) -> None:
         self._agent = agent
         self._watch: dict[str, _LoaderWatch] = {}
+        self._crash_read: set[int] = set()
 
     def probe(
+        self, reading: AgentReading | None, processes: Sequence[ProcessSample]
+    ) -> tuple[ProcessStack, ...]:
+        return self._crash_stacks() + self._stall_stacks(reading, processes)
+
+    def _crash_stacks(self) -> tuple[ProcessStack, ...]:
+        """The stacks a worker's faulthandler wrote as it crashed (SIGSEGV, SIGBUS, SIGABRT...)."""
+        out: list[ProcessStack] = []
+        for d in self._agent.known_deaths():
+            if d.pid in self._crash_read or d.signal not in CRASH_SIGNALS or d.reported_by is None:
+                continue
+            self._crash_read.add(d.pid)
+            directory = self._agent.stack_dir(d.reported_by)
+            if directory is None:
+                continue
+            text = self._new_text(os.path.join(directory, f"{d.pid}{STACK_SUFFIX}"), 0)
+            if text is None or "Fatal Python error" not in text:
+                continue
+            text = text[text.rindex("Fatal Python error") :]
+            out.append(self._worker_stack(d.worker_id, d.pid, text, live=False))
+        return tuple(out)
+
+    def _stall_stacks(
         self, reading: AgentReading | None, processes: Sequence[ProcessSample]
     ) -> tuple[ProcessStack, ...]:
         if reading is None:
@@ -225,12 +249,14 @@ class StallProbe:
         return data.decode("utf-8", "replace") if data else None
 
     @staticmethod
-    def _worker_stack(wid: int, pid: int, text: str) -> ProcessStack:
+    def _worker_stack(wid: int | None, pid: int, text: str, live: bool = True) -> ProcessStack:
         threads = parse_faulthandler(text)
-        chosen = next((t for t in threads if any(f.function == "_worker_loop" for f in t[1])), None)
+        chosen = next((t for t in threads if t[0] and t[0].startswith("Current thread")), None)
+        if live or chosen is None:
+            chosen = next((t for t in threads if any(f.function == "_worker_loop" for f in t[1])), chosen)
         if chosen is None and threads:
             chosen = threads[0]
-        state, wchan, reading = proc_state(pid)
+        state, wchan, reading = proc_state(pid) if live else (None, None, None)
         return ProcessStack(
             pid=pid,
             role="worker",
@@ -241,10 +267,5 @@ class StallProbe:
             state=state,
             wchan=wchan,
             reading=reading,
-            source="faulthandler",
+            source="faulthandler" if live else "crash",
         )
-
-
-def kill_signal_safe() -> bool:
-    """True where dlmon can ask workers for stacks at all (a real-time signal exists)."""
-    return STACK_SIGNAL is not None and hasattr(signal, "SIGRTMIN")

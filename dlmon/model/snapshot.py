@@ -224,6 +224,8 @@ class KernelEvent:
     shmem_rss_bytes: int | None = None
     total_vm_bytes: int | None = None
     line: str = ""  # the kernel's own line, at most 300 characters
+    memcg_limit_bytes: int | None = None  # oom_kill in a cgroup: that cgroup's limit, read right after
+    memcg_peak_bytes: int | None = None  # ... and its peak usage (v1 max_usage_in_bytes, v2 memory.peak)
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from dlmon.analysis.detectors._base import (
     MIB,
@@ -29,7 +29,7 @@ from dlmon.analysis.kinds import (
     ZOMBIE_WORKER,
 )
 from dlmon.model import ProcessSample, Snapshot, WorkerDeath
-from dlmon.model.snapshot import KernelEvent
+from dlmon.model.snapshot import KernelEvent, ProcessStack, StackFrame
 
 SIGNAL_NAMES = {
     1: "SIGHUP",
@@ -205,10 +205,14 @@ def _oom_figures(
     scope = event.constraint if event is not None else None
     cg = before.cgroup
     if scope == "cgroup" or (scope is None and cg is not None and cg.limit_bytes is not None):
-        limit = cg.limit_bytes if cg is not None else None
+        limit = event.memcg_limit_bytes if event is not None and event.memcg_limit_bytes else None
+        limit = limit if limit is not None else (cg.limit_bytes if cg is not None else None)
+        peak = event.memcg_peak_bytes if event is not None else None
         current = cg.current_bytes if cg is not None else None
-        parts.append(f"cgroup limit {size(limit)}, cgroup at {size(current)} just before")
-        ev.update(limit="cgroup", limit_bytes=limit, memory_before_bytes=current)
+        text = f"cgroup limit {size(limit)}"
+        text += f", cgroup peak {size(peak)}" if peak is not None else f", cgroup at {size(current)} just before"
+        parts.append(text)
+        ev.update(limit="cgroup", limit_bytes=limit, cgroup_peak_bytes=peak, memory_before_bytes=current)
     else:
         m = before.memory
         parts.append(f"machine memory {size(m.total_bytes)}, {size(m.available_bytes)} available just before")
@@ -234,6 +238,41 @@ def _oom_figures(
 
 
 TRAIL_POINTS = 12
+MAX_STACK_TEXT = 4000
+
+
+def latest_stack(ctx: Context, pid: int) -> ProcessStack | None:
+    """The newest stack dlmon took of ``pid`` in the recent snapshots."""
+    for snap in reversed(ctx.recent):
+        for st in snap.stacks:
+            if st.pid == pid:
+                return st
+    return None
+
+
+def _short(f: StackFrame) -> str:
+    return f"{f.function} ({f.file.rsplit('/', 1)[-1]}:{f.line if f.line is not None else '?'})"
+
+
+def describe_frames(frames: Sequence[StackFrame]) -> str:
+    """``hang_here (jobs.py:88)``, with the caller outside the standard library and torch when
+    the innermost frame is inside them: ``string_at (__init__.py:519) from __getitem__ (deaths.py:77)``."""
+    inner = frames[-1]
+    text = _short(inner)
+    def library(f: StackFrame) -> bool:
+        return "/lib/python" in f.file or "/site-packages/" in f.file or f.file.startswith("<")
+
+    if library(inner):
+        user = next((f for f in reversed(frames) if not library(f)), None)
+        if user is not None:
+            text += f" from {_short(user)}"
+    return text
+
+
+def format_stack(frames: Sequence[StackFrame]) -> str:
+    """Outermost first, one frame a line, as a traceback reads; bounded."""
+    text = "\n".join(f'File "{f.file}", line {f.line}, in {f.function}' for f in frames)
+    return text[-MAX_STACK_TEXT:]
 
 
 def black_box(ctx: Context, pid: int) -> dict[str, float | int | str | None]:
@@ -349,6 +388,10 @@ def _death_candidate(
         cause, severity = "crash", CRITICAL
         seg = kernel_event(s, death.pid, "segfault")
         where = f"; kernel: {seg.line}" if seg is not None else ""
+        stack = latest_stack(ctx, death.pid)
+        if stack is not None and stack.frames:
+            where = f" in {describe_frames(stack.frames)}{where}"
+            evidence["stack"] = format_stack(stack.frames)
         message = f"{who} crashed ({name}){at}: a native library failed inside the worker{where}."
         advice = (
             "Usual suspects are image/video libraries with their own threads (OpenCV: "

@@ -1,0 +1,331 @@
+"""Deaths and hangs of real trainings under ``dlmon run --headless --record``: the alert, the exit
+verdict, the record and the replay name the right process, the right cause and the evidence.
+
+Each test starts a real torch training (tests/agent_scripts/deaths.py) with real DataLoader
+workers under dlmon, makes one thing go wrong for real (kill -9, a v1 memory cgroup's limit, a
+tiny /dev/shm in a private mount namespace, a segfault, a hang) and reads what dlmon printed and
+recorded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dlmon.flow.sources import read_record
+from dlmon.model import Snapshot
+from tests.agent_support import ROOT, private_agent_env
+
+SCRIPT = str(ROOT / "tests" / "agent_scripts" / "deaths.py")
+DEADLINE_S = 90.0
+
+pytestmark = pytest.mark.skipif(
+    __import__("importlib").util.find_spec("torch") is None, reason="needs torch"
+)
+
+
+@dataclass
+class Run:
+    """One ``dlmon run --headless --record`` of deaths.py, read as it goes."""
+
+    proc: subprocess.Popen[str]
+    record: Path
+    events: list[dict[str, Any]] = field(default_factory=list)
+    err: list[str] = field(default_factory=list)
+    err_times: list[float] = field(default_factory=list)
+    _threads: list[threading.Thread] = field(default_factory=list)
+
+    def start_readers(self) -> None:
+        def out() -> None:
+            assert self.proc.stdout is not None
+            for line in self.proc.stdout:
+                if line.startswith("@@ "):
+                    self.events.append(json.loads(line[3:]))
+
+        def err() -> None:
+            assert self.proc.stderr is not None
+            for line in self.proc.stderr:
+                self.err.append(line.rstrip("\n"))
+                self.err_times.append(time.time())
+
+        for fn in (out, err):
+            t = threading.Thread(target=fn, daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def event(self, name: str, timeout: float = DEADLINE_S) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for e in list(self.events):
+                if e["ev"] == name:
+                    return e
+            if self.proc.poll() is not None and not any(e["ev"] == name for e in self.events):
+                time.sleep(0.5)
+                found = [e for e in self.events if e["ev"] == name]
+                if found:
+                    return found[0]
+                raise AssertionError(f"exited before {name!r}: {self.stderr()}")
+            time.sleep(0.05)
+        raise AssertionError(f"no {name!r} event within {timeout} s: {self.stderr()}")
+
+    def wait(self, timeout: float = DEADLINE_S) -> int:
+        code = self.proc.wait(timeout=timeout)
+        for t in self._threads:
+            t.join(timeout=10)
+        return code
+
+    def stderr(self) -> str:
+        return "\n".join(self.err)
+
+    def verdict(self) -> str:
+        lines = [line for line in self.err if line.startswith("dlmon: training")]
+        assert lines, f"no verdict line in:\n{self.stderr()}"
+        return lines[-1]
+
+    def verdict_time(self) -> float:
+        for line, t in zip(self.err, self.err_times, strict=True):
+            if line.startswith("dlmon: training"):
+                return t
+        raise AssertionError("no verdict")
+
+    def snapshots(self) -> list[Snapshot]:
+        return read_record(str(self.record)).snapshots
+
+
+@pytest.fixture
+def agent_env() -> Iterator[dict[str, str]]:
+    with private_agent_env("dlmon-deaths-") as env:
+        yield env
+
+
+def start_run(
+    env: dict[str, str], tmp_path: Path, cfg: dict[str, Any], *, prefix: list[str] | None = None
+) -> Run:
+    record = tmp_path / "run.jsonl"
+    inner = [sys.executable, SCRIPT, json.dumps(cfg)]
+    cmd = [sys.executable, "-m", "dlmon", "run", "--headless", "--interval", "0.5", "--record", str(record)]
+    cmd += ["--", *inner] if prefix is None else ["--", *prefix, *inner]
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(tmp_path)
+    )
+    run = Run(proc, record)
+    run.start_readers()
+    return run
+
+
+def final_alerts(run: Run, kind: str) -> list[Any]:
+    snaps = run.snapshots()
+    assert snaps, "empty record"
+    return [a for a in snaps[-1].alerts if a.kind == kind]
+
+
+def replay_alerts(record: Path, kind: str) -> list[Any]:
+    """What ``dlmon replay`` shows: the record re-analysed by this dlmon's Analyzer."""
+    from dlmon.analysis import Analyzer
+    from dlmon.flow.sources import ReplaySource, wait_for_end
+
+    shown: list[Snapshot] = []
+    source = ReplaySource(str(record), speed=None, analyzer=Analyzer())
+    wait_for_end(source, shown.append, timeout=60)
+    return [a for a in shown[-1].alerts if a.kind == kind]
+
+
+def kill_quietly(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+# -- a worker SIGKILLed: torch raises at once, the trainer exits 1 -------------------------------
+
+
+def test_worker_sigkill_reaches_the_record_and_the_verdict(agent_env: dict[str, str], tmp_path: Path) -> None:
+    run = start_run(agent_env, tmp_path, {"mode": "wait"})
+    pids = run.event("pids")["workers"]
+    victim = pids[1]
+    killed_at = time.time()
+    os.kill(victim, signal.SIGKILL)
+    assert run.wait() == 1
+    verdict = run.verdict()
+    assert f"worker 1 (pid {victim})" in verdict
+    assert "SIGKILL" in verdict and "not by the OOM killer" in verdict
+    assert verdict.startswith("dlmon: training exited 1:")
+    snaps = run.snapshots()
+    deaths = [d for d in snaps[-1].worker_deaths if d.pid == victim]
+    assert deaths and deaths[0].signal == 9 and deaths[0].worker_id == 1
+    (alert,) = [a for a in final_alerts(run, "worker_died") if a.evidence.get("pid") == victim]
+    assert alert.evidence["cause"] == "sigkill"
+    assert any(a.evidence.get("pid") == victim for a in replay_alerts(run.record, "worker_died"))
+    print(f"death to verdict: {run.verdict_time() - killed_at:.2f} s")
+
+
+# -- the kernel OOM killer in a v1 memory cgroup -------------------------------------------------
+
+
+def _own_v1_memory_dir() -> Path | None:
+    path = None
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _hid, controllers, p = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            path = p
+    if path is None:
+        return None
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        left, _, right = line.partition(" - ")
+        fstype, _, options = right.split()[:3]
+        if fstype == "cgroup" and "memory" in options.split(","):
+            mount_root, mount_point = left.split()[3:5]
+            rel = path[len(mount_root) :] if mount_root != "/" else path
+            d = Path(mount_point + rel)
+            return d if d.is_dir() else Path(mount_point)
+    return None
+
+
+@pytest.fixture
+def memory_cgroup() -> Iterator[Path]:
+    parent = _own_v1_memory_dir()
+    if parent is None:
+        pytest.skip("no cgroup v1 memory hierarchy")
+    d = parent / f"dlmon-deaths-{os.getpid()}-{time.monotonic_ns()}"
+    try:
+        d.mkdir()
+    except OSError as e:
+        if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            pytest.skip(f"{parent} is not writable: {e}")
+        raise
+    (d / "memory.limit_in_bytes").write_text(str(900 << 20))
+    with contextlib.suppress(OSError):
+        (d / "memory.memsw.limit_in_bytes").write_text(str(900 << 20))  # no swap escape
+    yield d
+    for pid in (d / "cgroup.procs").read_text().split():
+        kill_quietly(int(pid))
+    for _ in range(200):
+        try:
+            d.rmdir()
+            break
+        except FileNotFoundError:
+            break
+        except OSError:
+            time.sleep(0.05)
+
+
+def _in_cgroup(d: Path) -> list[str]:
+    """A prefix that moves the training into cgroup ``d`` before it execs (dlmon itself stays out)."""
+    return ["sh", "-c", f'echo $$ > {d}/cgroup.procs && exec "$@"', "sh"]
+
+
+def _kmsg_readable() -> bool:
+    try:
+        os.close(os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK))
+        return True
+    except OSError:
+        return False
+
+
+def test_worker_oom_killed_in_a_memory_cgroup(
+    agent_env: dict[str, str], tmp_path: Path, memory_cgroup: Path
+) -> None:
+    run = start_run(agent_env, tmp_path, {"mode": "oom_worker"}, prefix=_in_cgroup(memory_cgroup))
+    pids = run.event("pids")["workers"]
+    assert run.wait(timeout=120) != 0
+    verdict = run.verdict()
+    assert f"worker 1 (pid {pids[1]})" in verdict, verdict
+    assert "killed by the kernel OOM killer" in verdict
+    assert "cgroup limit 900.0 MiB" in verdict or "cgroup limit 900 MiB" in verdict, verdict
+    (alert,) = [a for a in final_alerts(run, "worker_died") if a.evidence.get("pid") == pids[1]]
+    assert alert.evidence["cause"] == "oom_killer"
+    assert alert.evidence["limit"] == "cgroup"
+    if _kmsg_readable():
+        assert "kernel log names it" in alert.message
+        assert isinstance(alert.evidence["kernel_anon_rss_bytes"], int)
+        assert alert.evidence["kernel_anon_rss_bytes"] > 100 << 20
+    assert alert.evidence.get("trail_uss_mib") or alert.evidence.get("trail_rss_anon_mib")
+    assert any(a.evidence.get("cause") == "oom_killer" for a in replay_alerts(run.record, "worker_died"))
+
+
+def test_trainer_oom_killed_orphans_named(agent_env: dict[str, str], tmp_path: Path, memory_cgroup: Path) -> None:
+    run = start_run(agent_env, tmp_path, {"mode": "oom_trainer"}, prefix=_in_cgroup(memory_cgroup))
+    ready = run.event("ready")
+    run.event("pids")
+    assert run.wait(timeout=120) == 137
+    verdict = run.verdict()
+    assert verdict.startswith("dlmon: training exited 137: the trainer")
+    assert f"(pid {ready['pid']}) was killed by the kernel OOM killer" in verdict, verdict
+    (alert,) = final_alerts(run, "trainer_died")
+    assert alert.evidence["cause"] == "oom_killer"
+    assert replay_alerts(run.record, "trainer_died")
+
+
+# -- SIGBUS: /dev/shm full (a private mount namespace with a tiny tmpfs) -------------------------
+
+
+def test_worker_sigbus_from_a_full_dev_shm(agent_env: dict[str, str], tmp_path: Path) -> None:
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare")
+    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"unshare -m not allowed: {probe.stderr.decode().strip()}")
+    prefix = [
+        "unshare",
+        "-m",
+        "sh",
+        "-c",
+        'mount --make-rprivate / && mount -t tmpfs -o size=16m tmpfs /dev/shm && exec "$@"',
+        "sh",
+    ]
+    run = start_run(agent_env, tmp_path, {"mode": "shm"}, prefix=prefix)
+    pids = run.event("pids")["workers"]
+    assert run.wait() != 0
+    verdict = run.verdict()
+    assert f"worker 0 (pid {pids[0]})" in verdict, verdict
+    assert "SIGBUS" in verdict and "/dev/shm ran out" in verdict
+    assert "16.0 MiB" in verdict, verdict  # the tmpfs's size, as the target sees it
+    (alert,) = [a for a in final_alerts(run, "worker_died") if a.evidence.get("pid") == pids[0]]
+    assert alert.evidence["cause"] == "shm_exhausted"
+    assert "--shm-size" in alert.advice and "file_system" in alert.advice
+
+
+# -- SIGSEGV: a native crash --------------------------------------------------------------------
+
+
+def test_worker_segfault(agent_env: dict[str, str], tmp_path: Path) -> None:
+    run = start_run(agent_env, tmp_path, {"mode": "segv"})
+    pids = run.event("pids")["workers"]
+    assert run.wait() != 0
+    verdict = run.verdict()
+    assert f"worker 1 (pid {pids[1]})" in verdict, verdict
+    assert "crashed (SIGSEGV)" in verdict
+    (alert,) = [a for a in final_alerts(run, "worker_died") if a.evidence.get("pid") == pids[1]]
+    assert alert.evidence["cause"] == "crash"
+    # the worker's own faulthandler dump, written as it crashed: its last Python frames
+    assert "string_at" in verdict and "from __getitem__ (deaths.py:" in verdict, verdict
+    assert "in __getitem__" in str(alert.evidence["stack"])
+    assert any("__getitem__" in str(a.evidence.get("stack")) for a in replay_alerts(run.record, "worker_died"))
+
+
+# -- a trainer killed -9 by someone: exit 137, not the OOM killer --------------------------------
+
+
+def test_trainer_sigkilled_not_oom(agent_env: dict[str, str], tmp_path: Path) -> None:
+    run = start_run(agent_env, tmp_path, {"mode": "wait"})
+    ready = run.event("ready")
+    run.event("pids")
+    os.kill(ready["pid"], signal.SIGKILL)
+    assert run.wait() == 137
+    verdict = run.verdict()
+    assert re.search(rf"the trainer \(pid {ready['pid']}\) was killed by SIGKILL", verdict), verdict
+    assert "not by the OOM killer" in verdict
