@@ -329,3 +329,60 @@ def test_trainer_sigkilled_not_oom(agent_env: dict[str, str], tmp_path: Path) ->
     verdict = run.verdict()
     assert re.search(rf"the trainer \(pid {ready['pid']}\) was killed by SIGKILL", verdict), verdict
     assert "not by the OOM killer" in verdict
+
+
+# -- hangs ---------------------------------------------------------------------------------------
+
+
+def wait_for_alert(run: Run, kind: str, timeout: float = DEADLINE_S) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if run.record.exists():
+            for snap in reversed(run.snapshots()[-5:]):
+                found = [a for a in snap.alerts if a.kind == kind]
+                if found:
+                    return found[0], snap
+        assert run.proc.poll() is None, run.stderr()
+        time.sleep(0.5)
+    raise AssertionError(f"no {kind} alert within {timeout} s:\n{run.stderr()}")
+
+
+def stop_run(run: Run) -> int:
+    run.proc.send_signal(signal.SIGINT)  # dlmon forwards it to the training
+    try:
+        return run.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        run.proc.kill()
+        raise
+
+
+def test_worker_hang_is_a_stall_with_its_stack_not_input_bound(
+    agent_env: dict[str, str], tmp_path: Path
+) -> None:
+    run = start_run(agent_env, tmp_path, {"mode": "hang", "trigger_at": 60})
+    pids = run.event("pids")["workers"]
+    alert, snap = wait_for_alert(run, "stall")
+    assert alert.evidence["pid"] == pids[1] and alert.evidence["worker_id"] == 1, alert
+    assert "hang_here (deaths.py:" in alert.message, alert.message
+    assert alert.evidence["where"] == "loader"
+    assert "in hang_here" in str(alert.evidence["stack"])
+    assert alert.evidence["state"] in ("S", "D")
+    assert "in __next__" in str(alert.evidence.get("trainer_stack")) or alert.evidence.get("trainer_stack") is None
+    history = run.snapshots()
+    assert not any(a.kind == "input_bound" for s in history for a in s.alerts), "a hang is not input_bound"
+    stop_run(run)
+    verdict = run.verdict()
+    assert "stuck in hang_here" in verdict, verdict
+    assert any(a.evidence.get("pid") == pids[1] for a in replay_alerts(run.record, "stall"))
+
+
+def test_trainer_hang_outside_the_loader(agent_env: dict[str, str], tmp_path: Path) -> None:
+    run = start_run(agent_env, tmp_path, {"mode": "trainer_hang"})
+    ready = run.event("ready")
+    run.event("hanging")
+    alert, _snap = wait_for_alert(run, "stall", timeout=150)
+    assert alert.evidence["where"] == "trainer"
+    assert alert.evidence["pid"] == ready["pid"]
+    assert "wait_for_peer (deaths.py:" in alert.message, alert.message
+    stop_run(run)
+    assert "wait_for_peer" in run.verdict()

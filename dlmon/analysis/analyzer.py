@@ -24,6 +24,7 @@ from types import MappingProxyType
 
 from dlmon.analysis.detectors import DETECTORS, Candidate, Context, Detector, Thresholds
 from dlmon.analysis.detectors._base import DEFAULT_THRESHOLDS, AlertKey
+from dlmon.analysis.detectors.stall import quiet_input_bound
 from dlmon.analysis.digest import Digest, DigestLimits
 from dlmon.analysis.kinds import (
     INPUT_BOUND,
@@ -34,6 +35,7 @@ from dlmon.analysis.kinds import (
     OVERSUBSCRIPTION,
     SEVERITY_RANK,
     SHM_EXHAUSTION,
+    STALL,
     SWAP_ACTIVITY,
     TRAINER_DIED,
     VRAM_PRESSURE,
@@ -65,6 +67,7 @@ DEFAULT_HOLDS: Mapping[str, Hold] = MappingProxyType(
         VRAM_PRESSURE: Hold(3.0, 15.0),
         SWAP_ACTIVITY: Hold(0.0, 60.0),
         TRAINER_DIED: Hold(0.0, 0.0),  # the last snapshots of a run: say it at once
+        STALL: Hold(0.0, 3.0),  # the detector already waited 20 usual intervals (10 s at least)
     }
 )
 _DEFAULT_HOLD = Hold(3.0, 15.0)
@@ -170,6 +173,11 @@ class Analyzer:
         active = [key for key, track in self._tracks.items() if track.raised_at is not None]
         ctx = Context(tuple(self._recent), self.digest, self.cores, self.thresholds, active)
         seen: set[AlertKey] = set()
+        try:
+            hung = quiet_input_bound(ctx)  # a hang is a stall, never "too few workers"
+        except Exception as exc:
+            self._swallowed(exc)
+            hung = frozenset()
         for detector in self.detectors.values():
             try:
                 candidates = detector(ctx)
@@ -179,6 +187,8 @@ class Analyzer:
                 self._swallowed(exc)
                 continue
             for c in candidates:
+                if c.kind == INPUT_BOUND and c.key in hung:
+                    continue
                 key = (c.kind, c.key)
                 seen.add(key)
                 track = self._tracks.get(key)

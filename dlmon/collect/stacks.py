@@ -153,7 +153,8 @@ class StallProbe:
                     w.rate = ls.batches_per_s if w.rate is None else 0.8 * w.rate + 0.2 * ls.batches_per_s
             if not ls.alive or w.rate is None:
                 continue  # never delivered in steady state: a start-up, not a stall
-            if max(ls.in_call_s or 0.0, now - w.last_progress) >= stall_threshold_s(w.rate):
+            # a little before the detector's own threshold, so the stack is there when it raises
+            if max(ls.in_call_s or 0.0, now - w.last_progress) >= 0.8 * stall_threshold_s(w.rate):
                 if now - w.last_taken >= RETAKE_S:
                     w.last_taken = now
                     stuck.append(ls)

@@ -30,6 +30,7 @@ from dlmon.analysis.detectors.processes import (
     detect_worker_died,
     detect_zombie_worker,
 )
+from dlmon.analysis.detectors.stall import detect_stall
 from dlmon.analysis.kinds import (
     INPUT_BOUND,
     IO_SATURATION,
@@ -38,6 +39,7 @@ from dlmon.analysis.kinds import (
     ORPHAN_WORKER,
     OVERSUBSCRIPTION,
     SHM_EXHAUSTION,
+    STALL,
     SWAP_ACTIVITY,
     TRAINER_DIED,
     VRAM_PRESSURE,
@@ -61,6 +63,7 @@ DETECTORS: dict[str, Detector] = {
     VRAM_PRESSURE: detect_vram_pressure,
     SWAP_ACTIVITY: detect_swap_activity,
     TRAINER_DIED: detect_trainer_died,
+    STALL: detect_stall,
 }
 
 
@@ -95,6 +98,7 @@ __all__ = [
     "detect_orphan_worker",
     "detect_oversubscription",
     "detect_shm_exhaustion",
+    "detect_stall",
     "detect_swap_activity",
     "detect_trainer_died",
     "detect_vram_pressure",
