@@ -370,6 +370,23 @@ def test_worker_hang_is_a_stall_with_its_stack_not_input_bound(
     assert "in __next__" in str(alert.evidence.get("trainer_stack")) or alert.evidence.get("trainer_stack") is None
     history = run.snapshots()
     assert not any(a.kind == "input_bound" for s in history for a in s.alerts), "a hang is not input_bound"
+    # the Workers table: the stuck worker's row has a "stuck in ..." line; Enter shows the stack
+    from dlmon.ui.state import DashboardState
+    from dlmon.ui.views import detail_lines, stuck_line, text_of
+
+    state = DashboardState()
+    for s in history:
+        if s.time <= snap.time:
+            state.ingest(s)
+    assert state.latest is not None
+    (row,) = [r for r in state.rows.values() if r.process.pid == pids[1]]
+    line = stuck_line(row, state.latest.alerts, 120)
+    assert line is not None and "stuck in hang_here (deaths.py:" in text_of(line), line
+    detail = "\n".join(text_of(x) for x in detail_lines(row, state.latest, 200))
+    assert "in hang_here" in detail and "in __getitem__" in detail, detail
+    (other,) = [r for r in state.rows.values() if r.process.pid == pids[0]]
+    assert stuck_line(other, state.latest.alerts, 120) is None
+    assert other.batch_age_s is not None
     stop_run(run)
     verdict = run.verdict()
     assert "stuck in hang_here" in verdict, verdict
