@@ -403,3 +403,38 @@ def test_trainer_hang_outside_the_loader(agent_env: dict[str, str], tmp_path: Pa
     assert "wait_for_peer (deaths.py:" in alert.message, alert.message
     stop_run(run)
     assert "wait_for_peer" in run.verdict()
+
+
+# -- file descriptors ----------------------------------------------------------------------------
+
+
+def test_fd_leak_is_named_before_too_many_open_files(agent_env: dict[str, str], tmp_path: Path) -> None:
+    prefix = ["sh", "-c", 'ulimit -n 3000 && exec "$@"', "sh"]
+    run = start_run(agent_env, tmp_path, {"mode": "fds", "step_s": 0.005}, prefix=prefix)
+    ready = run.event("ready")
+    alert, _snap = wait_for_alert(run, "fd_exhaustion")
+    assert alert.evidence["pid"] == ready["pid"]
+    assert alert.evidence["fd_limit"] == 3000
+    assert isinstance(alert.evidence["fds_per_s"], float) and alert.evidence["fds_per_s"] > 1
+    assert "Too many open files" in alert.message and "file_system" in alert.advice
+    assert run.wait(timeout=180) != 0  # it does run out
+    assert "file descriptors" in run.verdict()
+    assert replay_alerts(run.record, "fd_exhaustion") or any(
+        a.kind == "fd_exhaustion" for s in run.snapshots() for a in s.alerts
+    )
+
+
+# -- a healthy job stays quiet -------------------------------------------------------------------
+
+QUIET_KINDS = ("worker_died", "trainer_died", "stall", "fd_exhaustion")
+
+
+def test_healthy_job_raises_none_of_these(agent_env: dict[str, str], tmp_path: Path) -> None:
+    run = start_run(agent_env, tmp_path, {"mode": "wait", "steps": 1500, "step_s": 0.005, "sample_s": 0.002})
+    assert run.wait(timeout=180) == 0, run.stderr()
+    snaps = run.snapshots()
+    assert len(snaps) >= 4
+    raised = {a.kind for s in snaps for a in s.alerts}
+    assert not raised & set(QUIET_KINDS), raised
+    assert not [line for line in run.err if line.startswith("dlmon: training")], run.stderr()
+    assert not any(s.stacks for s in snaps), "no stack is taken of a healthy job"

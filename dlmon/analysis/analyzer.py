@@ -27,6 +27,7 @@ from dlmon.analysis.detectors._base import DEFAULT_THRESHOLDS, AlertKey
 from dlmon.analysis.detectors.stall import quiet_input_bound
 from dlmon.analysis.digest import Digest, DigestLimits
 from dlmon.analysis.kinds import (
+    FD_EXHAUSTION,
     INPUT_BOUND,
     IO_SATURATION,
     LEAKED_WORKERS,
@@ -67,7 +68,8 @@ DEFAULT_HOLDS: Mapping[str, Hold] = MappingProxyType(
         VRAM_PRESSURE: Hold(3.0, 15.0),
         SWAP_ACTIVITY: Hold(0.0, 60.0),
         TRAINER_DIED: Hold(0.0, 0.0),  # the last snapshots of a run: say it at once
-        STALL: Hold(0.0, 3.0),  # the detector already waited 20 usual intervals (10 s at least)
+        STALL: Hold(0.0, 3.0),
+        FD_EXHAUSTION: Hold(0.0, 15.0),  # the detector demands a steady rise or a high share  # the detector already waited 20 usual intervals (10 s at least)
     }
 )
 _DEFAULT_HOLD = Hold(3.0, 15.0)

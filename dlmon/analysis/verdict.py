@@ -4,10 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dlmon.analysis.kinds import ORPHAN_WORKER, SEVERITY_RANK, STALL, TRAINER_DIED, WORKER_DIED
+from dlmon.analysis.kinds import (
+    FD_EXHAUSTION,
+    ORPHAN_WORKER,
+    SEVERITY_RANK,
+    STALL,
+    TRAINER_DIED,
+    WORKER_DIED,
+)
 from dlmon.model import Alert, Snapshot
 
-_CAUSE_ORDER = (TRAINER_DIED, WORKER_DIED, STALL, ORPHAN_WORKER)
+_CAUSE_ORDER = (TRAINER_DIED, WORKER_DIED, STALL, FD_EXHAUSTION, ORPHAN_WORKER)
 
 
 def _first_sentence(alert: Alert) -> str:

@@ -11,6 +11,7 @@ from dlmon.collect.cgroup import CgroupMemoryReader
 from dlmon.collect.disks import DiskStatsReader
 from dlmon.collect.gpu import GpuCollector
 from dlmon.collect.kernel import KernelLog
+from dlmon.collect.limits import FdLimits
 from dlmon.collect.processes import ProcessTracker
 from dlmon.collect.procfs import CLOCK_TICKS, boot_time, read_cmdline
 from dlmon.collect.smaps_budget import BudgetPolicy, SmapsBudget
@@ -75,6 +76,7 @@ class Sampler:
         self._exit_code = exit_code
         self._last_time: float | None = None
         self._kernel = KernelLog()
+        self._fd_limits = FdLimits(proc_root)
         self._stall = StallProbe(self._agent)
 
     def sample(self) -> Snapshot:
@@ -86,6 +88,7 @@ class Sampler:
         alive = target_state is not None and target_state not in ("Z", "X")
         gpu_status, gpus = self._gpu.sample()
         processes = _with_gpu_memory(processes, gpus)
+        processes = self._fd_limits.attach(processes)
         # Agents serve in the trainer and its Python children (ranks), never in workers.
         reading = self._agent.poll(
             [p.pid for p in processes if p.role != "worker" and p.state not in ("Z", "X")]

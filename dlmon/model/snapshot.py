@@ -59,6 +59,7 @@ class ProcessSample:
     unavailable: Mapping[str, str] = field(
         default_factory=lambda: _EMPTY
     )  # group ("io", "smaps", ...) -> reason
+    fd_limit: int | None = None  # RLIMIT_NOFILE soft limit (/proc/PID/limits "Max open files"), read rarely
 
 
 @dataclass(frozen=True, slots=True)

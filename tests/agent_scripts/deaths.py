@@ -101,6 +101,9 @@ def main() -> None:
         if MODE == "fds":
             kept.append(open(__file__, "rb"))  # noqa: SIM115 -- the leak under test
         time.sleep(CFG.get("step_s", 0.01))
+        if n + 1 == CFG.get("steps"):
+            emit("done")
+            return
 
 
 if __name__ == "__main__":

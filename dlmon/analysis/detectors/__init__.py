@@ -19,6 +19,7 @@ from dlmon.analysis.detectors._base import (
     Thresholds,
     headroom,
 )
+from dlmon.analysis.detectors.fds import detect_fd_exhaustion
 from dlmon.analysis.detectors.gpu import detect_vram_pressure
 from dlmon.analysis.detectors.io import detect_io_saturation
 from dlmon.analysis.detectors.loader import detect_input_bound, detect_oversubscription, detect_shm_exhaustion
@@ -32,6 +33,7 @@ from dlmon.analysis.detectors.processes import (
 )
 from dlmon.analysis.detectors.stall import detect_stall
 from dlmon.analysis.kinds import (
+    FD_EXHAUSTION,
     INPUT_BOUND,
     IO_SATURATION,
     LEAKED_WORKERS,
@@ -64,6 +66,7 @@ DETECTORS: dict[str, Detector] = {
     SWAP_ACTIVITY: detect_swap_activity,
     TRAINER_DIED: detect_trainer_died,
     STALL: detect_stall,
+    FD_EXHAUSTION: detect_fd_exhaustion,
 }
 
 
@@ -91,6 +94,7 @@ __all__ = [
     "JobTree",
     "Thresholds",
     "detect",
+    "detect_fd_exhaustion",
     "detect_input_bound",
     "detect_io_saturation",
     "detect_leaked_workers",
