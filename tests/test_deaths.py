@@ -34,9 +34,7 @@ from tests.agent_support import ROOT, private_agent_env
 SCRIPT = str(ROOT / "tests" / "agent_scripts" / "deaths.py")
 DEADLINE_S = 90.0
 
-pytestmark = pytest.mark.skipif(
-    __import__("importlib").util.find_spec("torch") is None, reason="needs torch"
-)
+pytestmark = pytest.mark.skipif(__import__("importlib").util.find_spec("torch") is None, reason="needs torch")
 
 
 @dataclass
@@ -257,7 +255,9 @@ def test_worker_oom_killed_in_a_memory_cgroup(
     assert any(a.evidence.get("cause") == "oom_killer" for a in replay_alerts(run.record, "worker_died"))
 
 
-def test_trainer_oom_killed_orphans_named(agent_env: dict[str, str], tmp_path: Path, memory_cgroup: Path) -> None:
+def test_trainer_oom_killed_orphans_named(
+    agent_env: dict[str, str], tmp_path: Path, memory_cgroup: Path
+) -> None:
     run = start_run(agent_env, tmp_path, {"mode": "oom_trainer"}, prefix=_in_cgroup(memory_cgroup))
     ready = run.event("ready")
     run.event("pids")
@@ -314,7 +314,9 @@ def test_worker_segfault(agent_env: dict[str, str], tmp_path: Path) -> None:
     # the worker's own faulthandler dump, written as it crashed: its last Python frames
     assert "string_at" in verdict and "from __getitem__ (deaths.py:" in verdict, verdict
     assert "in __getitem__" in str(alert.evidence["stack"])
-    assert any("__getitem__" in str(a.evidence.get("stack")) for a in replay_alerts(run.record, "worker_died"))
+    assert any(
+        "__getitem__" in str(a.evidence.get("stack")) for a in replay_alerts(run.record, "worker_died")
+    )
 
 
 # -- a trainer killed -9 by someone: exit 137, not the OOM killer --------------------------------
@@ -367,7 +369,10 @@ def test_worker_hang_is_a_stall_with_its_stack_not_input_bound(
     assert alert.evidence["where"] == "loader"
     assert "in hang_here" in str(alert.evidence["stack"])
     assert alert.evidence["state"] in ("S", "D")
-    assert "in __next__" in str(alert.evidence.get("trainer_stack")) or alert.evidence.get("trainer_stack") is None
+    assert (
+        "in __next__" in str(alert.evidence.get("trainer_stack"))
+        or alert.evidence.get("trainer_stack") is None
+    )
     history = run.snapshots()
     assert not any(a.kind == "input_bound" for s in history for a in s.alerts), "a hang is not input_bound"
     # the Workers table: the stuck worker's row has a "stuck in ..." line; Enter shows the stack

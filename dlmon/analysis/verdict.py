@@ -58,7 +58,8 @@ def _causes(alerts: Sequence[Alert]) -> list[Alert]:
     def order(a: Alert) -> tuple[int, int, float]:
         rank = _CAUSE_ORDER.index(a.kind)
         when = a.evidence.get("time")
-        return (rank, -SEVERITY_RANK.get(a.severity, 0), float(when) if isinstance(when, (int, float)) else a.since)
+        at = float(when) if isinstance(when, (int, float)) else a.since
+        return (rank, -SEVERITY_RANK.get(a.severity, 0), at)
 
     found = [a for a in alerts if a.kind in _CAUSE_ORDER]
     found.sort(key=order)

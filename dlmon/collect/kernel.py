@@ -29,7 +29,8 @@ _KB = 1024
 #       file-rss:6612kB, shmem-rss:0kB, UID:0 pgtables:196kB oom_score_adj:0"
 #      "Out of memory: Killed process 6152 (python) total-vm:..."
 _KILLED = re.compile(
-    r"(?P<scope>Memory cgroup out of memory|Out of memory)[^:]*: Killed process (?P<pid>\d+) \((?P<comm>[^)]*)\)"
+    r"(?P<scope>Memory cgroup out of memory|Out of memory)[^:]*: "
+    r"Killed process (?P<pid>\d+) \((?P<comm>[^)]*)\)"
     r"(?:.*?total-vm:(?P<vm>\d+)kB)?(?:.*?anon-rss:(?P<anon>\d+)kB)?(?:.*?file-rss:(?P<file>\d+)kB)?"
     r"(?:.*?shmem-rss:(?P<shmem>\d+)kB)?"
 )

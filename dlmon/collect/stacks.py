@@ -27,6 +27,7 @@ from dlmon.model.snapshot import LoaderSample, ProcessSample, ProcessStack, Stac
 
 STALL_MIN_S = 10.0  # never call a wait shorter than this a stall
 STALL_INTERVALS = 20.0  # ... nor one shorter than this many usual batch intervals
+STARTUP_STALL_S = 60.0
 RETAKE_S = 30.0
 DUMP_WAIT_S = 0.3
 MAX_WORKERS = 16
@@ -49,8 +50,9 @@ class _LoaderWatch:
 
 def stall_threshold_s(rate: float | None) -> float:
     """How long a wait must last to be a stall, given the loader's usual batches/s."""
-    usual = 1.0 / rate if rate else 0.0
-    return max(STALL_MIN_S, STALL_INTERVALS * usual)
+    if not rate:
+        return STARTUP_STALL_S  # never delivered in steady state: only a long wait is a stall
+    return max(STALL_MIN_S, STALL_INTERVALS / rate)
 
 
 def parse_faulthandler(text: str) -> list[tuple[str | None, list[StackFrame]]]:
@@ -151,13 +153,13 @@ class StallProbe:
                 w.last_progress = now
                 if ls.batches_per_s and not (ls.in_call_s or 0.0) > 1.0:
                     w.rate = ls.batches_per_s if w.rate is None else 0.8 * w.rate + 0.2 * ls.batches_per_s
-            if not ls.alive or w.rate is None:
-                continue  # never delivered in steady state: a start-up, not a stall
+            if not ls.alive:
+                continue
             # a little before the detector's own threshold, so the stack is there when it raises
-            if max(ls.in_call_s or 0.0, now - w.last_progress) >= 0.8 * stall_threshold_s(w.rate):
-                if now - w.last_taken >= RETAKE_S:
-                    w.last_taken = now
-                    stuck.append(ls)
+            waited = max(ls.in_call_s or 0.0, now - w.last_progress)
+            if waited >= 0.8 * stall_threshold_s(w.rate) and now - w.last_taken >= RETAKE_S:
+                w.last_taken = now
+                stuck.append(ls)
         for gone in set(self._watch) - {ls.id for ls in reading.loaders}:
             del self._watch[gone]
         if not stuck:

@@ -89,9 +89,8 @@ def _watch(
     on_alerts: AlertPrinter | None,
 ) -> int:
     last = LastSnapshot()
-    pipeline = Pipeline(
-        analyzer, RecordWriter(record_path) if record_path else None, (*((on_alerts,) if on_alerts else ()), last)
-    )
+    sinks = (on_alerts, last) if on_alerts else (last,)
+    pipeline = Pipeline(analyzer, RecordWriter(record_path) if record_path else None, sinks)
     sampler = Sampler(training.pid, exit_code=training.exit_code)
     try:
         reason = sample_until_done(sampler, interval, pipeline, threading.Event())

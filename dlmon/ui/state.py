@@ -152,8 +152,9 @@ class DashboardState:
             loader = loader_of.get(p.pid)
             row.loader_id = loader.id if loader is not None else row.loader_id
             row.batch_share = shares.get(p.pid)
-            if loader is not None and p.worker_id is not None and p.worker_id < len(loader.batches_per_worker):
-                n = loader.batches_per_worker[p.worker_id]
+            counts = loader.batches_per_worker if loader is not None else ()
+            if p.worker_id is not None and p.worker_id < len(counts):
+                n = counts[p.worker_id]
                 if n != row.batches:
                     row.batches, row.last_batch_time = n, (t if row.batches is not None else None)
                 row.batch_age_s = t - row.last_batch_time if row.last_batch_time is not None else None

@@ -829,7 +829,8 @@ def stack_lines(row: ProcessRow, snapshot: Snapshot | None, width: int) -> Lines
             continue
         head = "stuck" if a.kind == "stall" else "died"
         extra = [f"{k} {a.evidence[k]}" for k in ("state", "wchan", "reading") if a.evidence.get(k)]
-        out: list[Line] = [(), ((clip(f"{head}: " + "  ".join(extra) if extra else head + ":", width), "crit"),)]
+        title = f"{head}: " + "  ".join(extra) if extra else head + ":"
+        out: list[Line] = [(), ((clip(title, width), "crit"),)]
         out.extend(((clip("  " + ln, width), ""),) for ln in stack.splitlines())
         return tuple(out)
     return ()

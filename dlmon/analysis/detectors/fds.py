@@ -8,6 +8,8 @@ when its count has grown steadily and would reach the limit soon.
 
 from __future__ import annotations
 
+import itertools
+
 from dlmon.analysis.detectors._base import Candidate, Context, duration
 from dlmon.analysis.digest import DEAD, process_label
 from dlmon.analysis.kinds import CRITICAL, FD_EXHAUSTION, WARNING
@@ -34,7 +36,7 @@ def _trend(ctx: Context, pid: int, start_time: int) -> tuple[float | None, int, 
         return None, len(pts), 0.0
     span = pts[-1][0] - pts[0][0]
     rise = pts[-1][1] - pts[0][1]
-    falls = sum(1 for a, b in zip(pts, pts[1:], strict=False) if b[1] < a[1])
+    falls = sum(1 for a, b in itertools.pairwise(pts) if b[1] < a[1])
     if span < MIN_TREND_SPAN_S or rise < MIN_GROWTH_FDS or falls > len(pts) // 4:
         return None, len(pts), span
     return rise / span, len(pts), span

@@ -210,7 +210,10 @@ def _oom_figures(
         peak = event.memcg_peak_bytes if event is not None else None
         current = cg.current_bytes if cg is not None else None
         text = f"cgroup limit {size(limit)}"
-        text += f", cgroup peak {size(peak)}" if peak is not None else f", cgroup at {size(current)} just before"
+        if peak is not None:
+            text += f", cgroup peak {size(peak)}"
+        else:
+            text += f", cgroup at {size(current)} just before"
         parts.append(text)
         ev.update(limit="cgroup", limit_bytes=limit, cgroup_peak_bytes=peak, memory_before_bytes=current)
     else:
@@ -259,6 +262,7 @@ def describe_frames(frames: Sequence[StackFrame]) -> str:
     the innermost frame is inside them: ``string_at (__init__.py:519) from __getitem__ (deaths.py:77)``."""
     inner = frames[-1]
     text = _short(inner)
+
     def library(f: StackFrame) -> bool:
         return "/lib/python" in f.file or "/site-packages/" in f.file or f.file.startswith("<")
 
@@ -372,7 +376,8 @@ def _death_candidate(
         free = (
             ""
             if shm is None
-            else f" ({size(shm.used_bytes)} used of {size(shm.total_bytes)}, {size(shm.available_bytes)} free)"
+            else f" ({size(shm.used_bytes)} used of {size(shm.total_bytes)}, "
+            f"{size(shm.available_bytes)} free)"
         )
         message = f"{who} died of SIGBUS (Bus error){at}: shared memory /dev/shm ran out{free}."
         advice = (
@@ -549,7 +554,10 @@ def detect_trainer_died(ctx: Context) -> list[Candidate]:
         severity = CRITICAL
     elif sig == SIGKILL and kills == 0:
         evidence["cause"] = "sigkill"
-        message = f"The trainer (pid {t.pid}) was killed by SIGKILL at about {_clock(when)}, not by the OOM killer (no OOM kill counted by the {counter})"
+        message = (
+            f"The trainer (pid {t.pid}) was killed by SIGKILL at about {_clock(when)}, not by the OOM "
+            f"killer (no OOM kill counted by the {counter}, none in the kernel log)"
+        )
         severity = WARNING
     else:
         name = SIGNAL_NAMES.get(sig or 0, f"signal {sig}")

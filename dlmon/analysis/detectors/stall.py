@@ -54,6 +54,7 @@ def pace(ctx: Context, loader_id: str) -> LoaderPace:
                 last_total = ls.batches_total
                 last_progress = snap.time
     memo_key = ("stall_pace", loader_id)
+    interval: float | None
     if rates:
         interval = 1.0 / median(rates)
         ctx.digest.remember(memo_key, interval)
@@ -150,7 +151,11 @@ def detect_stall(ctx: Context) -> list[Candidate]:
         p = pace(ctx, ls.id)
         limit = threshold_s(p.usual_interval_s)
         call = ls.in_call_s or 0.0
-        usual = f"usually one every {duration(p.usual_interval_s)}" if p.usual_interval_s else "none delivered yet"
+        usual = (
+            f"usually one every {duration(p.usual_interval_s)}"
+            if p.usual_interval_s
+            else "none delivered yet"
+        )
         trainer = by_pid.get(ls.pid)
         main_stack = latest_stack(ctx, ls.pid)
         if call >= limit:
@@ -206,7 +211,13 @@ def _loader_stall(
         "it in the Workers table); set DataLoader(timeout=...) to turn a hang into an error."
     )
     return Candidate(
-        STALL, f"stall:{ls.id}", CRITICAL if call >= CRITICAL_S else WARNING, subject, message, advice, evidence
+        STALL,
+        f"stall:{ls.id}",
+        CRITICAL if call >= CRITICAL_S else WARNING,
+        subject,
+        message,
+        advice,
+        evidence,
     )
 
 
