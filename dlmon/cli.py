@@ -128,8 +128,8 @@ def attach(pid: str, interval: str, record_path: str | None, once: bool, as_json
         sys.exit(_attach_dashboard(target, seconds, record_path))
     from dlmon.analysis import Analyzer
     from dlmon.flow.loop import Pipeline, sample_until_done, stop_on_signals
-    from dlmon.flow.recording import encode_snapshot
-    from dlmon.launch.session import AlertLog
+    from dlmon.flow.recording import END_TARGET_EXITED, encode_snapshot
+    from dlmon.launch.session import AlertLog, LastSnapshot
     from dlmon.model.format import one_line
 
     sampler = open_sampler(target)
@@ -139,11 +139,15 @@ def attach(pid: str, interval: str, record_path: str | None, once: bool, as_json
         sys.stdout.flush()
 
     writer = open_record(record_path) if record_path else None
-    pipeline = Pipeline(Analyzer(), writer, (AlertLog(), show))
+    last = LastSnapshot()
+    pipeline = Pipeline(Analyzer(), writer, (AlertLog(), show, last))
     stop = threading.Event()
     with stop_on_signals(stop):
-        pipeline.finish(sample_until_done(sampler, seconds, pipeline, stop))
+        reason = sample_until_done(sampler, seconds, pipeline, stop)
+        pipeline.finish(reason)
     sampler.close()
+    if reason == END_TARGET_EXITED:
+        last.say_verdict(None)
 
 
 def _attach_dashboard(pid: int, interval: float, record_path: str | None) -> int:
@@ -205,15 +209,19 @@ def record(pid: str, output: str, interval: str, duration: str | None) -> None:
     limit = positive_seconds(duration, "--duration") if duration is not None else None
     from dlmon.analysis import Analyzer
     from dlmon.flow.loop import Pipeline, sample_until_done, stop_on_signals
-    from dlmon.launch.session import AlertLog
+    from dlmon.flow.recording import END_TARGET_EXITED
+    from dlmon.launch.session import AlertLog, LastSnapshot
 
     sampler = open_sampler(target)
-    pipeline = Pipeline(Analyzer(), open_record(output), (AlertLog(),))
+    last = LastSnapshot()
+    pipeline = Pipeline(Analyzer(), open_record(output), (AlertLog(), last))
     stop = threading.Event()
     with stop_on_signals(stop):
         reason = sample_until_done(sampler, seconds, pipeline, stop, duration=limit)
         pipeline.finish(reason)
     sampler.close()
+    if reason == END_TARGET_EXITED:
+        last.say_verdict(None)
     click.echo(f"dlmon: recorded to {output} ({reason.replace('_', ' ')})", err=True)
 
 
@@ -325,11 +333,13 @@ def _run_dashboard(training: Training, interval: float, record_path: str | None)
 
     click.echo(f"dlmon: training log: {training.log_path}", err=True)
     from dlmon.analysis import Analyzer
+    from dlmon.launch.session import LastSnapshot
 
+    analyzer = Analyzer()
     source = LiveSource(
         training.pid,
         interval,
-        analyzer=Analyzer(),
+        analyzer=analyzer,
         record_path=record_path,
         exit_code=training.exit_code,
         log_path=training.log_path,
@@ -338,6 +348,7 @@ def _run_dashboard(training: Training, interval: float, record_path: str | None)
     _report_screenshots(result)
     code = training.exit_code()
     if code is not None:
+        LastSnapshot.of(analyzer).say_verdict(code)
         return code
     if result.stop_training:
         click.echo("dlmon: stopping the training (SIGINT, then SIGTERM, then SIGKILL)...", err=True)

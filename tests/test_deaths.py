@@ -443,3 +443,48 @@ def test_healthy_job_raises_none_of_these(agent_env: dict[str, str], tmp_path: P
     assert not raised & set(QUIET_KINDS), raised
     assert not [line for line in run.err if line.startswith("dlmon: training")], run.stderr()
     assert not any(s.stacks for s in snaps), "no stack is taken of a healthy job"
+
+
+# -- dlmon record (attached, not the parent) says the same when its target dies ------------------
+
+
+def test_record_of_a_running_training_ends_with_the_verdict(
+    agent_env: dict[str, str], tmp_path: Path
+) -> None:
+    train = subprocess.Popen(
+        [sys.executable, SCRIPT, json.dumps({"mode": "wait"})],
+        env=agent_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert train.stdout is not None
+        pids: list[int] = []
+        for line in train.stdout:
+            if line.startswith("@@ ") and json.loads(line[3:])["ev"] == "pids":
+                pids = json.loads(line[3:])["workers"]
+                break
+        out = tmp_path / "rec.jsonl"
+        rec = subprocess.Popen(
+            [sys.executable, "-m", "dlmon", "record", str(train.pid), "-o", str(out), "--interval", "0.5"],
+            env=agent_env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + DEADLINE_S
+        while time.monotonic() < deadline:  # the agent answered: its loader is in the record
+            if out.exists() and any(s.loaders for s in read_record(str(out)).snapshots):
+                break
+            time.sleep(0.2)
+        os.kill(pids[1], signal.SIGKILL)
+        _, err = rec.communicate(timeout=DEADLINE_S)
+    finally:
+        kill_quietly(train.pid)
+        train.wait(timeout=30)
+    line = next((x for x in err.splitlines() if x.startswith("dlmon: training")), None)
+    assert line is not None, err
+    assert line.startswith(
+        f"dlmon: training (pid {train.pid}) exited: DataLoader worker 1 (pid {pids[1]})"
+    ), line
+    assert "SIGKILL" in line

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import sys
 import threading
@@ -9,7 +10,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import TextIO
 
-from dlmon.analysis import events, format_event
+from dlmon.analysis import Analyzer, events, format_event
 from dlmon.analysis.verdict import exit_verdict
 from dlmon.collect.sampler import Sampler
 from dlmon.flow.loop import Pipeline, handle_signals, sample_until_done
@@ -43,6 +44,15 @@ class LastSnapshot:
 
     def __call__(self, snapshot: Snapshot) -> None:
         self.snapshot = snapshot
+
+    @classmethod
+    def of(cls, analyzer: Analyzer) -> LastSnapshot:
+        """The analyzer's last snapshot with its alerts (the dashboard keeps no copy of its own)."""
+        keeper = cls()
+        history = analyzer.history()
+        if history:
+            keeper.snapshot = dataclasses.replace(history[-1], alerts=analyzer.alerts)
+        return keeper
 
     def say_verdict(self, exit_code: int | None, stream: TextIO | None = None) -> None:
         line = exit_verdict(self.snapshot, exit_code)
