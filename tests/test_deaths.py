@@ -488,3 +488,35 @@ def test_record_of_a_running_training_ends_with_the_verdict(
         f"dlmon: training (pid {train.pid}) exited: DataLoader worker 1 (pid {pids[1]})"
     ), line
     assert "SIGKILL" in line
+
+
+# -- without the agent: what dlmon can still know -----------------------------------------------
+
+
+def test_without_the_agent_a_vanished_worker_is_still_reported(
+    agent_env: dict[str, str], tmp_path: Path
+) -> None:
+    env = dict(agent_env, DLMON_AGENT_DISABLE="1")
+    run = start_run(env, tmp_path, {"mode": "wait"})
+    pids = run.event("pids")["workers"]
+    time.sleep(1.5)  # a sample or two with the workers in the tree
+    os.kill(pids[1], signal.SIGKILL)
+    assert run.wait() == 1
+    verdict = run.verdict()
+    assert f"pid {pids[1]}" in verdict and "vanished" in verdict, verdict
+    assert "no dlmon agent" in verdict
+    assert not any(s.loaders for s in run.snapshots()), "the agent was not disabled"
+
+
+def test_without_the_agent_an_oom_kill_is_named_from_the_kernel_log(
+    agent_env: dict[str, str], tmp_path: Path, memory_cgroup: Path
+) -> None:
+    if not _kmsg_readable():
+        pytest.skip("/dev/kmsg is not readable here")
+    env = dict(agent_env, DLMON_AGENT_DISABLE="1")
+    run = start_run(env, tmp_path, {"mode": "oom_worker"}, prefix=_in_cgroup(memory_cgroup))
+    pids = run.event("pids")["workers"]
+    assert run.wait(timeout=120) != 0
+    verdict = run.verdict()
+    assert f"worker (pid {pids[1]}) was killed by the kernel OOM killer" in verdict, verdict
+    assert "cgroup limit 900.0 MiB" in verdict and "the kernel log names it" in verdict, verdict

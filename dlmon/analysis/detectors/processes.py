@@ -241,6 +241,7 @@ def _oom_figures(
 
 
 TRAIL_POINTS = 12
+VANISHED_BEFORE_EXIT_S = 5.0  # without the agent: workers gone this long before the trainer's error exit
 MAX_STACK_TEXT = 4000
 
 
@@ -475,54 +476,76 @@ def _vanished(ctx: Context) -> list[Candidate]:
     ]
 
 
-def _vanished_without_agent(ctx: Context, reported: set[int]) -> list[Candidate]:
-    """No loader lists the workers (no agent): a worker that left the tree when the trainer died
-    with an error, or that the kernel log says it OOM-killed, died; say what is known."""
+def _role_of(ctx: Context, pid: int) -> tuple[str, int | None] | None:
+    for snap in reversed(ctx.recent):
+        for p in snap.processes:
+            if p.pid == pid:
+                return p.role, p.worker_id
+    return None
+
+
+def _killed_without_agent(ctx: Context, reported: set[int]) -> list[Candidate]:
+    """Workers the kernel log says it OOM-killed, that no agent reported (kept like any death)."""
     s = ctx.latest
-    if len(ctx.recent) < 2 or s.loaders:
-        return []
-    prev = ctx.recent[-2]
-    present = {p.pid: p for p in s.processes}
-    failed = not s.target.alive and s.target.exit_code not in (None, 0)
     out: list[Candidate] = []
-    for w in prev.processes:
-        if w.role != "worker" or w.pid in reported or w.state in DEAD:
+    for e in s.kernel_events:
+        if e.kind != "oom_kill" or e.pid in reported or e.pid == s.target.pid:
             continue
-        now = present.get(w.pid)
-        oom = kernel_event(s, w.pid, "oom_kill")
-        gone = now is None or now.state in DEAD
-        if not gone or not (failed or oom is not None):
+        role = _role_of(ctx, e.pid)
+        if role is not None and role[0] != "worker":
             continue
-        label = process_label("worker", w.pid, w.worker_id)
-        death = WorkerDeath(
-            w.pid,
-            w.worker_id,
-            None,
-            9 if oom is not None else None,
-            None,
-            oom.time if oom else s.time,
-            source="kernel" if oom else None,
-        )
-        if oom is not None:
-            c = _death_candidate(ctx, death, death.time or s.time, headroom(s))
-            if c is not None:
-                out.append(c)
+        when = e.time if e.time is not None else s.time
+        if when < s.time - ctx.config.death_window_s:
             continue
-        box = black_box(ctx, w.pid)
-        out.append(
-            Candidate(
-                WORKER_DIED,
-                f"vanished:{w.pid}",
-                WARNING,
-                label,
-                f"DataLoader {label} vanished between {_clock(prev.time)} and {_clock(s.time)}, just before "
-                f"the trainer exited with code {s.target.exit_code}; its cause is unknown (no dlmon agent "
-                "in the trainer, nothing in the kernel log).",
-                "Run the training under 'dlmon run' (or call dlmon.agent.start()) to see how a worker died.",
-                {"pid": w.pid, "worker_id": w.worker_id, "cause": "vanished", "time": s.time, **box},
-            )
-        )
+        death = WorkerDeath(e.pid, role[1] if role else None, None, 9, None, when, source="kernel")
+        c = _death_candidate(ctx, death, when, headroom(s))
+        if c is not None:
+            out.append(c)
     return out
+
+
+def _vanished_without_agent(ctx: Context, reported: set[int]) -> list[Candidate]:
+    """No loader lists the workers (no agent): workers that left the tree just before the trainer
+    exited with an error. Which of them died first, and how, cannot be known; say what is."""
+    s = ctx.latest
+    if len(ctx.recent) < 2 or s.loaders or s.target.alive or s.target.exit_code in (None, 0):
+        return []
+    present = {p.pid for p in s.processes if p.state not in DEAD}
+    window = ctx.window(VANISHED_BEFORE_EXIT_S)[:-1] or ctx.recent[-2:-1]
+    last_alive: dict[int, tuple[float, ProcessSample]] = {}
+    for snap in window:
+        for p in snap.processes:
+            if p.role == "worker" and p.state not in DEAD:
+                last_alive[p.pid] = (snap.time, p)
+    gone = [w for _, w in last_alive.values() if w.pid not in present and w.pid not in reported]
+    prev_time = min((t for t, w in last_alive.values() if w in gone), default=s.time)
+    gone = [w for w in gone if kernel_event(s, w.pid, "oom_kill") is None]
+    if not gone:
+        return []
+    gone.sort(key=lambda w: w.pid)
+    labels = ", ".join(
+        f"{w.worker_id} (pid {w.pid})" if w.worker_id is not None else f"pid {w.pid}" for w in gone[:8]
+    )
+    noun = "worker" if len(gone) == 1 else "workers"
+    return [
+        Candidate(
+            WORKER_DIED,
+            "vanished:job",
+            WARNING,
+            labels,
+            f"DataLoader {noun} {labels} vanished between {_clock(prev_time)} and {_clock(s.time)}, as the "
+            f"trainer exited with code {s.target.exit_code}; how is unknown (no dlmon agent in the trainer "
+            "to see a worker die, nothing in the kernel log).",
+            "Run the training under 'dlmon run' (or call dlmon.agent.start() in it) to see which worker "
+            "died and how; the training log has torch's own line.",
+            {
+                "pids": ",".join(str(w.pid) for w in gone),
+                "pid": gone[0].pid,
+                "cause": "vanished",
+                "time": s.time,
+            },
+        )
+    ]
 
 
 def detect_trainer_died(ctx: Context) -> list[Candidate]:
@@ -602,7 +625,9 @@ def detect_worker_died(ctx: Context) -> list[Candidate]:
             if candidate is not None:
                 out.append(candidate)
     out.extend(_vanished(ctx))
-    out.extend(_vanished_without_agent(ctx, {d.pid for d in s.worker_deaths}))
+    reported = {d.pid for d in s.worker_deaths}
+    out.extend(_killed_without_agent(ctx, reported))
+    out.extend(_vanished_without_agent(ctx, reported))
     return out
 
 
