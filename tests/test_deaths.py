@@ -331,6 +331,10 @@ def test_trainer_sigkilled_not_oom(agent_env: dict[str, str], tmp_path: Path) ->
     verdict = run.verdict()
     assert re.search(rf"the trainer \(pid {ready['pid']}\) was killed by SIGKILL", verdict), verdict
     assert "not by the OOM killer" in verdict
+    after = [s for s in run.snapshots() if not s.target.alive]
+    if any(p.role == "worker" and p.state not in ("Z", "X") for p in after[0].processes):
+        assert "orphaned" in verdict, verdict  # its workers outlived it (they poll for it every 5 s)
+    assert "vanished" not in verdict, verdict
 
 
 # -- hangs ---------------------------------------------------------------------------------------

@@ -508,8 +508,11 @@ def _vanished_without_agent(ctx: Context, reported: set[int]) -> list[Candidate]
     """No loader lists the workers (no agent): workers that left the tree just before the trainer
     exited with an error. Which of them died first, and how, cannot be known; say what is."""
     s = ctx.latest
-    if len(ctx.recent) < 2 or s.loaders or s.target.alive or s.target.exit_code in (None, 0):
-        return []
+    code = s.target.exit_code
+    if len(ctx.recent) < 2 or s.target.alive or code is None or code == 0 or code > 128:
+        return []  # killed by a signal: trainer_died says it, its workers' ends follow from it
+    if any(snap.loaders for snap in ctx.recent):
+        return []  # the agent was there: it reports deaths itself
     present = {p.pid for p in s.processes if p.state not in DEAD}
     window = ctx.window(VANISHED_BEFORE_EXIT_S)[:-1] or ctx.recent[-2:-1]
     last_alive: dict[int, tuple[float, ProcessSample]] = {}
@@ -590,13 +593,23 @@ def detect_trainer_died(ctx: Context) -> list[Candidate]:
     box = black_box(ctx, t.pid)
     evidence.update(box)
     trail = describe_trail(box)
-    orphans = sorted(
-        p.pid for p in s.processes if p.pid != t.pid and p.state not in DEAD and p.role == "worker"
-    )
+    # the workers it left alive at its death: remembered, they exit within seconds of it
+    memo_key = ("trainer_orphans", t.pid, t.start_time)
+    orphans = ctx.digest.memo.get(memo_key)
+    if not isinstance(orphans, list):
+        orphans = sorted(
+            p.pid for p in s.processes if p.pid != t.pid and p.state not in DEAD and p.role == "worker"
+        )
+        ctx.digest.remember(memo_key, orphans)
     if trail is not None:
         message += f"; {trail}"
     if orphans:
-        message += f"; its {len(orphans)} workers (pids {pid_list(orphans)}) were orphaned"
+        n = len(orphans)
+        message += (
+            f"; its worker (pid {orphans[0]}) was orphaned"
+            if n == 1
+            else f"; its {n} workers (pids {pid_list(orphans)}) were orphaned"
+        )
         evidence["orphans"] = ",".join(str(p) for p in orphans)
     return [
         Candidate(
