@@ -119,12 +119,11 @@ class KernelLog:
         while len(self._seen) > MAX_SEEN_PIDS:
             self._seen.popitem(last=False)
         if self._fd is not None:
-            self._drain()
+            try:
+                self._drain()
+            except Exception as exc:  # a record we cannot parse must not cost the sample
+                self.unavailable = f"{type(exc).__name__}: {exc}"
         return tuple(self._events)
-
-    def note(self, pids: Iterable[int]) -> None:
-        for pid in pids:
-            self._seen[pid] = None
 
     def _drain(self) -> None:
         fd = self._fd

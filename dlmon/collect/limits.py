@@ -49,6 +49,12 @@ class FdLimits:
 
     def attach(self, processes: Sequence[ProcessSample]) -> tuple[ProcessSample, ...]:
         """``processes`` with ``fd_limit`` set where it is known (live processes with an fd count)."""
+        try:
+            return self._attach(processes)
+        except Exception:
+            return tuple(processes)
+
+    def _attach(self, processes: Sequence[ProcessSample]) -> tuple[ProcessSample, ...]:
         now = time.monotonic()
         out = []
         for p in processes:

@@ -116,11 +116,17 @@ class StallProbe:
         self._agent = agent
         self._watch: dict[str, _LoaderWatch] = {}
         self._crash_read: set[int] = set()
+        self.error: str | None = None  # the last failure, swallowed
 
     def probe(
         self, reading: AgentReading | None, processes: Sequence[ProcessSample]
     ) -> tuple[ProcessStack, ...]:
-        return self._crash_stacks() + self._stall_stacks(reading, processes)
+        """Stacks worth recording this tick (usually none). Never raises: a sample is worth more."""
+        try:
+            return self._crash_stacks() + self._stall_stacks(reading, processes)
+        except Exception as exc:
+            self.error = f"{type(exc).__name__}: {exc}"
+            return ()
 
     def _crash_stacks(self) -> tuple[ProcessStack, ...]:
         """The stacks a worker's faulthandler wrote as it crashed (SIGSEGV, SIGBUS, SIGABRT...)."""

@@ -55,7 +55,10 @@ class LastSnapshot:
         return keeper
 
     def say_verdict(self, exit_code: int | None, stream: TextIO | None = None) -> None:
-        line = exit_verdict(self.snapshot, exit_code)
+        try:
+            line = exit_verdict(self.snapshot, exit_code)
+        except Exception as exc:  # the training's own exit status matters more than our sentence
+            line = f"training exited {exit_code} (no verdict: {type(exc).__name__}: {exc})"
         if line is not None:
             print(f"dlmon: {line}", file=stream or sys.stderr, flush=True)
 
