@@ -524,3 +524,36 @@ def test_without_the_agent_an_oom_kill_is_named_from_the_kernel_log(
     verdict = run.verdict()
     assert f"worker (pid {pids[1]}) was killed by the kernel OOM killer" in verdict, verdict
     assert "cgroup limit 900.0 MiB" in verdict and "the kernel log names it" in verdict, verdict
+
+
+# -- /dev/shm: the job's own segments ------------------------------------------------------------
+
+SHARER = """
+import sys, torch, torch.multiprocessing as mp
+mp.set_sharing_strategy("file_system")
+t = torch.zeros(2_000_000)
+t.share_memory_()
+print("ready", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_dev_shm_segments_of_the_job_are_counted() -> None:
+    from dlmon.collect.sampler import Sampler
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SHARER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        sampler = Sampler(proc.pid)
+        try:
+            shm = sampler.sample().shm
+        finally:
+            sampler.close()
+        assert shm is not None
+        assert shm.job_segments == 1, shm
+        assert shm.job_bytes is not None and shm.job_bytes >= 8_000_000, shm
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)

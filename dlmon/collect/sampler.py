@@ -14,6 +14,7 @@ from dlmon.collect.kernel import KernelLog
 from dlmon.collect.limits import FdLimits
 from dlmon.collect.processes import ProcessTracker
 from dlmon.collect.procfs import CLOCK_TICKS, boot_time, read_cmdline
+from dlmon.collect.shm_usage import JobShm
 from dlmon.collect.smaps_budget import BudgetPolicy, SmapsBudget
 from dlmon.collect.stacks import StallProbe
 from dlmon.collect.system import read_meminfo, read_oom_kill_count, read_pressure, read_shm
@@ -77,6 +78,7 @@ class Sampler:
         self._last_time: float | None = None
         self._kernel = KernelLog()
         self._fd_limits = FdLimits(proc_root)
+        self._job_shm = JobShm(proc_root)
         self._stall = StallProbe(self._agent)
 
     def sample(self) -> Snapshot:
@@ -137,7 +139,9 @@ class Sampler:
             ),
             processes=processes,
             memory=memory,
-            shm=read_shm(self.pid if alive else None, self.proc_root),
+            shm=self._job_shm.attach(
+                read_shm(self.pid if alive else None, self.proc_root), self.pid, (p.pid for p in processes)
+            ),
             gpu=gpu_status,
             gpus=gpus,
             disks=self._disks.sample(now),

@@ -119,6 +119,8 @@ class ShmSample:
     total_bytes: int | None
     used_bytes: int | None
     available_bytes: int | None
+    job_segments: int | None = None  # the job's torch_<pid>_* files in it (file_system strategy)
+    job_bytes: int | None = None  # ... and the bytes they hold
 
 
 @dataclass(frozen=True, slots=True)

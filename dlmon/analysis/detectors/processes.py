@@ -386,7 +386,13 @@ def _death_candidate(
             "num_workers, prefetch_factor or the batch size; or pass tensors through files with "
             "torch.multiprocessing.set_sharing_strategy('file_system')."
         )
+        if shm is not None and shm.job_segments:
+            message = message[:-1] + (
+                f"; the job's own torch segments there: {shm.job_segments}, {size(shm.job_bytes)}."
+            )
         if shm is not None:
+            evidence["shm_job_segments"] = shm.job_segments
+            evidence["shm_job_bytes"] = shm.job_bytes
             evidence["shm_available_bytes"] = shm.available_bytes
             evidence["shm_used_bytes"] = shm.used_bytes
             evidence["shm_total_bytes"] = shm.total_bytes
