@@ -169,6 +169,15 @@ def test_worker_sigkill_reaches_the_record_and_the_verdict(agent_env: dict[str, 
     assert alert.evidence["cause"] == "sigkill"
     assert any(a.evidence.get("pid") == victim for a in replay_alerts(run.record, "worker_died"))
     print(f"death to verdict: {run.verdict_time() - killed_at:.2f} s")
+    # the dashboard's last frame (live or replayed) leads its alerts panel with the same verdict
+    from dlmon.ui.state import DashboardState
+    from dlmon.ui.views import alert_lines, text_of
+
+    state = DashboardState()
+    for snap in snaps:
+        state.ingest(snap)
+    panel = " ".join(text_of(line) for line in alert_lines(state, 200, False))
+    assert panel.startswith(f"training exited 1: DataLoader worker 1 (pid {victim})"), panel
 
 
 # -- the kernel OOM killer in a v1 memory cgroup -------------------------------------------------

@@ -13,6 +13,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from dlmon.analysis.verdict import exit_verdict
 from dlmon.model import Alert, ProcessSample, Snapshot
 from dlmon.ui.fmt import DASH, NA, cbytes, cpct, duration, human_bytes, mbps, ratio
 from dlmon.ui.state import SORT_NAMES, DashboardState, ProcessRow
@@ -554,6 +555,10 @@ def alert_lines(state: DashboardState, width: int, compact: bool, panel_key: str
         return ((("no alerts", "dim"),),)
     assert s is not None
     out: list[Line] = []
+    verdict = exit_verdict(s, None) if not s.target.alive else None
+    if verdict is not None:  # the final frame says how it ended, until the user quits
+        for chunk in textwrap.wrap(verdict, max(10, width)):
+            out.append(((chunk, "crit"),))
     for a in alerts:
         sev = _SEVERITY_WORD.get(a.severity, a.severity.upper()[:4])
         since = duration(s.time - a.since)
