@@ -566,3 +566,14 @@ def test_dev_shm_segments_of_the_job_are_counted() -> None:
     finally:
         proc.kill()
         proc.wait(timeout=30)
+
+
+def test_slow_worker_start_up_is_not_a_stall(agent_env: dict[str, str], tmp_path: Path) -> None:
+    """A new epoch's workers may take long to start (worker_init_fn, a big dataset): that is not a hang
+    until 60 s, however fast the batches came before."""
+    run = start_run(agent_env, tmp_path, {"mode": "slow_epoch_start", "start_s": 15, "sample_s": 0.002})
+    assert run.wait(timeout=180) == 0, run.stderr()
+    snaps = run.snapshots()
+    assert any(ls.in_startup for s in snaps for ls in s.loaders), "the start-up was not seen"
+    assert not any(a.kind == "stall" for s in snaps for a in s.alerts)
+    assert not any(s.stacks for s in snaps)

@@ -555,6 +555,7 @@ class AgentClient:
             multiprocessing_context=_str(wl.get("multiprocessing_context")),
             alive=wl.get("alive") is not False,
             in_call_s=_in_call_s(wl),
+            in_startup=_pending(wl, "startup_wait_ns_pending") > 0 and not _pending(wl, "wait_ns_pending"),
         )
         detail = LoaderDetail(
             id=lid,

@@ -51,7 +51,7 @@ class _LoaderWatch:
 def stall_threshold_s(rate: float | None) -> float:
     """How long a wait must last to be a stall, given the loader's usual batches/s."""
     if not rate:
-        return STARTUP_STALL_S  # never delivered in steady state: only a long wait is a stall
+        return STARTUP_STALL_S  # workers starting up, or never delivered: only a long wait is a stall
     return max(STALL_MIN_S, STALL_INTERVALS / rate)
 
 
@@ -163,7 +163,8 @@ class StallProbe:
                 continue
             # a little before the detector's own threshold, so the stack is there when it raises
             waited = max(ls.in_call_s or 0.0, now - w.last_progress)
-            if waited >= 0.8 * stall_threshold_s(w.rate) and now - w.last_taken >= RETAKE_S:
+            limit = stall_threshold_s(None if ls.in_startup else w.rate)
+            if waited >= 0.8 * limit and now - w.last_taken >= RETAKE_S:
                 w.last_taken = now
                 stuck.append(ls)
         for gone in set(self._watch) - {ls.id for ls in reading.loaders}:

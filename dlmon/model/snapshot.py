@@ -188,6 +188,7 @@ class LoaderSample:
     multiprocessing_context: str | None = None  # fork, spawn, forkserver
     alive: bool = True  # False once the DataLoader object was garbage-collected
     in_call_s: float | None = None  # how long the trainer has been inside __next__ now (0: not waiting)
+    in_startup: bool | None = None  # that call is the first of an epoch (workers starting up)
 
 
 @dataclass(frozen=True, slots=True)

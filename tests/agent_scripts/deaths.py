@@ -84,8 +84,30 @@ class Job(Dataset[torch.Tensor]):
         return torch.zeros(4)
 
 
+def slow_second_start(worker_id: int) -> None:
+    if os.environ.get("DLMON_TEST_EPOCH") == "1":
+        time.sleep(CFG["start_s"])
+
+
+def epochs() -> None:
+    """Two short epochs of a non-persistent loader; the second one's workers take start_s to start."""
+    dl = DataLoader(Job(), batch_size=2, num_workers=2, worker_init_fn=slow_second_start)
+    for epoch in range(2):
+        os.environ["DLMON_TEST_EPOCH"] = str(epoch)  # forked workers see it
+        for n, _ in enumerate(dl):
+            if n == 5 and epoch == 0:
+                emit("pids")
+            if n >= 150:
+                break
+            time.sleep(0.005)
+    emit("done")
+
+
 def main() -> None:
     emit("ready", pid=os.getpid())
+    if MODE == "slow_epoch_start":
+        epochs()
+        return
     dl = DataLoader(Job(), batch_size=2, num_workers=CFG.get("num_workers", 2))
     it = iter(dl)
     kept: list[Any] = []

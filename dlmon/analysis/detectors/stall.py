@@ -149,7 +149,7 @@ def detect_stall(ctx: Context) -> list[Candidate]:
         if not ls.alive:
             continue
         p = pace(ctx, ls.id)
-        limit = threshold_s(p.usual_interval_s)
+        limit = threshold_s(None if ls.in_startup else p.usual_interval_s)  # start-up: 60 s
         call = ls.in_call_s or 0.0
         usual = (
             f"usually one every {duration(p.usual_interval_s)}"
