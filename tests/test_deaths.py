@@ -577,3 +577,14 @@ def test_slow_worker_start_up_is_not_a_stall(agent_env: dict[str, str], tmp_path
     assert any(ls.in_startup for s in snaps for ls in s.loaders), "the start-up was not seen"
     assert not any(a.kind == "stall" for s in snaps for a in s.alerts)
     assert not any(s.stacks for s in snaps)
+
+
+def test_one_stuck_worker_while_the_others_deliver(agent_env: dict[str, str], tmp_path: Path) -> None:
+    """in_order=False: the loader goes on without worker 1, which sleeps in hang_here forever."""
+    run = start_run(agent_env, tmp_path, {"mode": "lone_hang", "trigger_at": 60, "num_workers": 3})
+    pids = run.event("pids")["workers"]
+    alert, snap = wait_for_alert(run, "stall", timeout=150)
+    assert alert.evidence["where"] == "worker" and alert.evidence["pid"] == pids[1], alert
+    assert "hang_here (deaths.py:" in alert.message, alert.message
+    assert any((ls.batches_per_s or 0) > 0 for ls in snap.loaders), "the loader was still delivering"
+    stop_run(run)

@@ -19,7 +19,7 @@ import os
 import re
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dlmon.agent._journal import STACK_HEADER, STACK_SIGNAL, STACK_SUFFIX
 from dlmon.collect.agent_client import AgentClient, AgentReading
@@ -29,6 +29,7 @@ STALL_MIN_S = 10.0  # never call a wait shorter than this a stall
 STALL_INTERVALS = 20.0  # ... nor one shorter than this many usual batch intervals
 STARTUP_STALL_S = 60.0
 RETAKE_S = 30.0
+LONE_MIN_S = 30.0
 DUMP_WAIT_S = 0.3
 MAX_WORKERS = 16
 MAX_FRAMES = 40
@@ -46,6 +47,13 @@ class _LoaderWatch:
     batches: int | None = None
     last_progress: float = 0.0  # monotonic time the batch count last moved
     last_taken: float = -1e9
+    workers: dict[int, tuple[int, float]] = field(default_factory=dict)  # id -> (batches, since)
+    worker_taken: dict[int, float] = field(default_factory=dict)
+
+
+def lone_threshold_s(rate: float | None, num_workers: int) -> float:
+    """A worker that finished nothing this long while the others delivered is stuck."""
+    return max(LONE_MIN_S, STALL_INTERVALS * max(1, num_workers) / rate) if rate else LONE_MIN_S * 2
 
 
 def stall_threshold_s(rate: float | None) -> float:
@@ -152,6 +160,7 @@ class StallProbe:
             return ()
         now = time.monotonic()
         stuck: list[LoaderSample] = []
+        lone: list[tuple[int, int, int]] = []
         for ls in reading.loaders:
             w = self._watch.setdefault(ls.id, _LoaderWatch(last_progress=now))
             if ls.batches_total != w.batches:
@@ -167,9 +176,10 @@ class StallProbe:
             if waited >= 0.8 * limit and now - w.last_taken >= RETAKE_S:
                 w.last_taken = now
                 stuck.append(ls)
+            lone.extend((ls.pid, wid, ls.worker_pids[wid]) for wid in self._lone_workers(ls, w, now))
         for gone in set(self._watch) - {ls.id for ls in reading.loaders}:
             del self._watch[gone]
-        if not stuck:
+        if not stuck and not lone:
             return ()
         by_pid = {p.pid: p for p in processes}
         out: list[ProcessStack] = []
@@ -183,8 +193,25 @@ class StallProbe:
             for wid, wpid in enumerate(ls.worker_pids)
             if wpid in by_pid and by_pid[wpid].state not in ("Z", "X")
         ]
-        out.extend(self._worker_stacks(workers[:MAX_WORKERS]))
+        lone = [x for x in lone if x[2] in by_pid and x not in workers]
+        out.extend(self._worker_stacks((workers + lone)[:MAX_WORKERS]))
         return tuple(out)
+
+    @staticmethod
+    def _lone_workers(ls: LoaderSample, w: _LoaderWatch, now: float) -> list[int]:
+        """Worker ids that finished no batch for long while the loader as a whole went on."""
+        out: list[int] = []
+        limit = 0.8 * lone_threshold_s(w.rate, len(ls.worker_pids))
+        for wid, n in enumerate(ls.batches_per_worker[: len(ls.worker_pids)]):
+            before = w.workers.get(wid)
+            if before is None or before[0] != n:
+                w.workers[wid] = (n, now)
+                continue
+            stuck_long = now - before[1] >= limit and now - w.last_progress < limit
+            if stuck_long and now - w.worker_taken.get(wid, -1e9) >= RETAKE_S:
+                w.worker_taken[wid] = now
+                out.append(wid)
+        return out
 
     def _trainer_stack(self, pid: int) -> list[ProcessStack]:
         got = self._agent.main_thread_stack(pid)

@@ -78,7 +78,7 @@ class Job(Dataset[torch.Tensor]):
                 fill_shm()
             if MODE == "segv" and wid == 1:
                 ctypes.string_at(0)
-            if MODE == "hang" and wid == 1:
+            if MODE in ("hang", "lone_hang") and wid == 1:
                 hang_here()
         time.sleep(CFG.get("sample_s", 0.01))
         return torch.zeros(4)
@@ -108,7 +108,8 @@ def main() -> None:
     if MODE == "slow_epoch_start":
         epochs()
         return
-    dl = DataLoader(Job(), batch_size=2, num_workers=CFG.get("num_workers", 2))
+    extra = {"in_order": False} if MODE == "lone_hang" else {}
+    dl = DataLoader(Job(), batch_size=2, num_workers=CFG.get("num_workers", 2), **extra)
     it = iter(dl)
     kept: list[Any] = []
     for n in range(1_000_000):

@@ -30,6 +30,7 @@ OUTSIDE_MIN_S = 60.0  # the trainer outside the loader: no batch for this long, 
 SUSPECT_MIN_S = 2.0  # a call this long and 5 intervals: no input_bound verdict (it is a hang, or one)
 SUSPECT_INTERVALS = 5.0
 CRITICAL_S = 300.0
+LONE_MIN_S = 30.0  # a worker that finished nothing this long while the loader went on
 SLEEPING_CPU_PERCENT = 5.0
 
 
@@ -161,6 +162,7 @@ def detect_stall(ctx: Context) -> list[Candidate]:
         if call >= limit:
             out.append(_loader_stall(ctx, ls, call, usual, by_pid, main_stack))
             continue
+        out.extend(_lone_workers(ctx, ls, p, by_pid))
         quiet_for = s.time - p.last_progress if p.last_progress is not None else None
         if (
             call == 0.0
@@ -219,6 +221,69 @@ def _loader_stall(
         advice,
         evidence,
     )
+
+
+def lone_threshold_s(interval: float | None, num_workers: int) -> float:
+    """The same rule as dlmon.collect.stacks: nothing finished this long while the others deliver."""
+    if interval is None:
+        return 2 * LONE_MIN_S
+    return max(LONE_MIN_S, STALL_INTERVALS * max(1, num_workers) * interval)
+
+
+def _lone_workers(
+    ctx: Context, ls: LoaderSample, p: LoaderPace, by_pid: dict[int, ProcessSample]
+) -> list[Candidate]:
+    """Workers that finished no batch for long while the loader went on (out-of-order delivery, or
+    the others covering for it), asleep: stuck."""
+    s = ctx.latest
+    out: list[Candidate] = []
+    limit = lone_threshold_s(p.usual_interval_s, len(ls.worker_pids))
+    loader_moving = p.last_progress is not None and s.time - p.last_progress < limit
+    for wid, pid in enumerate(ls.worker_pids):
+        if wid >= len(ls.batches_per_worker):
+            break
+        n = ls.batches_per_worker[wid]
+        key = ("stall_worker", ls.id, wid, pid)
+        seen = ctx.digest.memo.get(key)
+        if not (isinstance(seen, tuple) and seen[0] == n):
+            ctx.digest.remember(key, (n, s.time))
+            continue
+        idle_for = s.time - float(seen[1])
+        proc = by_pid.get(pid)
+        asleep = (
+            proc is not None and proc.state in ("S", "D") and (proc.cpu_percent or 0.0) < SLEEPING_CPU_PERCENT
+        )
+        if idle_for < limit or not loader_moving or not asleep:
+            continue
+        stack = latest_stack(ctx, pid)
+        if stack is None or _is_idle(stack):
+            continue  # no stack, or waiting for work (a shard ran out): not provably stuck
+        where, ev = _where(stack, proc)
+        stuck = f" It is stuck {where}." if where else ""
+        evidence: dict[str, float | int | str | None] = {
+            "loader": ls.name,
+            "loader_id": ls.id,
+            "stalled_s": round(idle_for, 1),
+            "where": "worker",
+            "worker_id": wid,
+            "pid": pid,
+            "trainer_pid": ls.pid,
+            **ev,
+        }
+        out.append(
+            Candidate(
+                STALL,
+                f"stall:{ls.id}:w{wid}",
+                CRITICAL if idle_for >= CRITICAL_S else WARNING,
+                f"worker {wid} (pid {pid})",
+                f"DataLoader {ls.name}'s worker {wid} (pid {pid}) has finished no batch for "
+                f"{duration(idle_for)} while the other workers delivered, and it is asleep.{stuck}",
+                "One worker is stuck (a lock, a network read, a deadlock in a library): the loader goes on "
+                "without it for now. Read its stack (Enter on it in the Workers table).",
+                evidence,
+            )
+        )
+    return out
 
 
 def _trainer_stall(
