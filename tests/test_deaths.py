@@ -105,10 +105,29 @@ class Run:
         return read_record(str(self.record)).snapshots
 
 
+_RUNS: list[Run] = []
+
+
 @pytest.fixture
 def agent_env() -> Iterator[dict[str, str]]:
     with private_agent_env("dlmon-deaths-") as env:
-        yield env
+        try:
+            yield env
+        finally:
+            _clean_up_runs()
+
+
+def _clean_up_runs() -> None:
+    """A failed test leaves nothing running: dlmon, and the training's whole session (own pgid)."""
+    while _RUNS:
+        run = _RUNS.pop()
+        for e in list(run.events):
+            if e["ev"] == "ready":
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(e["pid"], signal.SIGKILL)
+        if run.proc.poll() is None:
+            run.proc.kill()
+            run.proc.wait(timeout=30)
 
 
 def start_run(
@@ -123,6 +142,7 @@ def start_run(
     )
     run = Run(proc, record)
     run.start_readers()
+    _RUNS.append(run)
     return run
 
 
