@@ -11,6 +11,7 @@ as torch allows and the hook's share is as large as it gets for a real batch siz
 
     python benchmarks/agent_overhead.py                 # default scenarios, 7 pairs each
     python benchmarks/agent_overhead.py --pairs 11 --scenarios bs64
+    DLMON_BENCH_WORKERS=2 python benchmarks/agent_overhead.py --scenarios bs64   # with 2 workers
 """
 
 from __future__ import annotations
@@ -43,7 +44,11 @@ def child(agent: bool, batch_size: int, batches: int) -> None:
 
     n = batch_size * 2000
     ds = TensorDataset(torch.randn(n, 16), torch.arange(n))
-    dl = DataLoader(ds, batch_size=batch_size, shuffle=True, num_workers=0)
+    # DLMON_BENCH_WORKERS=2: forked workers, so the agent's worker hooks (stack-dump handler) run too
+    workers = int(os.environ.get("DLMON_BENCH_WORKERS", "0"))
+    dl = DataLoader(
+        ds, batch_size=batch_size, shuffle=True, num_workers=workers, persistent_workers=workers > 0
+    )
 
     def run(k: int) -> float:
         done = 0

@@ -250,8 +250,8 @@ def attach(
         click.echo(f"dlmon: {no_terminal}: printing one line per sample instead", err=True)
     from dlmon.analysis import Analyzer
     from dlmon.flow.loop import Faults, Pipeline, sample_until_done, stop_on_signals
-    from dlmon.flow.recording import encode_snapshot
-    from dlmon.launch.session import AlertLog, open_writer, say
+    from dlmon.flow.recording import END_TARGET_EXITED, encode_snapshot
+    from dlmon.launch.session import AlertLog, LastSnapshot, open_writer, say
     from dlmon.model.format import one_line
 
     sampler = open_sampler(target)
@@ -267,12 +267,19 @@ def attach(
             stop.set()
 
     faults = Faults(say)
+    last = LastSnapshot()
     pipeline = Pipeline(
-        with_prometheus(Analyzer(), prometheus), open_writer(record_path, faults), (AlertLog(), show), faults
+        with_prometheus(Analyzer(), prometheus),
+        open_writer(record_path, faults),
+        (AlertLog(), show, last),
+        faults,
     )
     with stop_on_signals(stop):
-        pipeline.finish(sample_until_done(sampler, seconds, pipeline, stop))
+        reason = sample_until_done(sampler, seconds, pipeline, stop)
+        pipeline.finish(reason)
     sampler.close()
+    if reason == END_TARGET_EXITED:
+        last.say_verdict(None)
     if output_error:
         raise output_error[0]
 
@@ -352,16 +359,20 @@ def record(pid: str, output: str, interval: str, duration: str | None) -> None:
     limit = positive_seconds(duration, "--duration") if duration is not None else None
     from dlmon.analysis import Analyzer
     from dlmon.flow.loop import Faults, Pipeline, sample_until_done, stop_on_signals
-    from dlmon.launch.session import AlertLog, say
+    from dlmon.flow.recording import END_TARGET_EXITED
+    from dlmon.launch.session import AlertLog, LastSnapshot, say
 
     sampler = open_sampler(target)
+    last = LastSnapshot()
     stop = threading.Event()
     faults = Faults(say, on_record_failure=stop.set)  # the file is the point: stop, say it below
-    pipeline = Pipeline(Analyzer(), open_record(output), (AlertLog(),), faults)
+    pipeline = Pipeline(Analyzer(), open_record(output), (AlertLog(), last), faults)
     with stop_on_signals(stop):
         reason = sample_until_done(sampler, seconds, pipeline, stop, duration=limit)
         pipeline.finish(reason)
     sampler.close()
+    if reason == END_TARGET_EXITED:
+        last.say_verdict(None)
     if faults.record_stopped:
         fail(f"recording stopped: {faults.record_stopped} (whole lines up to there are kept)", EXIT_FAILURE)
     summary = faults.summary()
@@ -511,11 +522,20 @@ def _run_dashboard(
 
     click.echo(f"dlmon: training log: {training.log_path}", err=True)
     from dlmon.analysis import Analyzer
+    from dlmon.launch.session import LastSnapshot
+
+    inner = analyzer or Analyzer()
+    last = LastSnapshot()  # the analysed final frame, for the verdict after the dashboard closes
+
+    def analyze_and_keep(snapshot: Snapshot) -> Snapshot:
+        analysed = inner(snapshot)
+        last(analysed)
+        return analysed
 
     source = LiveSource(
         training.pid,
         interval,
-        analyzer=analyzer or Analyzer(),
+        analyzer=analyze_and_keep,
         record_path=record_path,
         exit_code=training.exit_code,
         log_path=training.log_path,
@@ -526,6 +546,7 @@ def _run_dashboard(
     _report_faults(source)
     code = training.exit_code()
     if code is not None:
+        last.say_verdict(code)
         return _after_exit(training, code, result.stop_training)
     if result.stop_training:
         click.echo("dlmon: stopping the training (SIGINT, then SIGTERM, then SIGKILL)...", err=True)

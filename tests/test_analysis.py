@@ -395,7 +395,7 @@ def test_worker_killed_by_the_oom_killer() -> None:
     ]
     alert = of_kind(analyze(history)[-1], "worker_died")[0]
     assert alert.severity == "critical"
-    assert "killed by the OOM killer" in alert.message and "cgroup" in alert.message
+    assert "killed by the kernel OOM killer" in alert.message and "cgroup" in alert.message
     assert alert.evidence["cause"] == "oom_killer" and alert.evidence["oom_kills"] == 1
     assert alert.subject == "worker 2 (pid 1003)"
 

@@ -25,7 +25,7 @@ import os
 import threading
 from typing import Any
 
-from dlmon.agent import _hooks
+from dlmon.agent import _hooks, _journal
 from dlmon.agent._paths import socket_dir, socket_path
 
 __all__ = ["arm", "counters", "serving_path", "socket_dir", "socket_path", "start"]
@@ -134,6 +134,7 @@ def _after_fork_child() -> None:
     _serving = None
     _started_pid = None
     _hooks.R.by_key.clear()  # the parent's workers are our siblings, not our children
+    _journal.after_fork_child()
     if srv is not None:
         with contextlib.suppress(Exception):
             srv.close(unlink=False)

@@ -39,8 +39,11 @@ from collections.abc import Callable, Mapping, Sequence
 from types import FrameType, ModuleType
 from typing import Any
 
+from dlmon.agent import _journal
+
 DATALOADER_MODULE = "torch.utils.data.dataloader"
 TORCH_SIGNAL_MODULE = "torch.utils.data._utils.signal_handling"
+WORKER_MODULE = "torch.utils.data._utils.worker"
 
 _pc = time.perf_counter_ns
 
@@ -443,6 +446,44 @@ def _patch_all(dl: ModuleType) -> None:
             _install_sigchld_observer()
     except Exception as exc:
         _fail("sigchld", f"{type(exc).__name__}: {exc}; deaths found only when polled")
+
+    # 7. worker start: a stack-dump handler in each forked worker, for hang diagnosis.
+    try:
+        wmod = sys.modules.get(WORKER_MODULE)
+        loop = getattr(wmod, "_worker_loop", None)
+        if loop is None:
+            raise AttributeError("no torch.utils.data._utils.worker._worker_loop")
+        if not _is_ours(loop):
+            wmod._worker_loop = _mark(_make_worker_loop(loop), loop, "worker_loop")  # type: ignore[union-attr]
+        wsh = getattr(sh, "_set_worker_signal_handlers", None)
+        if wsh is not None and not _is_ours(wsh):
+            sh._set_worker_signal_handlers = _mark(_make_worker_signal_handlers(wsh), wsh, "worker_signals")  # type: ignore[union-attr]
+        _ok("worker_stacks")
+    except Exception as exc:
+        _fail("worker_stacks", exc)
+
+
+def _make_worker_loop(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def _worker_loop(*args: Any, **kwargs: Any) -> Any:
+        try:
+            wid = kwargs.get("worker_id", args[10] if len(args) > 10 else None)
+            _journal.register_worker_stack_dump(wid if isinstance(wid, int) else None)
+        except Exception:
+            pass
+        result = orig(*args, **kwargs)
+        _journal.worker_exited_normally()
+        return result
+
+    return _worker_loop
+
+
+def _make_worker_signal_handlers(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def _set_worker_signal_handlers(*args: Any, **kwargs: Any) -> Any:
+        result = orig(*args, **kwargs)
+        _journal.enable_crash_dump()  # in front of torch's handlers, chaining to them
+        return result
+
+    return _set_worker_signal_handlers
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1073,6 +1114,8 @@ def scan_worker_deaths() -> None:
             }
             if R.dead_pids.setdefault(pid, rec) is rec:
                 R.deaths.append(rec)
+                rec["loader_name"] = st.loader.name
+                _journal.append_death(rec)  # before torch raises: it outlives the trainer
                 if len(R.deaths) > MAX_DEATHS:
                     del R.deaths[: len(R.deaths) - MAX_DEATHS]
                 if len(R.dead_pids) > 4 * MAX_DEATHS:

@@ -51,7 +51,7 @@ import threading
 import time
 from typing import Any
 
-from dlmon.agent import _hooks
+from dlmon.agent import _hooks, _journal
 from dlmon.agent._paths import ensure_socket_dir, socket_path
 
 WIRE_VERSION = 1
@@ -67,6 +67,9 @@ ACCEPT_PAUSE_S = 1.0  # accept() failing for want of fds or memory: stop watchin
 REPLY_CACHE_S = 0.2
 REPLY_RATE = 5.0
 REPLY_BURST = 8.0
+STACKS_MIN_GAP_S = 1.0  # stacks are built at most once a second, whoever asks
+MAX_STACK_THREADS = 32
+MAX_STACK_FRAMES = 40
 _TRANSIENT_ACCEPT_ERRNOS = frozenset({errno.ECONNABORTED, errno.EPROTO, errno.EINTR, errno.EAGAIN})
 
 
@@ -114,6 +117,8 @@ class Server:
         self.reply_tokens = REPLY_BURST
         self.reply_tokens_t = time.monotonic()
         self.builds = 0
+        self.stacks_cache: bytes | None = None
+        self.stacks_t = 0.0
 
     # -- setup ---------------------------------------------------------------------------------
 
@@ -133,6 +138,7 @@ class Server:
             raise
         self.path = path
         self.inode = (st.st_dev, st.st_ino)
+        _journal.set_directory(d, self.pid)
         self.listener = sock
         self.sel = selectors.DefaultSelector()
         self.sel.register(sock, selectors.EVENT_READ, None)
@@ -217,6 +223,7 @@ class Server:
         if self.path is not None:
             with contextlib.suppress(Exception):
                 self.sweep_stale(os.path.dirname(self.path))
+                _journal.sweep_old(os.path.dirname(self.path))
         failures = 0
         while not self.stopping:
             try:
@@ -358,6 +365,8 @@ class Server:
             req = json.loads(line.decode("utf-8"))
         except (UnicodeDecodeError, ValueError):
             return b'{"error": "bad request: not a JSON line"}\n'
+        if isinstance(req, dict) and req.get("get") == "stacks":
+            return self._stacks()
         if not isinstance(req, dict) or req.get("get") != "counters":
             return b'{"error": "unknown request; send {\\"get\\": \\"counters\\"}"}\n'
         now = time.monotonic()
@@ -378,6 +387,22 @@ class Server:
         self.reply_cache = data
         self.reply_cache_t = time.monotonic()
         return data
+
+    def _stacks(self) -> bytes:
+        """Every thread's Python stack (main thread first), asked for only when dlmon sees a stall."""
+        now = time.monotonic()
+        if now - self.stacks_t < STACKS_MIN_GAP_S and self.stacks_cache is not None:
+            return self.stacks_cache
+        try:
+            body = json.dumps(
+                {"v": WIRE_VERSION, "pid": os.getpid(), "unix_time": time.time(), "threads": thread_stacks()},
+                separators=(",", ":"),
+            )
+        except Exception as exc:
+            body = json.dumps({"error": f"internal: {type(exc).__name__}: {exc}"})
+        self.stacks_cache = body.encode("utf-8") + b"\n"
+        self.stacks_t = now
+        return self.stacks_cache
 
     # -- teardown ------------------------------------------------------------------------------
 
@@ -568,6 +593,27 @@ def _loader_wire(ls: _hooks._LoaderState, now_pc: int) -> dict[str, Any]:
         "batches_per_worker": [int(x) for x in list(ls.per_worker)],
         "iterators": iters,
     }
+
+
+def thread_stacks() -> list[dict[str, Any]]:
+    """The Python stack of each thread (innermost call last), main thread first; bounded."""
+    frames = sys._current_frames()
+    names = {t.ident: t.name for t in threading.enumerate()}
+    main_id = threading.main_thread().ident
+    me = threading.get_ident()
+    order = sorted(frames, key=lambda ident: (ident != main_id, names.get(ident, "")))
+    out: list[dict[str, Any]] = []
+    for ident in order[:MAX_STACK_THREADS]:
+        if ident == me:
+            continue
+        stack: list[list[Any]] = []
+        f: Any = frames[ident]
+        while f is not None and len(stack) < MAX_STACK_FRAMES:  # no linecache: no file reads here
+            stack.append([f.f_code.co_filename, f.f_lineno, f.f_code.co_name])
+            f = f.f_back
+        stack.reverse()
+        out.append({"name": names.get(ident, str(ident)), "main": ident == main_id, "frames": stack})
+    return out
 
 
 def build_counters(server: Server | None) -> dict[str, Any]:

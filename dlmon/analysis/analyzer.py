@@ -24,8 +24,10 @@ from types import MappingProxyType
 
 from dlmon.analysis.detectors import DETECTORS, Candidate, Context, Detector, Thresholds
 from dlmon.analysis.detectors._base import DEFAULT_THRESHOLDS, AlertKey
+from dlmon.analysis.detectors.stall import quiet_input_bound
 from dlmon.analysis.digest import Digest, DigestLimits
 from dlmon.analysis.kinds import (
+    FD_EXHAUSTION,
     INPUT_BOUND,
     IO_SATURATION,
     LEAKED_WORKERS,
@@ -34,7 +36,9 @@ from dlmon.analysis.kinds import (
     OVERSUBSCRIPTION,
     SEVERITY_RANK,
     SHM_EXHAUSTION,
+    STALL,
     SWAP_ACTIVITY,
+    TRAINER_DIED,
     VRAM_PRESSURE,
     WORKER_DIED,
     ZOMBIE_WORKER,
@@ -63,6 +67,9 @@ DEFAULT_HOLDS: Mapping[str, Hold] = MappingProxyType(
         OVERSUBSCRIPTION: Hold(5.0, 20.0),
         VRAM_PRESSURE: Hold(3.0, 15.0),
         SWAP_ACTIVITY: Hold(0.0, 60.0),
+        TRAINER_DIED: Hold(0.0, 0.0),  # the last snapshots of a run: say it at once
+        STALL: Hold(0.0, 3.0),  # the detector already waited 20 usual intervals (10 s at least)
+        FD_EXHAUSTION: Hold(0.0, 15.0),  # the detector demands a steady rise or a high share
     }
 )
 _DEFAULT_HOLD = Hold(3.0, 15.0)
@@ -172,6 +179,11 @@ class Analyzer:
         cores = self.cores if self._cores_given or not s.target_cores else max(1, int(s.target_cores))
         ctx = Context(tuple(self._recent), self.digest, cores, self.thresholds, active)
         seen: set[AlertKey] = set()
+        try:
+            hung = quiet_input_bound(ctx)  # a hang is a stall, never "too few workers"
+        except Exception as exc:
+            self._swallowed(exc)
+            hung = frozenset()
         for detector in self.detectors.values():
             try:
                 candidates = detector(ctx)
@@ -181,6 +193,8 @@ class Analyzer:
                 self._swallowed(exc)
                 continue
             for c in candidates:
+                if c.kind == INPUT_BOUND and c.key in hung:
+                    continue
                 key = (c.kind, c.key)
                 seen.add(key)
                 track = self._tracks.get(key)

@@ -13,6 +13,9 @@ SHM_EXHAUSTION = "shm_exhaustion"
 OVERSUBSCRIPTION = "oversubscription"
 VRAM_PRESSURE = "vram_pressure"
 SWAP_ACTIVITY = "swap_activity"
+TRAINER_DIED = "trainer_died"
+STALL = "stall"
+FD_EXHAUSTION = "fd_exhaustion"
 
 KINDS: tuple[str, ...] = (
     MEMORY_GROWTH,
@@ -26,6 +29,9 @@ KINDS: tuple[str, ...] = (
     OVERSUBSCRIPTION,
     VRAM_PRESSURE,
     SWAP_ACTIVITY,
+    TRAINER_DIED,
+    STALL,
+    FD_EXHAUSTION,
 )
 
 INFO = "info"

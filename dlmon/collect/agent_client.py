@@ -32,10 +32,15 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
+from dlmon.agent._journal import DEATHS_SUFFIX
 from dlmon.agent._paths import candidate_socket_dirs, dir_is_private, target_uids
 from dlmon.model.snapshot import GpuDevice, LoaderSample, PinnedMemory, WorkerDeath
 
 REQUEST = b'{"get": "counters"}\n'
+STACKS_REQUEST = b'{"get": "stacks"}\n'
+MAX_JOURNALS = 64
+MAX_JOURNAL_READ = 256 * 1024
+MAX_KNOWN_DEATHS = 256
 WHERE_CACHE_S = 10.0  # how long a target's uid and agent directories are trusted
 MAX_REPLY = 4 * 1024 * 1024
 DEFAULT_TIMEOUT_S = 0.2
@@ -173,6 +178,11 @@ class AgentClient:
         # pid -> (expires, uids, candidate dirs): reading them from /proc/PID/status and environ
         # cost ~80 us per pid per tick; a running process keeps both.
         self._dirs: dict[int, tuple[float, tuple[int, int], tuple[str, ...]]] = {}
+        # pid -> [death journal path, bytes read]: remembered after the pid's agent answered once
+        # and read on every poll, the target's death included (that is when it matters most).
+        self._journals: dict[int, list[Any]] = {}
+        self._deaths: dict[tuple[int, int | None], WorkerDeath] = {}  # (pid, reported_by) -> death
+        self._socket_of: dict[int, str] = {}
 
     # -- transport -----------------------------------------------------------------------------
 
@@ -224,7 +234,7 @@ class AgentClient:
         got = cls._candidates(pid)
         return got[1][0] if got is not None and got[1] else None
 
-    def _connect(self, pid: int) -> socket.socket | None:
+    def _connect(self, pid: int, request: bytes = REQUEST) -> socket.socket | None:
         """A connected socket with the request sent, trying each place pid's agent may serve.
 
         The process listening must be ``pid`` itself, running as the target's uid or as root.
@@ -242,14 +252,15 @@ class AgentClient:
                 if peer is None or peer[0] != pid or peer[1] not in (*uids, 0):
                     sock.close()
                     continue  # someone else's socket under pid's name: never talk to it
-                sock.send(REQUEST)  # 20 bytes into an empty socket buffer: never partial
+                sock.send(request)  # a few bytes into an empty socket buffer: never partial
             except OSError:  # stale (refused), backlog full, or not ours to read: try the next
                 sock.close()
                 continue
+            self._remember_journal(pid, path)
             return sock
         return None
 
-    def read_raw(self, pids: Iterable[int]) -> dict[int, dict[str, Any]]:
+    def read_raw(self, pids: Iterable[int], request: bytes = REQUEST) -> dict[int, dict[str, Any]]:
         """One raw (cumulative) reply per pid whose agent answered within the deadline."""
         deadline = time.monotonic() + self.timeout_s
         sel = selectors.DefaultSelector()
@@ -257,7 +268,7 @@ class AgentClient:
         out: dict[int, dict[str, Any]] = {}
         try:
             for pid in dict.fromkeys(int(p) for p in pids):
-                sock = self._connect(pid)
+                sock = self._connect(pid, request)
                 if sock is None:
                     continue
                 bufs[pid] = bytearray()
@@ -304,6 +315,8 @@ class AgentClient:
             return None
         if not isinstance(obj, dict) or "error" in obj or _int(obj.get("pid")) != pid:
             return None
+        if "threads" in obj:  # a stacks reply
+            return obj if isinstance(obj.get("threads"), list) else None
         if _int(obj.get("time_ns")) is None or not isinstance(obj.get("loaders", []), list):
             return None
         return obj
@@ -318,10 +331,68 @@ class AgentClient:
             del self._prev[gone]
         for gone in set(self._dirs) - set(want):
             del self._dirs[gone]
+        self._read_journals()
         if not raw:
             return None
         reading = self.convert(raw)
+        for d in reading.worker_deaths:
+            self._deaths.setdefault((d.pid, d.reported_by), d)
         return reading if reading.pids else None
+
+    # -- deaths that outlive the trainer ----------------------------------------------------------
+
+    def _remember_journal(self, pid: int, socket_file: str) -> None:
+        if pid in self._journals or len(self._journals) >= MAX_JOURNALS:
+            return
+        self._journals[pid] = [os.path.join(os.path.dirname(socket_file), f"{pid}{DEATHS_SUFFIX}"), 0]
+        self._socket_of[pid] = socket_file
+
+    def _read_journals(self) -> None:
+        """New lines of each remembered agent's death journal (one open and read per agent)."""
+        for pid, entry in self._journals.items():
+            path, offset = entry
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+            except OSError:
+                continue
+            try:
+                data = os.pread(fd, MAX_JOURNAL_READ, offset)
+            except OSError:
+                data = b""
+            finally:
+                os.close(fd)
+            end = data.rfind(b"\n") + 1  # whole lines only: a line being written waits for the next poll
+            entry[1] = offset + end
+            for line in data[:end].splitlines():
+                d = _journal_death(pid, line)
+                if d is not None and len(self._deaths) < MAX_KNOWN_DEATHS:
+                    self._deaths.setdefault((d.pid, d.reported_by), d)
+
+    def known_deaths(self) -> tuple[WorkerDeath, ...]:
+        """Every worker death seen so far, by the socket or the agents' journals, oldest first."""
+        return tuple(sorted(self._deaths.values(), key=lambda d: (d.time or 0.0, d.pid)))
+
+    # -- stacks -----------------------------------------------------------------------------------
+
+    def main_thread_stack(self, pid: int) -> tuple[str, list[tuple[str, int | None, str]]] | None:
+        """(thread name, frames outermost first) of the main thread of pid's agent; None if unknown."""
+        raw = self.read_raw([pid], STACKS_REQUEST).get(pid)
+        if raw is None:
+            return None
+        for t in _list(raw.get("threads")):
+            if isinstance(t, dict) and t.get("main") is True:
+                frames = [
+                    (str(f[0]), _int(f[1]), str(f[2]))
+                    for f in _list(t.get("frames"))
+                    if isinstance(f, list) and len(f) == 3
+                ]
+                return str(t.get("name") or "MainThread"), frames
+        return None
+
+    def stack_dir(self, pid: int) -> str | None:
+        """The private directory of pid's agent (where its workers write their stack files)."""
+        path = self._socket_of.get(pid)
+        return os.path.dirname(path) if path is not None else None
 
     def convert(self, raw: Mapping[int, Mapping[str, Any]]) -> AgentReading:
         """Turn raw replies (pid -> reply) into a reading, updating the previous-reading state.
@@ -433,19 +504,7 @@ class AgentClient:
         deaths: list[WorkerDeath] = []
         for d in wire_deaths:
             if isinstance(d, dict) and _int(d.get("pid")) is not None:
-                lid = d.get("loader_id")
-                deaths.append(
-                    WorkerDeath(
-                        pid=int(d["pid"]),
-                        reported_by=pid,
-                        worker_id=_int(d.get("worker_id")),
-                        loader_id=f"{pid}:{lid}" if isinstance(lid, (int, str)) else None,
-                        signal=_int(d.get("signal")),
-                        signal_name=_str(d.get("signal_name")),
-                        exit_code=_int(d.get("exit_code")),
-                        time=_num(d.get("unix_time")),
-                    )
-                )
+                deaths.append(_wire_death(pid, d, "agent"))
         degraded = {f"{pid}:{str(hook)[:100]}": str(why)[:300] for hook, why in wire_degraded.items()}
         return (
             _Prev(agent_id, time_ns, cur_loaders),
@@ -497,6 +556,8 @@ class AgentClient:
             alive=wl.get("alive") is not False,
             startup_s_total=_startup_s(wl),
             epochs_started=_int(wl.get("epochs_started")),
+            in_call_s=_in_call_s(wl),
+            in_startup=_pending(wl, "startup_wait_ns_pending") > 0 and not _pending(wl, "wait_ns_pending"),
         )
         detail = LoaderDetail(
             id=lid,
@@ -514,6 +575,39 @@ class AgentClient:
             compute_s_total=secs("compute_ns_total"),
         )
         return sample, detail
+
+
+def _in_call_s(wl: Mapping[str, Any]) -> float | None:
+    """The longest call in progress on this loader's iterators, in seconds (0.0: none)."""
+    calls = [_int(it.get("in_call_ns")) for it in _list(wl.get("iterators")) if isinstance(it, dict)]
+    known = [c for c in calls if c is not None]
+    return max(known) / 1e9 if known else None
+
+
+def _wire_death(reporter: int, d: Mapping[str, Any], source: str) -> WorkerDeath:
+    lid = d.get("loader_id")
+    return WorkerDeath(
+        pid=int(d["pid"]),
+        reported_by=reporter,
+        worker_id=_int(d.get("worker_id")),
+        loader_id=f"{reporter}:{lid}" if isinstance(lid, (int, str)) else None,
+        signal=_int(d.get("signal")),
+        signal_name=_str(d.get("signal_name")),
+        exit_code=_int(d.get("exit_code")),
+        time=_num(d.get("unix_time")),
+        loader_name=_str(d.get("loader_name")),
+        source=source,
+    )
+
+
+def _journal_death(reporter: int, line: bytes) -> WorkerDeath | None:
+    try:
+        d = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(d, dict) or _int(d.get("pid")) is None:
+        return None
+    return _wire_death(reporter, d, "journal")
 
 
 def _wait_fraction(cur: Mapping[str, Any], prev: Mapping[str, Any], dt_s: float) -> float | None:

@@ -11,9 +11,13 @@ from dlmon.collect.agent_client import AgentClient, AgentReading, merge_torch_me
 from dlmon.collect.cgroup import CgroupMemoryReader, UsableCores
 from dlmon.collect.disks import DiskStatsReader
 from dlmon.collect.gpu import GpuCollector
+from dlmon.collect.kernel import KernelLog
+from dlmon.collect.limits import FdLimits
 from dlmon.collect.processes import ProcessTracker
 from dlmon.collect.procfs import CLOCK_TICKS, boot_time, read_cmdline
+from dlmon.collect.shm_usage import JobShm
 from dlmon.collect.smaps_budget import BudgetPolicy, SmapsBudget
+from dlmon.collect.stacks import StallProbe
 from dlmon.collect.system import read_meminfo, read_oom_kill_count, read_pressure, read_shm
 from dlmon.model import (
     GpuDevice,
@@ -92,6 +96,10 @@ class Sampler:
         self._exit_code = exit_code
         self._last_time: float | None = None
         self.last_cost: TickCost | None = None
+        self._kernel = KernelLog()
+        self._fd_limits = FdLimits(proc_root)
+        self._job_shm = JobShm(proc_root)
+        self._stall = StallProbe(self._agent)
 
     def sample(self) -> Snapshot:
         cpu_start = time.thread_time()
@@ -103,6 +111,7 @@ class Sampler:
         t_gpu = time.thread_time()
         gpu_status, gpus = self._gpu.sample()
         processes = _with_gpu_memory(processes, gpus)
+        processes = self._fd_limits.attach(processes)
         t_agent = time.thread_time()
         # Agents serve in the trainer and its Python children (ranks), never in workers.
         reading = self._agent.poll(
@@ -116,6 +125,9 @@ class Sampler:
         pressure = read_pressure(f"{self.proc_root}/pressure")
         oom_kill_count = read_oom_kill_count(self.proc_root)
         target_cores = self._cores.read() if alive else None
+        shm = self._job_shm.attach(shm, self.pid, (p.pid for p in processes))
+        kernel_events = self._kernel.sample([self.pid, *(p.pid for p in processes)])
+        stacks = self._stall.probe(reading, processes)
         t_build = time.thread_time()
         if reading is not None:
             processes = _with_agent_identity(processes, reading)
@@ -176,7 +188,9 @@ class Sampler:
             cgroup=cgroup,
             loaders=reading.loaders if reading else (),
             pinned=reading.pinned if reading else None,
-            worker_deaths=reading.worker_deaths if reading else (),
+            worker_deaths=self._agent.known_deaths(),
+            kernel_events=kernel_events,
+            stacks=stacks,
             processes_without_held_fds=self.processes.without_held_fds,
             target_cores=target_cores,
         )
@@ -204,6 +218,7 @@ class Sampler:
     def close(self) -> None:
         self.processes.close()
         self._gpu.close()
+        self._kernel.close()
 
 
 def _sum_if_all(values: Iterable[int | None]) -> int | None:

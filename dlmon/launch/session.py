@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import sys
@@ -11,7 +12,8 @@ from collections.abc import Callable
 from types import FrameType
 from typing import TextIO
 
-from dlmon.analysis import events, format_event
+from dlmon.analysis import Analyzer, events, format_event
+from dlmon.analysis.verdict import exit_verdict
 from dlmon.collect.procfs import read_cmdline
 from dlmon.collect.sampler import Sampler
 from dlmon.flow.loop import Faults, Pipeline, handle_signals, pid_exists, sample_until_done
@@ -95,6 +97,33 @@ class AlertLog:
         self._previous = snapshot.alerts
 
 
+class LastSnapshot:
+    """A sink that keeps the last analysed snapshot, for the verdict at the end."""
+
+    def __init__(self) -> None:
+        self.snapshot: Snapshot | None = None
+
+    def __call__(self, snapshot: Snapshot) -> None:
+        self.snapshot = snapshot
+
+    @classmethod
+    def of(cls, analyzer: Analyzer) -> LastSnapshot:
+        """The analyzer's last snapshot with its alerts (the dashboard keeps no copy of its own)."""
+        keeper = cls()
+        history = analyzer.history()
+        if history:
+            keeper.snapshot = dataclasses.replace(history[-1], alerts=analyzer.alerts)
+        return keeper
+
+    def say_verdict(self, exit_code: int | None, stream: TextIO | None = None) -> None:
+        try:
+            line = exit_verdict(self.snapshot, exit_code)
+        except Exception as exc:  # the training's own exit status matters more than our sentence
+            line = f"training exited {exit_code} (no verdict: {type(exc).__name__}: {exc})"
+        if line is not None:
+            print(f"dlmon: {line}", file=stream or sys.stderr, flush=True)
+
+
 def run_headless(
     command: list[str],
     interval: float,
@@ -148,8 +177,8 @@ def _watch(
     report: Reporter = say,
 ) -> int:
     faults = Faults(report)
-    last: list[Snapshot] = []
-    sinks = ((on_alerts,) if on_alerts else ()) + (_keep_last(last),)
+    last = LastSnapshot()
+    sinks = (on_alerts, last) if on_alerts else (last,)
     pipeline = Pipeline(analyzer, open_writer(record_path, faults, report), sinks, faults)
     try:
         sampler = Sampler(training.pid, exit_code=training.exit_code)
@@ -165,17 +194,11 @@ def _watch(
         sampler.close()
     pipeline.finish(reason)
     code = exit_status(training.popen.wait())
-    leftovers = left_behind(training.pid, last[0] if last else None)
+    leftovers = left_behind(training.pid, last.snapshot)
     if leftovers:
         report(describe_left_behind(leftovers))
     summary = faults.summary()
     if summary:
         report(summary)
+    last.say_verdict(code)
     return code
-
-
-def _keep_last(box: list[Snapshot]) -> Callable[[Snapshot], None]:
-    def keep(snapshot: Snapshot) -> None:
-        box[:] = [snapshot]
-
-    return keep

@@ -63,6 +63,7 @@ class ProcessSample:
     pss_anon_bytes: int | None = None  # PSS of anonymous pages: heap, copied-on-read objects
     pss_file_bytes: int | None = None  # PSS of file-backed pages: mmapped datasets, libraries
     anonymous_bytes: int | None = None  # anonymous pages resident (shared copy-on-write ones too)
+    fd_limit: int | None = None  # RLIMIT_NOFILE soft limit (/proc/PID/limits "Max open files"), read rarely
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +134,8 @@ class ShmSample:
     total_bytes: int | None
     used_bytes: int | None
     available_bytes: int | None
+    job_segments: int | None = None  # the job's torch_<pid>_* files in it (file_system strategy)
+    job_bytes: int | None = None  # ... and the bytes they hold
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +207,8 @@ class LoaderSample:
     # progress included; it is not in data_wait_fraction (which is steady-state only)
     startup_s_total: float | None = None
     epochs_started: int | None = None
+    in_call_s: float | None = None  # how long the trainer has been inside __next__ now (0: not waiting)
+    in_startup: bool | None = None  # that call is the first of an epoch (workers starting up)
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +229,50 @@ class WorkerDeath:
     time: float | None  # Unix time
     signal_name: str | None = None  # "SIGKILL"
     reported_by: int | None = None  # the training process whose worker it was
+    loader_name: str | None = None  # LoaderSample.name of its loader
+    source: str | None = None  # "agent" (socket), "journal" (the agent's death file), "kernel" (/dev/kmsg)
+
+
+@dataclass(frozen=True, slots=True)
+class KernelEvent:
+    """A kernel log line (/dev/kmsg) about a process of the job: an OOM kill or a segfault."""
+
+    kind: str  # "oom_kill" | "segfault"
+    pid: int
+    comm: str | None
+    time: float | None  # Unix time (from the kernel's monotonic stamp)
+    constraint: str | None = None  # oom_kill: "cgroup" (a memory cgroup's limit) | "machine" | other
+    memcg: str | None = None  # oom_kill: the cgroup whose limit was hit
+    anon_rss_bytes: int | None = None  # oom_kill: the victim's memory at the kill
+    file_rss_bytes: int | None = None
+    shmem_rss_bytes: int | None = None
+    total_vm_bytes: int | None = None
+    line: str = ""  # the kernel's own line, at most 300 characters
+    memcg_limit_bytes: int | None = None  # oom_kill in a cgroup: that cgroup's limit, read right after
+    memcg_peak_bytes: int | None = None  # ... and its peak usage (v1 max_usage_in_bytes, v2 memory.peak)
+
+
+@dataclass(frozen=True, slots=True)
+class StackFrame:
+    file: str
+    line: int | None
+    function: str
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessStack:
+    """Where a process is stuck: its Python stack (one thread), taken when dlmon saw a stall."""
+
+    pid: int
+    role: str  # "main" | "worker"
+    worker_id: int | None
+    time: float  # Unix time it was taken
+    thread: str | None  # "MainThread", or None for a worker's dump (its current thread)
+    frames: tuple[StackFrame, ...]  # outermost first, innermost last
+    state: str | None = None  # /proc/PID/stat state then
+    wchan: str | None = None  # the kernel function it sleeps in (/proc/PID/wchan)
+    reading: str | None = None  # a regular file it has open for reading, if any (/proc/PID/fd)
+    source: str = ""  # "agent" (sys._current_frames), "faulthandler" (worker dump), "none"
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,6 +314,8 @@ class Snapshot:
     agent_note: str | None = None  # why the in-process agent is unreachable, when dlmon can tell
     # the cores the target may use: its affinity and its cgroup's CPU quota, whichever is smaller
     target_cores: float | None = None
+    kernel_events: tuple[KernelEvent, ...] = ()  # OOM kills / segfaults of the job's processes (recent)
+    stacks: tuple[ProcessStack, ...] = ()  # stacks of stuck processes, taken during a stall
 
     def workers(self) -> tuple[ProcessSample, ...]:
         return tuple(p for p in self.processes if p.role == "worker")

@@ -49,6 +49,9 @@ class ProcessRow:
     uss: Series = field(default_factory=_new_worker_series)
     cpu: Series = field(default_factory=_new_worker_series)
     read: Series = field(default_factory=_new_worker_series)
+    batches: int | None = None  # batches this worker delivered (agent), and when that count last moved
+    last_batch_time: float | None = None
+    batch_age_s: float | None = None  # seconds since its last batch, as of the newest snapshot
 
     @property
     def label(self) -> str:
@@ -151,6 +154,12 @@ class DashboardState:
             loader = loader_of.get(p.pid)
             row.loader_id = loader.id if loader is not None else row.loader_id
             row.batch_share = shares.get(p.pid)
+            counts = loader.batches_per_worker if loader is not None else ()
+            if p.worker_id is not None and p.worker_id < len(counts):
+                n = counts[p.worker_id]
+                if n != row.batches:
+                    row.batches, row.last_batch_time = n, (t if row.batches is not None else None)
+                row.batch_age_s = t - row.last_batch_time if row.last_batch_time is not None else None
             row.pss.add(t, p.pss_bytes)
             row.rss.add(t, p.rss_bytes)
             row.uss.add(t, p.uss_bytes)

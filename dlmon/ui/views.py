@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dlmon.analysis.startup import startup_of
+from dlmon.analysis.verdict import exit_verdict
 from dlmon.model import Alert, MemorySummary, ProcessSample, Snapshot
 from dlmon.model.format import fd_limit_note
 from dlmon.ui.fmt import DASH, NA, cbytes, cpct, duration, human_bytes, mbps, ratio
@@ -592,6 +593,10 @@ def alert_lines(state: DashboardState, width: int, compact: bool, panel_key: str
         return ((("no alerts", "dim"),),)
     assert s is not None
     out: list[Line] = []
+    verdict = exit_verdict(s, None) if not s.target.alive else None
+    if verdict is not None:  # the final frame says how it ended, until the user quits
+        for chunk in textwrap.wrap(verdict, max(10, width)):
+            out.append(((chunk, "crit"),))
     for a in alerts:
         sev = _SEVERITY_WORD.get(a.severity, a.severity.upper()[:4])
         since = duration(s.time - a.since)
@@ -638,12 +643,13 @@ COLUMNS: tuple[Column, ...] = (
     Column("shm", "SHM", 6, True, 20),
     Column("read", "RD MB/s", 7, True, 50, "read"),
     Column("batch", "BATCH%", 6, True, 40),
+    Column("last", "LAST", 6, True, 5),  # dropped first when narrow
     Column("gpu", "GPU", 6, True, 30, "gpu"),
 )
 
 
 def table_columns(width: int, *, batches: bool, gpu: bool) -> tuple[Column, ...]:
-    cols = [c for c in COLUMNS if (c.key != "batch" or batches) and (c.key != "gpu" or gpu)]
+    cols = [c for c in COLUMNS if (c.key not in ("batch", "last") or batches) and (c.key != "gpu" or gpu)]
     while cols and sum(c.width for c in cols) + len(cols) - 1 > width:
         cols.remove(min(cols, key=lambda c: c.priority))
     return tuple(cols)
@@ -713,6 +719,8 @@ def table_cells(row: ProcessRow, cols: Sequence[Column], interval: float | None)
             text = DASH if row.gone else mbps(p.read_bytes_per_s)
         elif c.key == "batch":
             text = DASH if row.batch_share is None else f"{row.batch_share * 100:.0f}"
+        elif c.key == "last":  # seconds since this worker's last batch
+            text = DASH if row.gone or row.batch_age_s is None else duration(row.batch_age_s).replace(" ", "")
         elif c.key == "gpu":
             text = cbytes(p.gpu_memory_bytes)
         else:  # pragma: no cover - every column is handled above
@@ -743,6 +751,27 @@ def table_header(cols: Sequence[Column], sort: str, reverse: bool) -> Line:
 def sort_caption(sort: str, reverse: bool, count: int) -> str:
     order = "ascending" if reverse else ("natural order" if sort == "id" else "descending")
     return f"{count} processes · sorted by {SORT_NAMES.get(sort, sort)} ({order})"
+
+
+def stall_of(row: ProcessRow, alerts: Sequence[Alert]) -> Alert | None:
+    """The stall alert that names this row's process as the stuck one."""
+    for a in alerts:
+        if a.kind == "stall" and a.evidence.get("pid") == row.process.pid and not row.gone:
+            return a
+    return None
+
+
+def stuck_line(row: ProcessRow, alerts: Sequence[Alert], width: int) -> Line | None:
+    """``  └ stuck in hang_here (jobs.py:88) for 2.2 min`` under a stuck worker's row."""
+    a = stall_of(row, alerts)
+    if a is None:
+        return None
+    where = a.evidence.get("stuck_in")
+    secs = a.evidence.get("stalled_s")
+    text = f"  └ stuck in {where}" if where else "  └ stuck"
+    if isinstance(secs, (int, float)):
+        text += f" for {duration(float(secs))}"
+    return ((clip(text, width), "crit"),)
 
 
 # ---- worker detail --------------------------------------------------------------------------
@@ -833,7 +862,26 @@ def detail_lines(row: ProcessRow, snapshot: Snapshot | None, width: int) -> Line
         d = row.death
         how = f"signal {d.signal}" if d.signal is not None else f"exit code {d.exit_code}"
         lines.append(((f"died: {how} at {time.strftime('%H:%M:%S', time.localtime(d.time))}", "crit"),))
+    lines.extend(stack_lines(row, snapshot, width))
     return tuple(lines)
+
+
+def stack_lines(row: ProcessRow, snapshot: Snapshot | None, width: int) -> Lines:
+    """Where this process is stuck or crashed: the whole stack behind its stall / death alert."""
+    alerts = snapshot.alerts if snapshot is not None else ()
+    for a in alerts:
+        if a.evidence.get("pid") != row.process.pid or a.kind not in ("stall", "worker_died", "trainer_died"):
+            continue
+        stack = a.evidence.get("stack")
+        if not isinstance(stack, str) or not stack:
+            continue
+        head = "stuck" if a.kind == "stall" else "died"
+        extra = [f"{k} {a.evidence[k]}" for k in ("state", "wchan", "reading") if a.evidence.get(k)]
+        title = f"{head}: " + "  ".join(extra) if extra else head + ":"
+        out: list[Line] = [(), ((clip(title, width), "crit"),)]
+        out.extend(((clip("  " + ln, width), ""),) for ln in stack.splitlines())
+        return tuple(out)
+    return ()
 
 
 def _per_s(v: float | None) -> str:

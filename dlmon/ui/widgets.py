@@ -30,6 +30,7 @@ from dlmon.ui.views import (
     Line,
     Lines,
     sort_caption,
+    stuck_line,
     table_cells,
     table_columns,
     table_header,
@@ -347,6 +348,9 @@ class WorkerTable(LinesView):
                 style = "cursor" if focused else "cursor-blur"
                 line = tuple((text, style) for text, _ in line)
             lines.append(line)
+            stuck = stuck_line(rows[i], latest.alerts, width) if latest is not None else None
+            if stuck is not None:
+                lines.append(stuck)
         self.set_lines(tuple(lines))
 
     def on_resize(self) -> None:

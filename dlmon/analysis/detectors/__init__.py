@@ -19,6 +19,7 @@ from dlmon.analysis.detectors._base import (
     Thresholds,
     headroom,
 )
+from dlmon.analysis.detectors.fds import detect_fd_exhaustion
 from dlmon.analysis.detectors.gpu import detect_vram_pressure
 from dlmon.analysis.detectors.io import detect_io_saturation
 from dlmon.analysis.detectors.loader import detect_input_bound, detect_oversubscription, detect_shm_exhaustion
@@ -26,10 +27,13 @@ from dlmon.analysis.detectors.memory import detect_memory_growth, detect_swap_ac
 from dlmon.analysis.detectors.processes import (
     detect_leaked_workers,
     detect_orphan_worker,
+    detect_trainer_died,
     detect_worker_died,
     detect_zombie_worker,
 )
+from dlmon.analysis.detectors.stall import detect_stall
 from dlmon.analysis.kinds import (
+    FD_EXHAUSTION,
     INPUT_BOUND,
     IO_SATURATION,
     LEAKED_WORKERS,
@@ -37,7 +41,9 @@ from dlmon.analysis.kinds import (
     ORPHAN_WORKER,
     OVERSUBSCRIPTION,
     SHM_EXHAUSTION,
+    STALL,
     SWAP_ACTIVITY,
+    TRAINER_DIED,
     VRAM_PRESSURE,
     WORKER_DIED,
     ZOMBIE_WORKER,
@@ -58,6 +64,9 @@ DETECTORS: dict[str, Detector] = {
     OVERSUBSCRIPTION: detect_oversubscription,
     VRAM_PRESSURE: detect_vram_pressure,
     SWAP_ACTIVITY: detect_swap_activity,
+    TRAINER_DIED: detect_trainer_died,
+    STALL: detect_stall,
+    FD_EXHAUSTION: detect_fd_exhaustion,
 }
 
 
@@ -85,6 +94,7 @@ __all__ = [
     "JobTree",
     "Thresholds",
     "detect",
+    "detect_fd_exhaustion",
     "detect_input_bound",
     "detect_io_saturation",
     "detect_leaked_workers",
@@ -92,7 +102,9 @@ __all__ = [
     "detect_orphan_worker",
     "detect_oversubscription",
     "detect_shm_exhaustion",
+    "detect_stall",
     "detect_swap_activity",
+    "detect_trainer_died",
     "detect_vram_pressure",
     "detect_worker_died",
     "detect_zombie_worker",

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Mapping, Sequence
+
 from dlmon.analysis.detectors._base import (
+    MIB,
     Candidate,
     Context,
     Headroom,
@@ -19,11 +23,13 @@ from dlmon.analysis.kinds import (
     INFO,
     LEAKED_WORKERS,
     ORPHAN_WORKER,
+    TRAINER_DIED,
     WARNING,
     WORKER_DIED,
     ZOMBIE_WORKER,
 )
 from dlmon.model import ProcessSample, Snapshot, WorkerDeath
+from dlmon.model.snapshot import KernelEvent, ProcessStack, StackFrame
 
 SIGNAL_NAMES = {
     1: "SIGHUP",
@@ -166,6 +172,153 @@ def _oom_increase(ctx: Context, when: float) -> tuple[int | None, str | None]:
     return None, None
 
 
+def _clock(t: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t))
+
+
+def kernel_event(s: Snapshot, pid: int, kind: str) -> KernelEvent | None:
+    """The kernel's last line of ``kind`` about ``pid`` in the snapshot, if it logged one."""
+    found = None
+    for e in s.kernel_events:
+        if e.pid == pid and e.kind == kind:
+            found = e
+    return found
+
+
+def _snapshot_at(ctx: Context, when: float) -> Snapshot:
+    """The last snapshot taken before ``when`` (the job as it stood just before the death)."""
+    best = ctx.recent[0]
+    for snap in ctx.recent:
+        if snap.time > when:
+            break
+        best = snap
+    return best
+
+
+def _oom_figures(
+    ctx: Context, event: KernelEvent | None, when: float
+) -> tuple[str, dict[str, float | int | str | None]]:
+    """ "cgroup limit 512 MiB, job at 505 MiB; its RSS at the kill 480 MiB anon" and the numbers."""
+    before = _snapshot_at(ctx, when)
+    ev: dict[str, float | int | str | None] = {}
+    parts: list[str] = []
+    scope = event.constraint if event is not None else None
+    cg = before.cgroup
+    if scope == "cgroup" or (scope is None and cg is not None and cg.limit_bytes is not None):
+        limit = event.memcg_limit_bytes if event is not None and event.memcg_limit_bytes else None
+        limit = limit if limit is not None else (cg.limit_bytes if cg is not None else None)
+        peak = event.memcg_peak_bytes if event is not None else None
+        current = cg.current_bytes if cg is not None else None
+        text = f"cgroup limit {size(limit)}"
+        if peak is not None:
+            text += f", cgroup peak {size(peak)}"
+        else:
+            text += f", cgroup at {size(current)} just before"
+        parts.append(text)
+        ev.update(limit="cgroup", limit_bytes=limit, cgroup_peak_bytes=peak, memory_before_bytes=current)
+    else:
+        m = before.memory
+        parts.append(f"machine memory {size(m.total_bytes)}, {size(m.available_bytes)} available just before")
+        ev.update(limit="machine", limit_bytes=m.total_bytes, available_before_bytes=m.available_bytes)
+    job = before.memory.pss_sum_bytes
+    if job is not None:
+        parts.append(f"job PSS {size(job)}")
+        ev["job_pss_before_bytes"] = job
+    if event is not None:
+        rss = sum_known((event.anon_rss_bytes, event.file_rss_bytes, event.shmem_rss_bytes))
+        parts.append(
+            f"its RSS at the kill {size(rss)} (anon {size(event.anon_rss_bytes)}, "
+            f"shmem {size(event.shmem_rss_bytes)})"
+        )
+        ev.update(
+            kernel_anon_rss_bytes=event.anon_rss_bytes,
+            kernel_file_rss_bytes=event.file_rss_bytes,
+            kernel_shmem_rss_bytes=event.shmem_rss_bytes,
+            kernel_memcg=event.memcg,
+            kernel_line=event.line,
+        )
+    return "; ".join(parts), ev
+
+
+TRAIL_POINTS = 12
+VANISHED_BEFORE_EXIT_S = 5.0  # without the agent: workers gone this long before the trainer's error exit
+MAX_STACK_TEXT = 4000
+
+
+def latest_stack(ctx: Context, pid: int) -> ProcessStack | None:
+    """The newest stack dlmon took of ``pid`` in the recent snapshots."""
+    for snap in reversed(ctx.recent):
+        for st in snap.stacks:
+            if st.pid == pid:
+                return st
+    return None
+
+
+def _short(f: StackFrame) -> str:
+    return f"{f.function} ({f.file.rsplit('/', 1)[-1]}:{f.line if f.line is not None else '?'})"
+
+
+def describe_frames(frames: Sequence[StackFrame]) -> str:
+    """``hang_here (jobs.py:88)``, with the caller outside the standard library and torch when
+    the innermost frame is inside them: ``string_at (__init__.py:519) from __getitem__ (deaths.py:77)``."""
+    inner = frames[-1]
+    text = _short(inner)
+
+    def library(f: StackFrame) -> bool:
+        return "/lib/python" in f.file or "/site-packages/" in f.file or f.file.startswith("<")
+
+    if library(inner):
+        user = next((f for f in reversed(frames) if not library(f)), None)
+        if user is not None:
+            text += f" from {_short(user)}"
+    return text
+
+
+def format_stack(frames: Sequence[StackFrame]) -> str:
+    """Outermost first, one frame a line, as a traceback reads; bounded."""
+    text = "\n".join(f'File "{f.file}", line {f.line}, in {f.function}' for f in frames)
+    return text[-MAX_STACK_TEXT:]
+
+
+def black_box(ctx: Context, pid: int) -> dict[str, float | int | str | None]:
+    """The dead process's last minutes of memory, thinned to TRAIL_POINTS readings (MiB, fds)."""
+    points: list[ProcessSample] = []
+    times: list[float] = []
+    for snap in ctx.recent:
+        for p in snap.processes:
+            if p.pid == pid and p.state not in DEAD:
+                points.append(p)
+                times.append(snap.time)
+    if not points:
+        return {}
+    step = max(1, -(-len(points) // TRAIL_POINTS))
+    idx = list(range(len(points) - 1, -1, -step))[::-1]
+
+    def series(get: Callable[[ProcessSample], int | None], scale: float) -> str:
+        return ",".join("" if (v := get(points[i])) is None else f"{v / scale:.0f}" for i in idx)
+
+    mib = float(MIB)
+    return {
+        "trail_t": ",".join(f"{times[i] - times[-1]:.0f}" for i in idx),  # seconds before its last reading
+        "trail_pss_mib": series(lambda p: p.pss_bytes, mib),
+        "trail_uss_mib": series(lambda p: p.uss_bytes, mib),
+        "trail_rss_anon_mib": series(lambda p: p.rss_anon_bytes, mib),
+        "trail_shm_mib": series(lambda p: p.shmem_bytes, mib),
+        "trail_fds": series(lambda p: p.num_fds, 1.0),
+    }
+
+
+def describe_trail(ev: Mapping[str, float | int | str | None]) -> str | None:
+    """ "USS 120 -> 480 MiB over its last 110 s" from a black box, when it says anything."""
+    t = ev.get("trail_t")
+    for key, name in (("trail_uss_mib", "USS"), ("trail_pss_mib", "PSS"), ("trail_rss_anon_mib", "anon RSS")):
+        vals = [v for v in str(ev.get(key) or "").split(",") if v]
+        if len(vals) >= 2 and isinstance(t, str):
+            span = -float(t.split(",")[0] or 0)
+            return f"{name} {vals[0]} -> {vals[-1]} MiB over its last {duration(span)}"
+    return None
+
+
 def _death_candidate(
     ctx: Context, death: WorkerDeath, when: float, room: Headroom | None
 ) -> Candidate | None:
@@ -177,69 +330,108 @@ def _death_candidate(
         "pid": death.pid,
         "worker_id": death.worker_id,
         "loader_id": death.loader_id,
+        "loader": death.loader_name,
         "signal": sig,
         "exit_code": death.exit_code,
         "time": when,
+        "source": death.source,
     }
+    at = f" at {_clock(when)}"
+    who = f"DataLoader {label}" + (f" of {death.loader_name}" if death.loader_name else "")
     memory_advice = "Lower num_workers or batch_size, or fix the growth (see memory_growth)"
     if room is not None:
         memory_advice += f"; now {describe_headroom(room)}"
-    if sig == SIGKILL:
+    oom = kernel_event(s, death.pid, "oom_kill")
+    if sig == SIGKILL or (sig is None and oom is not None):
         kills, counter = _oom_increase(ctx, when)
         evidence["oom_kills"] = kills
         evidence["oom_counter"] = counter
-        if kills:
+        if oom is not None or kills:
             cause, severity = "oom_killer", CRITICAL
-            message = (
-                f"DataLoader {label} was killed by the OOM killer (SIGKILL, and the {counter} "
-                f"OOM-kill count rose by {kills})."
+            figures, more = _oom_figures(ctx, oom, when)
+            evidence.update(more)
+            witness = (
+                "the kernel log names it"
+                if oom is not None
+                else f"the {counter} OOM-kill count rose by {kills}"
             )
+            message = f"{who} was killed by the kernel OOM killer{at} ({figures}; {witness})."
             advice = memory_advice + "; copy-on-read of a Python-object Dataset is the usual cause."
         elif kills == 0:
             cause, severity = "sigkill", WARNING
             message = (
-                f"DataLoader {label} was killed by SIGKILL, not by the OOM killer (no OOM kill was "
-                f"counted by the {counter})."
+                f"{who} was killed by SIGKILL{at}, not by the OOM killer (no OOM kill was "
+                f"counted by the {counter}, none in the kernel log)."
             )
             advice = "Something sent kill -9: a supervisor, a timeout, a user; check who."
         else:
             cause, severity = "sigkill_unknown", CRITICAL
             message = (
-                f"DataLoader {label} was killed by SIGKILL, most often the OOM killer "
+                f"{who} was killed by SIGKILL{at}, most often the OOM killer "
                 "(the OOM counters before its death are unknown)."
             )
             advice = "Check dmesg for 'Out of memory: Killed process'. " + memory_advice + "."
     elif sig == SIGBUS:
         cause, severity = "shm_exhausted", CRITICAL
-        shm = s.shm
-        free = "" if shm is None else f" ({size(shm.available_bytes)} free of {size(shm.total_bytes)} now)"
-        message = f"DataLoader {label} died of SIGBUS (Bus error): shared memory /dev/shm ran out{free}."
+        shm = _snapshot_at(ctx, when).shm or s.shm
+        free = (
+            ""
+            if shm is None
+            else f" ({size(shm.used_bytes)} used of {size(shm.total_bytes)}, "
+            f"{size(shm.available_bytes)} free)"
+        )
+        message = f"{who} died of SIGBUS (Bus error){at}: shared memory /dev/shm ran out{free}."
         advice = (
             "Give /dev/shm more room (docker run --shm-size=8g, or a bigger tmpfs), or lower "
-            "num_workers, prefetch_factor or the batch size."
+            "num_workers, prefetch_factor or the batch size; or pass tensors through files with "
+            "torch.multiprocessing.set_sharing_strategy('file_system')."
         )
+        if shm is not None and shm.job_segments:
+            message = message[:-1] + (
+                f"; the job's own torch segments there: {shm.job_segments}, {size(shm.job_bytes)}."
+            )
         if shm is not None:
+            evidence["shm_job_segments"] = shm.job_segments
+            evidence["shm_job_bytes"] = shm.job_bytes
             evidence["shm_available_bytes"] = shm.available_bytes
+            evidence["shm_used_bytes"] = shm.used_bytes
             evidence["shm_total_bytes"] = shm.total_bytes
     elif sig in (SIGSEGV, SIGABRT):
         cause, severity = "crash", CRITICAL
-        message = f"DataLoader {label} crashed ({name}): a native library failed inside the worker."
+        seg = kernel_event(s, death.pid, "segfault")
+        where = f"; kernel: {seg.line}" if seg is not None else ""
+        stack = latest_stack(ctx, death.pid)
+        if stack is not None and stack.frames:
+            where = f" in {describe_frames(stack.frames)}{where}"
+            evidence["stack"] = format_stack(stack.frames)
+        message = f"{who} crashed ({name}){at}: a native library failed inside the worker{where}."
         advice = (
             "Usual suspects are image/video libraries with their own threads (OpenCV: "
             "cv2.setNumThreads(0) in worker_init_fn) or a library not safe after fork; try "
             "multiprocessing_context='spawn' or 'forkserver'."
         )
+        if seg is not None:
+            evidence["kernel_line"] = seg.line
     elif sig is not None:
         cause, severity = "signal", WARNING
-        message = f"DataLoader {label} was ended by {name}."
+        message = f"{who} was ended by {name}{at}."
         advice = "Something signalled the worker; check the job's supervisor and the log."
     elif death.exit_code not in (None, 0):
         cause, severity = "exit_code", WARNING
-        message = f"DataLoader {label} exited with code {death.exit_code}."
+        message = f"{who} exited with code {death.exit_code}{at}."
         advice = "Read the worker's traceback in the training log: the Dataset raised."
     else:
         return None
     evidence["cause"] = cause
+    memo_key = ("black_box", death.pid, round(when))
+    box = ctx.digest.memo.get(memo_key)
+    if not isinstance(box, dict):
+        box = black_box(ctx, death.pid)
+        ctx.digest.remember(memo_key, box)
+    evidence.update(box)
+    trail = describe_trail(box)
+    if trail is not None and cause in ("oom_killer", "sigkill_unknown", "shm_exhausted"):
+        message = message[:-1] + f"; {trail}."
     return Candidate(
         WORKER_DIED, f"death:{death.pid}:{round(when)}", severity, label, message, advice, evidence
     )
@@ -290,6 +482,156 @@ def _vanished(ctx: Context) -> list[Candidate]:
     ]
 
 
+def _role_of(ctx: Context, pid: int) -> tuple[str, int | None] | None:
+    for snap in reversed(ctx.recent):
+        for p in snap.processes:
+            if p.pid == pid:
+                return p.role, p.worker_id
+    return None
+
+
+def _killed_without_agent(ctx: Context, reported: set[int]) -> list[Candidate]:
+    """Workers the kernel log says it OOM-killed, that no agent reported (kept like any death)."""
+    s = ctx.latest
+    out: list[Candidate] = []
+    for e in s.kernel_events:
+        if e.kind != "oom_kill" or e.pid in reported or e.pid == s.target.pid:
+            continue
+        role = _role_of(ctx, e.pid)
+        if role is not None and role[0] != "worker":
+            continue
+        when = e.time if e.time is not None else s.time
+        if when < s.time - ctx.config.death_window_s:
+            continue
+        death = WorkerDeath(e.pid, role[1] if role else None, None, 9, None, when, source="kernel")
+        c = _death_candidate(ctx, death, when, headroom(s))
+        if c is not None:
+            out.append(c)
+    return out
+
+
+def _vanished_without_agent(ctx: Context, reported: set[int]) -> list[Candidate]:
+    """No loader lists the workers (no agent): workers that left the tree just before the trainer
+    exited with an error. Which of them died first, and how, cannot be known; say what is."""
+    s = ctx.latest
+    code = s.target.exit_code
+    if len(ctx.recent) < 2 or s.target.alive or code is None or code == 0 or code > 128:
+        return []  # killed by a signal: trainer_died says it, its workers' ends follow from it
+    if any(snap.loaders for snap in ctx.recent):
+        return []  # the agent was there: it reports deaths itself
+    present = {p.pid for p in s.processes if p.state not in DEAD}
+    window = ctx.window(VANISHED_BEFORE_EXIT_S)[:-1] or ctx.recent[-2:-1]
+    last_alive: dict[int, tuple[float, ProcessSample]] = {}
+    for snap in window:
+        for p in snap.processes:
+            if p.role == "worker" and p.state not in DEAD:
+                last_alive[p.pid] = (snap.time, p)
+    gone = [w for _, w in last_alive.values() if w.pid not in present and w.pid not in reported]
+    prev_time = min((t for t, w in last_alive.values() if w in gone), default=s.time)
+    gone = [w for w in gone if kernel_event(s, w.pid, "oom_kill") is None]
+    if not gone:
+        return []
+    gone.sort(key=lambda w: w.pid)
+    labels = ", ".join(
+        f"{w.worker_id} (pid {w.pid})" if w.worker_id is not None else f"pid {w.pid}" for w in gone[:8]
+    )
+    noun = "worker" if len(gone) == 1 else "workers"
+    return [
+        Candidate(
+            WORKER_DIED,
+            "vanished:job",
+            WARNING,
+            labels,
+            f"DataLoader {noun} {labels} vanished between {_clock(prev_time)} and {_clock(s.time)}, as the "
+            f"trainer exited with code {s.target.exit_code}; how is unknown (no dlmon agent in the trainer "
+            "to see a worker die, nothing in the kernel log).",
+            "Run the training under 'dlmon run' (or call dlmon.agent.start() in it) to see which worker "
+            "died and how; the training log has torch's own line.",
+            {
+                "pids": ",".join(str(w.pid) for w in gone),
+                "pid": gone[0].pid,
+                "cause": "vanished",
+                "time": s.time,
+            },
+        )
+    ]
+
+
+def detect_trainer_died(ctx: Context) -> list[Candidate]:
+    """The trainer itself was killed (exit 128+N under dlmon run, or the kernel log names it)."""
+    s = ctx.latest
+    t = s.target
+    if t.alive:
+        return []
+    oom = kernel_event(s, t.pid, "oom_kill")
+    code = t.exit_code
+    sig = code - 128 if code is not None and code > 128 else None
+    if oom is None and sig is None:
+        return []
+    when = oom.time if oom is not None and oom.time is not None else s.time
+    label = process_label("main", t.pid)
+    evidence: dict[str, float | int | str | None] = {
+        "pid": t.pid,
+        "exit_code": code,
+        "signal": sig,
+        "time": when,
+    }
+    kills, counter = _oom_increase(ctx, when) if sig in (None, SIGKILL) else (None, None)
+    if oom is not None or (sig == SIGKILL and kills):
+        figures, more = _oom_figures(ctx, oom, when)
+        evidence.update(more, cause="oom_killer")
+        message = (
+            f"The trainer (pid {t.pid}) was killed by the kernel OOM killer at {_clock(when)} ({figures})"
+        )
+        severity = CRITICAL
+    elif sig == SIGKILL and kills == 0:
+        evidence["cause"] = "sigkill"
+        message = (
+            f"The trainer (pid {t.pid}) was killed by SIGKILL at about {_clock(when)}, not by the OOM "
+            f"killer (no OOM kill counted by the {counter}, none in the kernel log)"
+        )
+        severity = WARNING
+    else:
+        name = SIGNAL_NAMES.get(sig or 0, f"signal {sig}")
+        evidence["cause"] = "crash" if sig in (SIGSEGV, SIGABRT, SIGBUS) else "signal"
+        message = f"The trainer (pid {t.pid}) was ended by {name} at about {_clock(when)}"
+        severity = CRITICAL if sig in (SIGSEGV, SIGABRT, SIGBUS) else WARNING
+    box = black_box(ctx, t.pid)
+    evidence.update(box)
+    trail = describe_trail(box)
+    # the workers it left alive at its death: remembered, they exit within seconds of it
+    memo_key = ("trainer_orphans", t.pid, t.start_time)
+    orphans = ctx.digest.memo.get(memo_key)
+    if not isinstance(orphans, list):
+        orphans = sorted(
+            p.pid for p in s.processes if p.pid != t.pid and p.state not in DEAD and p.role == "worker"
+        )
+        ctx.digest.remember(memo_key, orphans)
+    if trail is not None:
+        message += f"; {trail}"
+    if orphans:
+        n = len(orphans)
+        message += (
+            f"; its worker (pid {orphans[0]}) was orphaned"
+            if n == 1
+            else f"; its {n} workers (pids {pid_list(orphans)}) were orphaned"
+        )
+        evidence["orphans"] = ",".join(str(p) for p in orphans)
+    return [
+        Candidate(
+            TRAINER_DIED,
+            f"trainer:{t.pid}",
+            severity,
+            label,
+            message + ".",
+            "Lower the job's memory (batch size, num_workers, cached data) or raise the limit."
+            if evidence.get("cause") == "oom_killer"
+            else "Find who sent the signal (a supervisor, a timeout, a user) and read the log.",
+            evidence,
+        )
+    ]
+
+
 def detect_worker_died(ctx: Context) -> list[Candidate]:
     s = ctx.latest
     out: list[Candidate] = []
@@ -302,6 +644,9 @@ def detect_worker_died(ctx: Context) -> list[Candidate]:
             if candidate is not None:
                 out.append(candidate)
     out.extend(_vanished(ctx))
+    reported = {d.pid for d in s.worker_deaths}
+    out.extend(_killed_without_agent(ctx, reported))
+    out.extend(_vanished_without_agent(ctx, reported))
     return out
 
 

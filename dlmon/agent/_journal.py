@@ -1,0 +1,160 @@
+"""Last words that outlive the process: files in the agent's private (0700) directory.
+
+``<pid>.deaths.jsonl``: one JSON line per worker death, appended with a single ``write`` on an
+``O_APPEND`` descriptor the moment the SIGCHLD observer sees it, so that dlmon reads it even when
+the trainer dies the next millisecond (torch raises at once and nobody polls the socket again).
+The file is left behind on purpose: dlmon reads it after the trainer has exited. A new agent
+with the same pid removes its predecessor's; the socket sweep removes old ones.
+
+``<pid>.stack``: a DataLoader worker's stack dump file. The worker registers ``faulthandler``
+for :data:`STACK_SIGNAL` at start (C-level handler: it dumps even while the worker is stuck in C
+code holding the GIL; nothing runs until the signal comes). Its first line says which process
+wrote it (pid and start time) so that dlmon never signals a process that did not register.
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import time
+from typing import Any
+
+DEATHS_SUFFIX = ".deaths.jsonl"
+STACK_SUFFIX = ".stack"
+MAX_LINE = 4096
+JOURNAL_KEEP_S = 24 * 3600.0
+# A real-time signal: torch uses none; its default action (terminate) is why dlmon sends it only
+# to a process whose stack file says it registered the handler.
+STACK_SIGNAL = signal.SIGRTMIN + 7 if hasattr(signal, "SIGRTMIN") else None
+STACK_HEADER = "dlmon-stack"
+
+_dir: str | None = None  # the agent's directory, once it serves
+
+
+def set_directory(directory: str, pid: int) -> None:
+    """The agent serves from ``directory``: remove a journal a previous process with our pid left."""
+    global _dir
+    _dir = directory
+    with contextlib.suppress(OSError):
+        os.unlink(os.path.join(directory, f"{pid}{DEATHS_SUFFIX}"))
+
+
+def directory() -> str | None:
+    return _dir
+
+
+def append_death(rec: dict[str, Any]) -> None:
+    """One line, one write, O_APPEND: a reader never sees half a line from a live writer."""
+    d = _dir
+    if d is None:
+        return
+    try:
+        line = json.dumps(rec, separators=(",", ":"), default=str).encode("utf-8") + b"\n"
+        if len(line) > MAX_LINE:
+            return
+        fd = os.open(
+            os.path.join(d, f"{os.getpid()}{DEATHS_SUFFIX}"),
+            os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
+            0o600,
+        )
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+    except Exception:
+        pass
+
+
+def sweep_old(d: str, now: float | None = None, limit: int = 512) -> int:
+    """Remove journals and stack files older than a day (their processes are long gone)."""
+    now = time.time() if now is None else now
+    removed = 0
+    try:
+        names = os.listdir(d)[:limit]
+    except OSError:
+        return 0
+    for name in names:
+        if not (name.endswith(DEATHS_SUFFIX) or name.endswith(STACK_SUFFIX)):
+            continue
+        path = os.path.join(d, name)
+        try:
+            if now - os.lstat(path).st_mtime > JOURNAL_KEEP_S:
+                os.unlink(path)
+                removed += 1
+        except OSError:
+            continue
+    return removed
+
+
+def _own_start_time() -> int | None:
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            data = f.read()
+        return int(data[data.rindex(b")") + 2 :].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+_stack_file: Any = None  # kept open for the life of the worker: faulthandler writes to its fd
+
+
+def register_worker_stack_dump(worker_id: int | None) -> None:
+    """In a DataLoader worker, at start: dump all threads' stacks to our file on STACK_SIGNAL.
+
+    Chains to a handler the program installed for the same signal; never replaces one with
+    faulthandler's "call the previous action" when that action would terminate the worker.
+    """
+    global _stack_file
+    d = _dir
+    if d is None or STACK_SIGNAL is None or _stack_file is not None:
+        return
+    try:
+        import faulthandler
+
+        prev = signal.getsignal(STACK_SIGNAL)
+        if prev not in (signal.SIG_DFL, None) and prev is not signal.SIG_IGN and not callable(prev):
+            return
+        chain = callable(prev)
+        path = os.path.join(d, f"{os.getpid()}{STACK_SUFFIX}")
+        fd = os.open(
+            path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600
+        )
+        f = os.fdopen(fd, "w", buffering=1)
+        f.write(f"{STACK_HEADER} pid={os.getpid()} start={_own_start_time()} worker={worker_id}\n")
+        f.flush()
+        faulthandler.register(STACK_SIGNAL, file=f, all_threads=True, chain=chain)
+        _stack_file = f
+    except Exception:
+        pass
+
+
+def enable_crash_dump() -> None:
+    """After torch set the worker's own fatal-signal handlers: dump the stacks on SIGSEGV, SIGBUS,
+    SIGABRT, SIGFPE, SIGILL into the stack file first, then let torch's handler run as before."""
+    f = _stack_file
+    if f is None:
+        return
+    try:
+        import faulthandler
+
+        faulthandler.enable(file=f, all_threads=True)
+    except Exception:
+        pass
+
+
+def worker_exited_normally() -> None:
+    """The worker loop returned: its stack file is of no use to anyone now."""
+    if _stack_file is None or _dir is None:
+        return
+    with contextlib.suppress(OSError):
+        os.unlink(os.path.join(_dir, f"{os.getpid()}{STACK_SUFFIX}"))
+
+
+def after_fork_child() -> None:
+    """A forked child does not inherit its parent's stack file (it registers its own, if a worker)."""
+    global _stack_file
+    _stack_file = None

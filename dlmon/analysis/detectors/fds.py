@@ -1,0 +1,83 @@
+"""fd_exhaustion: a process running out of file descriptors (RLIMIT_NOFILE).
+
+torch's default ``file_descriptor`` sharing strategy keeps one fd per shared tensor in flight,
+and a training that opens a file per sample and keeps it leaks one per sample: both end in
+"Too many open files" (pytorch#973, #11201). Raised when a process holds most of its limit, or
+when its count has grown steadily and would reach the limit soon.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from dlmon.analysis.detectors._base import Candidate, Context, duration
+from dlmon.analysis.digest import DEAD, process_label
+from dlmon.analysis.kinds import CRITICAL, FD_EXHAUSTION, WARNING
+
+TREND_WINDOW_S = 60.0
+MIN_TREND_SPAN_S = 10.0
+MIN_TREND_POINTS = 4
+HIGH_FRACTION = 0.8
+HOLD_FRACTION = 0.7
+CRITICAL_FRACTION = 0.95
+ETA_S = 600.0  # growing steadily and out within 10 min
+MIN_GROWTH_FDS = 32  # a rise smaller than this over the window is noise (sockets, pipes come and go)
+
+
+def _trend(ctx: Context, pid: int, start_time: int) -> tuple[float | None, int, float]:
+    """(fds per second over the window, readings, seconds covered); None when not a steady rise."""
+    pts = [
+        (s.time, p.num_fds)
+        for s in ctx.window(TREND_WINDOW_S)
+        for p in s.processes
+        if p.pid == pid and p.start_time == start_time and p.num_fds is not None
+    ]
+    if len(pts) < MIN_TREND_POINTS:
+        return None, len(pts), 0.0
+    span = pts[-1][0] - pts[0][0]
+    rise = pts[-1][1] - pts[0][1]
+    falls = sum(1 for a, b in itertools.pairwise(pts) if b[1] < a[1])
+    if span < MIN_TREND_SPAN_S or rise < MIN_GROWTH_FDS or falls > len(pts) // 4:
+        return None, len(pts), span
+    return rise / span, len(pts), span
+
+
+def detect_fd_exhaustion(ctx: Context) -> list[Candidate]:
+    out: list[Candidate] = []
+    for p in ctx.latest.processes:
+        if p.state in DEAD or p.num_fds is None or not p.fd_limit:
+            continue
+        key = f"fds:{p.pid}:{p.start_time}"
+        held = ctx.is_active(FD_EXHAUSTION, key)
+        used = p.num_fds / p.fd_limit
+        rate, _n, span = _trend(ctx, p.pid, p.start_time)
+        eta = (p.fd_limit - p.num_fds) / rate if rate else None
+        high = used >= (HOLD_FRACTION if held else HIGH_FRACTION)
+        soon = eta is not None and eta <= ETA_S
+        if not (high or soon or (held and rate)):
+            continue
+        label = process_label(p.role, p.pid, p.worker_id)
+        trend = f", {rate * 60:.0f} more a minute over the last {duration(span)}" if rate else ""
+        out_in = f": out of them in about {duration(eta)}" if eta is not None else ""
+        out.append(
+            Candidate(
+                FD_EXHAUSTION,
+                key,
+                CRITICAL if used >= CRITICAL_FRACTION or (eta is not None and eta <= 60) else WARNING,
+                label,
+                f"{label.capitalize()} holds {p.num_fds} of its {p.fd_limit} file descriptors "
+                f"(RLIMIT_NOFILE){trend}{out_in}; then opens fail with 'Too many open files'.",
+                "Close files the Dataset or the loop opens (with-blocks); with many workers or large "
+                "prefetch, torch.multiprocessing.set_sharing_strategy('file_system') stops torch from "
+                "holding one fd per shared tensor; or raise the limit (ulimit -n).",
+                {
+                    "pid": p.pid,
+                    "fds": p.num_fds,
+                    "fd_limit": p.fd_limit,
+                    "fds_per_s": rate,
+                    "eta_s": eta,
+                    "used_fraction": round(used, 3),
+                },
+            )
+        )
+    return out

@@ -1,0 +1,321 @@
+"""stall: a job that stopped moving, and where it is stuck.
+
+- A loader that stopped delivering: the trainer has been inside ``__next__`` for much longer than
+  the loader's usual batch interval (``LoaderSample.in_call_s``). The stuck worker is the one
+  whose stack is not idle in its index queue (when dlmon took stacks), else the one that has
+  delivered the fewest batches (with in-order delivery the trainer waits for the laggard).
+- A trainer stuck outside the loader (a collective that never returns, a lock): no batch for
+  long, the trainer not inside ``__next__`` and sleeping (no CPU).
+
+A hang is not "too few workers": :func:`quiet_input_bound` tells the analyzer which loaders'
+input_bound candidates to drop while a call lasts far beyond the usual interval.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from dlmon.analysis.detectors._base import Candidate, Context, duration
+from dlmon.analysis.detectors.processes import describe_frames, format_stack, latest_stack
+from dlmon.analysis.kinds import CRITICAL, STALL, WARNING
+from dlmon.analysis.stats import median
+from dlmon.model import LoaderSample, ProcessSample
+from dlmon.model.snapshot import ProcessStack
+
+STALL_MIN_S = 10.0  # the same rule as dlmon.collect.stacks: a wait this long at least ...
+STALL_INTERVALS = 20.0  # ... and this many usual batch intervals
+STARTUP_STALL_S = 60.0  # a loader that never delivered steadily: only a wait this long
+OUTSIDE_MIN_S = 60.0  # the trainer outside the loader: no batch for this long, and asleep
+SUSPECT_MIN_S = 2.0  # a call this long and 5 intervals: no input_bound verdict (it is a hang, or one)
+SUSPECT_INTERVALS = 5.0
+CRITICAL_S = 300.0
+LONE_MIN_S = 30.0  # a worker that finished nothing this long while the loader went on
+SLEEPING_CPU_PERCENT = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class LoaderPace:
+    usual_interval_s: float | None  # median seconds per batch while it delivered (recent window)
+    last_progress: float | None  # when its batch count last moved, within the recent window
+
+
+def pace(ctx: Context, loader_id: str) -> LoaderPace:
+    """The loader's usual pace from the recent snapshots; remembered in the digest across a long stall."""
+    rates: list[float] = []
+    last_total: int | None = None
+    last_progress: float | None = None
+    for snap in ctx.recent:
+        for ls in snap.loaders:
+            if ls.id != loader_id:
+                continue
+            if ls.batches_per_s and ls.batches_per_s > 0 and not (ls.in_call_s or 0.0) > 1.0:
+                rates.append(ls.batches_per_s)
+            if ls.batches_total is not None and ls.batches_total != last_total:
+                last_total = ls.batches_total
+                last_progress = snap.time
+    memo_key = ("stall_pace", loader_id)
+    interval: float | None
+    if rates:
+        interval = 1.0 / median(rates)
+        ctx.digest.remember(memo_key, interval)
+    else:
+        remembered = ctx.digest.memo.get(memo_key)
+        interval = float(remembered) if isinstance(remembered, float) else None
+    return LoaderPace(interval, last_progress)
+
+
+def threshold_s(interval: float | None) -> float:
+    if interval is None:
+        return STARTUP_STALL_S
+    return max(STALL_MIN_S, STALL_INTERVALS * interval)
+
+
+def quiet_input_bound(ctx: Context) -> frozenset[str]:
+    """input_bound keys (``loader:ID``) to drop: the loader's current call is far beyond its pace."""
+    return ctx.cached("stall_quiet", lambda: _quiet(ctx))
+
+
+def _quiet(ctx: Context) -> frozenset[str]:
+    out: set[str] = set()
+    for ls in ctx.latest.loaders:
+        call = ls.in_call_s or 0.0
+        if call < SUSPECT_MIN_S:
+            continue
+        interval = pace(ctx, ls.id).usual_interval_s
+        if interval is None or call >= SUSPECT_INTERVALS * interval:
+            out.add(f"loader:{ls.id}")
+    return frozenset(out)
+
+
+def _is_idle(stack: ProcessStack) -> bool:
+    """A worker waiting for work: the call right under ``_worker_loop`` is its index queue's ``get``."""
+    frames = stack.frames
+    loops = [i for i, f in enumerate(frames) if f.function == "_worker_loop"]
+    if not loops or loops[-1] + 1 >= len(frames):
+        return False
+    below = frames[loops[-1] + 1]
+    return below.function == "get" and below.file.endswith("queues.py")
+
+
+def _stuck_worker(
+    ctx: Context, ls: LoaderSample, by_pid: dict[int, ProcessSample]
+) -> tuple[int | None, int | None, ProcessStack | None]:
+    """(worker id, pid, its stack) of the worker the trainer waits for; Nones when unknown."""
+    alive = [(wid, pid) for wid, pid in enumerate(ls.worker_pids) if pid in by_pid]
+    stacks = {pid: latest_stack(ctx, pid) for _, pid in alive}
+    busy = [(wid, pid) for wid, pid in alive if stacks[pid] is not None and not _is_idle(stacks[pid])]  # type: ignore[arg-type]
+    if busy:
+        wid, pid = busy[0]
+        return wid, pid, stacks[pid]
+    counts = ls.batches_per_worker
+    if alive and len(counts) >= len(ls.worker_pids):
+        wid, pid = min(alive, key=lambda x: counts[x[0]])
+        return wid, pid, stacks.get(pid)
+    return None, None, None
+
+
+def _where(stack: ProcessStack | None, proc: ProcessSample | None) -> tuple[str, dict[str, str | None]]:
+    parts: list[str] = []
+    ev: dict[str, str | None] = {}
+    if stack is not None and stack.frames:
+        parts.append(f"in {describe_frames(stack.frames)}")
+        ev["stack"] = format_stack(stack.frames)
+        ev["stuck_in"] = describe_frames(stack.frames)
+    state = stack.state if stack is not None and stack.state else (proc.state if proc is not None else None)
+    extra = []
+    if state:
+        extra.append(f"state {state}")
+    if stack is not None and stack.wchan:
+        extra.append(f"wchan {stack.wchan}")
+    if stack is not None and stack.reading:
+        extra.append(f"file {stack.reading}")
+    if extra:
+        parts.append("(" + ", ".join(extra) + ")")
+    ev.update(
+        state=state,
+        wchan=stack.wchan if stack is not None else None,
+        reading=stack.reading if stack is not None else None,
+    )
+    return " ".join(parts), ev
+
+
+def detect_stall(ctx: Context) -> list[Candidate]:
+    s = ctx.latest
+    if not s.loaders or not s.target.alive:
+        return []
+    by_pid = {p.pid: p for p in s.processes if p.state not in ("Z", "X")}
+    out: list[Candidate] = []
+    for ls in s.loaders:
+        if not ls.alive:
+            continue
+        p = pace(ctx, ls.id)
+        limit = threshold_s(None if ls.in_startup else p.usual_interval_s)  # start-up: 60 s
+        call = ls.in_call_s or 0.0
+        usual = (
+            f"usually one every {duration(p.usual_interval_s)}"
+            if p.usual_interval_s
+            else "none delivered yet"
+        )
+        trainer = by_pid.get(ls.pid)
+        main_stack = latest_stack(ctx, ls.pid)
+        if call >= limit:
+            out.append(_loader_stall(ctx, ls, call, usual, by_pid, main_stack))
+            continue
+        out.extend(_lone_workers(ctx, ls, p, by_pid))
+        quiet_for = s.time - p.last_progress if p.last_progress is not None else None
+        if (
+            call == 0.0
+            and quiet_for is not None
+            and p.usual_interval_s is not None
+            and quiet_for >= max(OUTSIDE_MIN_S, limit)
+            and trainer is not None
+            and trainer.cpu_percent is not None
+            and trainer.cpu_percent < SLEEPING_CPU_PERCENT
+        ):
+            out.append(_trainer_stall(ls, quiet_for, usual, trainer, main_stack))
+    return out
+
+
+def _loader_stall(
+    ctx: Context,
+    ls: LoaderSample,
+    call: float,
+    usual: str,
+    by_pid: dict[int, ProcessSample],
+    main_stack: ProcessStack | None,
+) -> Candidate:
+    wid, pid, stack = _stuck_worker(ctx, ls, by_pid)
+    evidence: dict[str, float | int | str | None] = {
+        "loader": ls.name,
+        "loader_id": ls.id,
+        "stalled_s": round(call, 1),
+        "where": "loader",
+        "trainer_pid": ls.pid,
+    }
+    if pid is not None:
+        where, ev = _where(stack, by_pid.get(pid))
+        who = f"worker {wid} (pid {pid})"
+        stuck = f"{who} is stuck {where}".rstrip() if where else f"{who} has delivered the fewest batches"
+        evidence.update(ev, worker_id=wid, pid=pid)
+        subject = f"worker {wid} (pid {pid})"
+    else:
+        stuck = "no worker could be singled out"
+        subject = f"loader {ls.name}"
+    if main_stack is not None and main_stack.frames:
+        evidence["trainer_stack"] = format_stack(main_stack.frames)
+    message = (
+        f"DataLoader {ls.name} has delivered no batch for {duration(call)} ({usual}) while the trainer "
+        f"(pid {ls.pid}) waits in __next__: {stuck}."
+    )
+    advice = (
+        "A hang, not a slow loader: more workers will not help. Look at the stuck worker's stack (Enter on "
+        "it in the Workers table); set DataLoader(timeout=...) to turn a hang into an error."
+    )
+    return Candidate(
+        STALL,
+        f"stall:{ls.id}",
+        CRITICAL if call >= CRITICAL_S else WARNING,
+        subject,
+        message,
+        advice,
+        evidence,
+    )
+
+
+def lone_threshold_s(interval: float | None, num_workers: int) -> float:
+    """The same rule as dlmon.collect.stacks: nothing finished this long while the others deliver."""
+    if interval is None:
+        return 2 * LONE_MIN_S
+    return max(LONE_MIN_S, STALL_INTERVALS * max(1, num_workers) * interval)
+
+
+def _lone_workers(
+    ctx: Context, ls: LoaderSample, p: LoaderPace, by_pid: dict[int, ProcessSample]
+) -> list[Candidate]:
+    """Workers that finished no batch for long while the loader went on (out-of-order delivery, or
+    the others covering for it), asleep: stuck."""
+    s = ctx.latest
+    out: list[Candidate] = []
+    limit = lone_threshold_s(p.usual_interval_s, len(ls.worker_pids))
+    loader_moving = p.last_progress is not None and s.time - p.last_progress < limit
+    for wid, pid in enumerate(ls.worker_pids):
+        if wid >= len(ls.batches_per_worker):
+            break
+        n = ls.batches_per_worker[wid]
+        key = ("stall_worker", ls.id, wid, pid)
+        seen = ctx.digest.memo.get(key)
+        if not (isinstance(seen, tuple) and seen[0] == n):
+            ctx.digest.remember(key, (n, s.time))
+            continue
+        idle_for = s.time - float(seen[1])
+        proc = by_pid.get(pid)
+        asleep = (
+            proc is not None and proc.state in ("S", "D") and (proc.cpu_percent or 0.0) < SLEEPING_CPU_PERCENT
+        )
+        if idle_for < limit or not loader_moving or not asleep:
+            continue
+        stack = latest_stack(ctx, pid)
+        if stack is None or _is_idle(stack):
+            continue  # no stack, or waiting for work (a shard ran out): not provably stuck
+        where, ev = _where(stack, proc)
+        stuck = f" It is stuck {where}." if where else ""
+        evidence: dict[str, float | int | str | None] = {
+            "loader": ls.name,
+            "loader_id": ls.id,
+            "stalled_s": round(idle_for, 1),
+            "where": "worker",
+            "worker_id": wid,
+            "pid": pid,
+            "trainer_pid": ls.pid,
+            **ev,
+        }
+        out.append(
+            Candidate(
+                STALL,
+                f"stall:{ls.id}:w{wid}",
+                CRITICAL if idle_for >= CRITICAL_S else WARNING,
+                f"worker {wid} (pid {pid})",
+                f"DataLoader {ls.name}'s worker {wid} (pid {pid}) has finished no batch for "
+                f"{duration(idle_for)} while the other workers delivered, and it is asleep.{stuck}",
+                "One worker is stuck (a lock, a network read, a deadlock in a library): the loader goes on "
+                "without it for now. Read its stack (Enter on it in the Workers table).",
+                evidence,
+            )
+        )
+    return out
+
+
+def _trainer_stall(
+    ls: LoaderSample, quiet_for: float, usual: str, trainer: ProcessSample, main_stack: ProcessStack | None
+) -> Candidate:
+    where, ev = _where(main_stack, trainer)
+    evidence: dict[str, float | int | str | None] = {
+        "loader": ls.name,
+        "loader_id": ls.id,
+        "stalled_s": round(quiet_for, 1),
+        "where": "trainer",
+        "pid": trainer.pid,
+        "trainer_pid": trainer.pid,
+        **ev,
+    }
+    stuck = f" It is stuck {where}." if where else ""
+    return Candidate(
+        STALL,
+        f"stall:{ls.id}",
+        CRITICAL if quiet_for >= CRITICAL_S else WARNING,
+        f"main (pid {trainer.pid})",
+        f"The trainer (pid {trainer.pid}) has asked DataLoader {ls.name} for no batch for "
+        f"{duration(quiet_for)} ({usual}) and is asleep outside the loader.{stuck}",
+        "The loader is not the problem: the training loop waits on something else (a collective, a "
+        "lock, a queue, a subprocess). Read the stack; for distributed jobs check the other ranks.",
+        evidence,
+    )
+
+
+def stuck_summary(stacks: Sequence[ProcessStack]) -> str | None:
+    """``hang_here (jobs.py:88)`` for the innermost frame of the first non-empty stack."""
+    for st in stacks:
+        if st.frames:
+            return describe_frames(st.frames)
+    return None

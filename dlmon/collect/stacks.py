@@ -1,0 +1,308 @@
+"""Where a stuck job is stuck: Python stacks of the trainer and of its DataLoader workers.
+
+Taken only when a loader looks stalled (the trainer inside ``__next__`` for much longer than
+the loader's usual batch interval, or no batch at all for long while it is not waiting), and then
+at most every ``RETAKE_S`` per loader. A healthy job never pays for any of it.
+
+- The trainer's main thread: the agent's ``{"get": "stacks"}`` (``sys._current_frames()`` in
+  its serving thread).
+- A worker: dlmon sends it ``STACK_SIGNAL``; the ``faulthandler`` handler the agent registered at
+  worker start appends all its threads' stacks to ``<pid>.stack`` in the agent's private directory.
+  The signal is sent only to a process of the tree whose stack file's header names that very
+  process (pid and start time): the signal's default action would kill one without the handler.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from dlmon.agent._journal import STACK_HEADER, STACK_SIGNAL, STACK_SUFFIX
+from dlmon.collect.agent_client import AgentClient, AgentReading
+from dlmon.model.snapshot import LoaderSample, ProcessSample, ProcessStack, StackFrame
+
+STALL_MIN_S = 10.0  # never call a wait shorter than this a stall
+STALL_INTERVALS = 20.0  # ... nor one shorter than this many usual batch intervals
+STARTUP_STALL_S = 60.0
+RETAKE_S = 30.0
+LONE_MIN_S = 30.0
+DUMP_WAIT_S = 0.3
+MAX_WORKERS = 16
+MAX_FRAMES = 40
+MAX_DUMP_BYTES = 64 * 1024
+MAX_FDS = 512
+
+CRASH_SIGNALS = frozenset({4, 6, 7, 8, 11})  # SIGILL, SIGABRT, SIGBUS, SIGFPE, SIGSEGV
+
+_FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+|\?\?\?) in (?P<func>.*)$')
+
+
+@dataclass(slots=True)
+class _LoaderWatch:
+    rate: float | None = None  # batches/s, smoothed over healthy intervals
+    batches: int | None = None
+    last_progress: float = 0.0  # monotonic time the batch count last moved
+    last_taken: float = -1e9
+    workers: dict[int, tuple[int, float]] = field(default_factory=dict)  # id -> (batches, since)
+    worker_taken: dict[int, float] = field(default_factory=dict)
+
+
+def lone_threshold_s(rate: float | None, num_workers: int) -> float:
+    """A worker that finished nothing this long while the others delivered is stuck."""
+    return max(LONE_MIN_S, STALL_INTERVALS * max(1, num_workers) / rate) if rate else LONE_MIN_S * 2
+
+
+def stall_threshold_s(rate: float | None) -> float:
+    """How long a wait must last to be a stall, given the loader's usual batches/s."""
+    if not rate:
+        return STARTUP_STALL_S  # workers starting up, or never delivered: only a long wait is a stall
+    return max(STALL_MIN_S, STALL_INTERVALS / rate)
+
+
+def parse_faulthandler(text: str) -> list[tuple[str | None, list[StackFrame]]]:
+    """faulthandler's dump: [(thread header, frames outermost first)] in the order written."""
+    threads: list[tuple[str | None, list[StackFrame]]] = []
+    for line in text.splitlines():
+        if line.startswith(("Thread ", "Current thread ", "Stack (most recent")):
+            threads.append((line.split(" (most recent")[0], []))
+            continue
+        m = _FRAME.match(line)
+        if m is not None and threads:
+            ln = m.group("line")
+            threads[-1][1].insert(
+                0, StackFrame(m.group("file"), int(ln) if ln.isdigit() else None, m.group("func"))
+            )
+    return threads
+
+
+def _read(path: str, limit: int = 4096) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read(limit).decode("utf-8", "replace")
+    except OSError:
+        return None
+
+
+def proc_state(pid: int) -> tuple[str | None, str | None, str | None]:
+    """(state letter, wchan, a regular file it has open) of a process; None where unreadable."""
+    stat = _read(f"/proc/{pid}/stat")
+    state = stat[stat.rindex(")") + 2] if stat and ")" in stat else None
+    wchan = _read(f"/proc/{pid}/wchan")
+    wchan = wchan.strip() if wchan and wchan.strip() not in ("", "0") else None
+    reading: str | None = None
+    with contextlib.suppress(OSError):
+        fds = sorted((int(n) for n in os.listdir(f"/proc/{pid}/fd") if n.isdigit()), reverse=True)
+        for fd in fds[:MAX_FDS]:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("/") and not target.startswith(("/dev/", "/proc/", "/sys/")):
+                if ".so" in os.path.basename(target) or target.endswith((STACK_SUFFIX, ".jsonl")):
+                    continue
+                reading = target
+                break
+    return state, wchan, reading
+
+
+def _start_time(pid: int) -> int | None:
+    stat = _read(f"/proc/{pid}/stat")
+    try:
+        return int(stat[stat.rindex(")") + 2 :].split()[19]) if stat else None
+    except (ValueError, IndexError):
+        return None
+
+
+class StallProbe:
+    """Decides when a loader is stalled and then collects stacks; keeps a little state per loader."""
+
+    def __init__(self, agent: AgentClient) -> None:
+        self._agent = agent
+        self._watch: dict[str, _LoaderWatch] = {}
+        self._crash_read: set[int] = set()
+        self.error: str | None = None  # the last failure, swallowed
+
+    def probe(
+        self, reading: AgentReading | None, processes: Sequence[ProcessSample]
+    ) -> tuple[ProcessStack, ...]:
+        """Stacks worth recording this tick (usually none). Never raises: a sample is worth more."""
+        try:
+            return self._crash_stacks() + self._stall_stacks(reading, processes)
+        except Exception as exc:
+            self.error = f"{type(exc).__name__}: {exc}"
+            return ()
+
+    def _crash_stacks(self) -> tuple[ProcessStack, ...]:
+        """The stacks a worker's faulthandler wrote as it crashed (SIGSEGV, SIGBUS, SIGABRT...)."""
+        out: list[ProcessStack] = []
+        for d in self._agent.known_deaths():
+            if d.pid in self._crash_read or d.signal not in CRASH_SIGNALS or d.reported_by is None:
+                continue
+            self._crash_read.add(d.pid)
+            directory = self._agent.stack_dir(d.reported_by)
+            if directory is None:
+                continue
+            text = self._new_text(os.path.join(directory, f"{d.pid}{STACK_SUFFIX}"), 0)
+            if text is None or "Fatal Python error" not in text:
+                continue
+            text = text[text.rindex("Fatal Python error") :]
+            out.append(self._worker_stack(d.worker_id, d.pid, text, live=False))
+        return tuple(out)
+
+    def _stall_stacks(
+        self, reading: AgentReading | None, processes: Sequence[ProcessSample]
+    ) -> tuple[ProcessStack, ...]:
+        if reading is None:
+            return ()
+        now = time.monotonic()
+        stuck: list[LoaderSample] = []
+        lone: list[tuple[int, int, int]] = []
+        for ls in reading.loaders:
+            w = self._watch.setdefault(ls.id, _LoaderWatch(last_progress=now))
+            if ls.batches_total != w.batches:
+                w.batches = ls.batches_total
+                w.last_progress = now
+                if ls.batches_per_s and not (ls.in_call_s or 0.0) > 1.0:
+                    w.rate = ls.batches_per_s if w.rate is None else 0.8 * w.rate + 0.2 * ls.batches_per_s
+            if not ls.alive:
+                continue
+            # a little before the detector's own threshold, so the stack is there when it raises
+            waited = max(ls.in_call_s or 0.0, now - w.last_progress)
+            limit = stall_threshold_s(None if ls.in_startup else w.rate)
+            if waited >= 0.8 * limit and now - w.last_taken >= RETAKE_S:
+                w.last_taken = now
+                stuck.append(ls)
+            lone.extend((ls.pid, wid, ls.worker_pids[wid]) for wid in self._lone_workers(ls, w, now))
+        for gone in set(self._watch) - {ls.id for ls in reading.loaders}:
+            del self._watch[gone]
+        if not stuck and not lone:
+            return ()
+        by_pid = {p.pid: p for p in processes}
+        out: list[ProcessStack] = []
+        trainers = dict.fromkeys(ls.pid for ls in stuck)
+        for pid in trainers:
+            out.extend(self._trainer_stack(pid))
+        workers = [
+            (ls.pid, wid, wpid)
+            for ls in stuck
+            if (ls.in_call_s or 0.0) > 0
+            for wid, wpid in enumerate(ls.worker_pids)
+            if wpid in by_pid and by_pid[wpid].state not in ("Z", "X")
+        ]
+        lone = [x for x in lone if x[2] in by_pid and x not in workers]
+        out.extend(self._worker_stacks((workers + lone)[:MAX_WORKERS]))
+        return tuple(out)
+
+    @staticmethod
+    def _lone_workers(ls: LoaderSample, w: _LoaderWatch, now: float) -> list[int]:
+        """Worker ids that finished no batch for long while the loader as a whole went on."""
+        out: list[int] = []
+        limit = 0.8 * lone_threshold_s(w.rate, len(ls.worker_pids))
+        for wid, n in enumerate(ls.batches_per_worker[: len(ls.worker_pids)]):
+            before = w.workers.get(wid)
+            if before is None or before[0] != n:
+                w.workers[wid] = (n, now)
+                continue
+            stuck_long = now - before[1] >= limit and now - w.last_progress < limit
+            if stuck_long and now - w.worker_taken.get(wid, -1e9) >= RETAKE_S:
+                w.worker_taken[wid] = now
+                out.append(wid)
+        return out
+
+    def _trainer_stack(self, pid: int) -> list[ProcessStack]:
+        got = self._agent.main_thread_stack(pid)
+        state, wchan, reading = proc_state(pid)
+        if got is None:
+            return []
+        name, frames = got
+        return [
+            ProcessStack(
+                pid=pid,
+                role="main",
+                worker_id=None,
+                time=time.time(),
+                thread=name,
+                frames=tuple(StackFrame(f, ln, fn) for f, ln, fn in frames[-MAX_FRAMES:]),
+                state=state,
+                wchan=wchan,
+                reading=reading,
+                source="agent",
+            )
+        ]
+
+    def _worker_stacks(self, workers: Iterable[tuple[int, int, int]]) -> list[ProcessStack]:
+        if STACK_SIGNAL is None:
+            return []
+        sent: list[tuple[int, int, str, int]] = []  # (worker id, pid, path, size before)
+        for trainer, wid, pid in workers:
+            d = self._agent.stack_dir(trainer)
+            if d is None:
+                continue
+            path = os.path.join(d, f"{pid}{STACK_SUFFIX}")
+            try:
+                size = os.stat(path, follow_symlinks=False).st_size
+                head = _read(path, 256) or ""
+            except OSError:
+                continue
+            fields = dict(kv.split("=", 1) for kv in head.split("\n", 1)[0].split()[1:] if "=" in kv)
+            if not head.startswith(STACK_HEADER) or fields.get("pid") != str(pid):
+                continue
+            if fields.get("start") != str(_start_time(pid)):
+                continue  # another process now has that pid
+            try:
+                os.kill(pid, STACK_SIGNAL)
+            except OSError:
+                continue
+            sent.append((wid, pid, path, size))
+        if not sent:
+            return []
+        deadline = time.monotonic() + DUMP_WAIT_S
+        out: list[ProcessStack] = []
+        pending = list(sent)
+        while pending and time.monotonic() < deadline:
+            time.sleep(0.02)
+            still: list[tuple[int, int, str, int]] = []
+            for wid, pid, path, size in pending:
+                text = self._new_text(path, size)
+                if text is None or "File " not in text:
+                    still.append((wid, pid, path, size))
+                    continue
+                out.append(self._worker_stack(wid, pid, text))
+            pending = still
+        return out
+
+    @staticmethod
+    def _new_text(path: str, size: int) -> str | None:
+        try:
+            with open(path, "rb") as f:
+                f.seek(size)
+                data = f.read(MAX_DUMP_BYTES)
+        except OSError:
+            return None
+        return data.decode("utf-8", "replace") if data else None
+
+    @staticmethod
+    def _worker_stack(wid: int | None, pid: int, text: str, live: bool = True) -> ProcessStack:
+        threads = parse_faulthandler(text)
+        chosen = next((t for t in threads if t[0] and t[0].startswith("Current thread")), None)
+        if live or chosen is None:
+            chosen = next((t for t in threads if any(f.function == "_worker_loop" for f in t[1])), chosen)
+        if chosen is None and threads:
+            chosen = threads[0]
+        state, wchan, reading = proc_state(pid) if live else (None, None, None)
+        return ProcessStack(
+            pid=pid,
+            role="worker",
+            worker_id=wid,
+            time=time.time(),
+            thread=chosen[0] if chosen else None,
+            frames=tuple(chosen[1][-MAX_FRAMES:]) if chosen else (),
+            state=state,
+            wchan=wchan,
+            reading=reading,
+            source="faulthandler" if live else "crash",
+        )
