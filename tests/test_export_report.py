@@ -96,6 +96,37 @@ def test_healthy_report_shows_the_recordings_own_figures(recordings: dict[str, P
     assert "Memory [MiB]" in out and "seconds since start" in out  # the plotext charts
 
 
+def coherent_pss_peak(snapshots: list[dict[str, Any]]) -> float:
+    """The largest job PSS among snapshots whose every PSS reading was taken after the newest
+    process of the tree first appeared (a parent's pre-fork PSS still counts its shared pages)."""
+    first_seen: dict[tuple[int, int], float] = {}
+    best = 0.0
+    for i, s in enumerate(snapshots):
+        seen = {
+            (p["pid"], p["start_time"]): first_seen.get(
+                (p["pid"], p["start_time"]), -1e18 if i == 0 else s["time"]
+            )
+            for p in s["processes"]
+        }
+        first_seen = seen
+        newest = max(seen.values())
+        read_at = [s["time"] - p["pss_age_s"] for p in s["processes"] if p["pss_bytes"] is not None]
+        if all(t >= newest - 1e-3 for t in read_at) and s["memory"]["pss_sum_bytes"] is not None:
+            best = max(best, s["memory"]["pss_sum_bytes"])
+    return best
+
+
+def test_the_job_pss_peak_never_adds_a_parents_pre_fork_pss_to_its_workers(
+    recordings: dict[str, Path],
+) -> None:
+    """The tick after a DataLoader forks its workers holds the workers' fresh PSS and the trainer's
+    PSS from before the fork (read on a budget): summed, the shared pages count twice. That sum
+    never existed and must not be the run's peak (it was +40% in a recording made here)."""
+    for name in ("healthy", "leak", "slow"):
+        snapshots = read_snapshots(recordings[name])
+        assert summarize(str(recordings[name])).peaks["job_pss"].value == coherent_pss_peak(snapshots)
+
+
 def test_leak_report_has_the_memory_growth_window(recordings: dict[str, Path]) -> None:
     result = report(str(recordings["leak"]), "--no-charts")
     assert result.returncode == 0, result.stderr
