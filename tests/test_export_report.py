@@ -241,6 +241,34 @@ def test_diff_fails_ci_on_a_throughput_regression(recordings: dict[str, Path]) -
     assert re.search(r"throughput \(mean samples/s\).*better", back.stdout)  # data-wait may rise with it
 
 
+def without_pss(path: Path, out: Path) -> Path:
+    """A copy of a real recording as made where smaps_rollup is unreadable (no PSS, no USS)."""
+    with open(path) as src, open(out, "w") as dst:
+        for line in src:
+            record = json.loads(line)
+            if record.get("type") == "snapshot":
+                record["memory"]["pss_sum_bytes"] = record["memory"]["uss_sum_bytes"] = None
+                for p in record["processes"]:
+                    p["pss_bytes"] = p["uss_bytes"] = p["pss_shmem_bytes"] = p["pss_age_s"] = None
+            dst.write(json.dumps(record) + "\n")
+    return out
+
+
+def test_diff_memory_never_compares_one_runs_pss_with_the_others_rss_sum(
+    recordings: dict[str, Path], tmp_path: Path
+) -> None:
+    """The same run, once without PSS readings: its memory is unchanged, not +100% (B's RSS sum
+    against A's PSS) nor -50% (the other way round, which would hide a real regression)."""
+    healthy = str(recordings["healthy"])
+    no_pss = str(without_pss(recordings["healthy"], tmp_path / "no_pss.jsonl"))
+    for a, b in ((healthy, no_pss), (no_pss, healthy)):
+        result = diff(a, b, "--fail-on", "memory+10%", "--fail-on", "memory-10%")
+        assert result.returncode == 0, result.stdout
+        assert re.search(r"peak RSS sum \(PSS not read in both\)\s.*\+0\.0%\s+same", result.stdout), (
+            result.stdout
+        )
+
+
 def test_diff_per_worker_memory_limit(recordings: dict[str, Path]) -> None:
     result = diff(str(recordings["healthy"]), str(recordings["leak"]), "--fail-on", "worker-memory+50%")
     assert result.returncode == 1 and "limit: worker-memory+50%: worker-memory changed +" in result.stdout
