@@ -269,6 +269,28 @@ def test_diff_memory_never_compares_one_runs_pss_with_the_others_rss_sum(
         )
 
 
+def test_diff_fails_ci_when_the_loader_never_delivers_a_batch(
+    recordings: dict[str, Path], tmp_path: Path
+) -> None:
+    """B: the start of the healthy run, cut where its DataLoader existed but had not delivered a
+    batch yet (a loader hung in start-up). Its throughput is 0, not "n/a, not a failure"."""
+    hung = tmp_path / "hung.jsonl"
+    with open(recordings["healthy"]) as src, open(hung, "w") as dst:
+        for line in src:
+            record = json.loads(line)
+            if record.get("type") != "snapshot":
+                continue
+            for lo in record["loaders"]:
+                lo.update(batches_total=0, samples_total=0, batches_per_s=None, samples_per_s=None)
+                lo.update(batches_per_worker=[0 for _ in lo["batches_per_worker"]])
+            dst.write(json.dumps(record) + "\n")
+            if record["loaders"]:
+                break
+    result = diff(str(recordings["healthy"]), str(hung), "--fail-on", "throughput-5%")
+    assert result.returncode == 1, result.stdout
+    assert "limit: throughput-5%: throughput changed -100.0%" in result.stdout, result.stdout
+
+
 def test_diff_per_worker_memory_limit(recordings: dict[str, Path]) -> None:
     result = diff(str(recordings["healthy"]), str(recordings["leak"]), "--fail-on", "worker-memory+50%")
     assert result.returncode == 1 and "limit: worker-memory+50%: worker-memory changed +" in result.stdout

@@ -25,6 +25,13 @@ def _peak(key: str) -> Callable[[RunSummary], float | None]:
     return read
 
 
+def _throughput(s: RunSummary) -> float | None:
+    """Mean samples/s; 0 for a recording whose DataLoaders never delivered a batch (a hang in
+    start-up is the worst regression, not a figure missing from it)."""
+    d = s.distributions.get("throughput")
+    return d.mean if d is not None else 0.0 if s.loaders else None
+
+
 def _mean(key: str) -> Callable[[RunSummary], float | None]:
     def read(s: RunSummary) -> float | None:
         d = s.distributions.get(key)
@@ -47,7 +54,7 @@ class Measure:
 
 # One line per figure that diff compares and --fail-on can name.
 MEASURES: tuple[Measure, ...] = (
-    Measure("throughput", "throughput (mean samples/s)", "per_s", _mean("throughput"), True),
+    Measure("throughput", "throughput (mean samples/s)", "per_s", _throughput, True),
     Measure("data-wait", "data-wait (mean)", "ratio", _mean("data_wait"), False),
     Measure(MEMORY, "peak job PSS", "bytes", _peak("job_pss"), False),
     Measure("rss", "peak RSS sum", "bytes", _peak("rss_sum"), False),
