@@ -96,6 +96,37 @@ def test_healthy_report_shows_the_recordings_own_figures(recordings: dict[str, P
     assert "Memory [MiB]" in out and "seconds since start" in out  # the plotext charts
 
 
+def coherent_pss_peak(snapshots: list[dict[str, Any]]) -> float:
+    """The largest job PSS among snapshots whose every PSS reading was taken after the newest
+    process of the tree first appeared (a parent's pre-fork PSS still counts its shared pages)."""
+    first_seen: dict[tuple[int, int], float] = {}
+    best = 0.0
+    for i, s in enumerate(snapshots):
+        seen = {
+            (p["pid"], p["start_time"]): first_seen.get(
+                (p["pid"], p["start_time"]), -1e18 if i == 0 else s["time"]
+            )
+            for p in s["processes"]
+        }
+        first_seen = seen
+        newest = max(seen.values())
+        read_at = [s["time"] - p["pss_age_s"] for p in s["processes"] if p["pss_bytes"] is not None]
+        if all(t >= newest - 1e-3 for t in read_at) and s["memory"]["pss_sum_bytes"] is not None:
+            best = max(best, s["memory"]["pss_sum_bytes"])
+    return best
+
+
+def test_the_job_pss_peak_never_adds_a_parents_pre_fork_pss_to_its_workers(
+    recordings: dict[str, Path],
+) -> None:
+    """The tick after a DataLoader forks its workers holds the workers' fresh PSS and the trainer's
+    PSS from before the fork (read on a budget): summed, the shared pages count twice. That sum
+    never existed and must not be the run's peak (it was +40% in a recording made here)."""
+    for name in ("healthy", "leak", "slow"):
+        snapshots = read_snapshots(recordings[name])
+        assert summarize(str(recordings[name])).peaks["job_pss"].value == coherent_pss_peak(snapshots)
+
+
 def test_leak_report_has_the_memory_growth_window(recordings: dict[str, Path]) -> None:
     result = report(str(recordings["leak"]), "--no-charts")
     assert result.returncode == 0, result.stderr
@@ -208,6 +239,56 @@ def test_diff_fails_ci_on_a_throughput_regression(recordings: dict[str, Path]) -
     back = diff(str(recordings["slow"]), str(recordings["healthy"]), *limits)
     assert back.returncode == 0, back.stdout
     assert re.search(r"throughput \(mean samples/s\).*better", back.stdout)  # data-wait may rise with it
+
+
+def without_pss(path: Path, out: Path) -> Path:
+    """A copy of a real recording as made where smaps_rollup is unreadable (no PSS, no USS)."""
+    with open(path) as src, open(out, "w") as dst:
+        for line in src:
+            record = json.loads(line)
+            if record.get("type") == "snapshot":
+                record["memory"]["pss_sum_bytes"] = record["memory"]["uss_sum_bytes"] = None
+                for p in record["processes"]:
+                    p["pss_bytes"] = p["uss_bytes"] = p["pss_shmem_bytes"] = p["pss_age_s"] = None
+            dst.write(json.dumps(record) + "\n")
+    return out
+
+
+def test_diff_memory_never_compares_one_runs_pss_with_the_others_rss_sum(
+    recordings: dict[str, Path], tmp_path: Path
+) -> None:
+    """The same run, once without PSS readings: its memory is unchanged, not +100% (B's RSS sum
+    against A's PSS) nor -50% (the other way round, which would hide a real regression)."""
+    healthy = str(recordings["healthy"])
+    no_pss = str(without_pss(recordings["healthy"], tmp_path / "no_pss.jsonl"))
+    for a, b in ((healthy, no_pss), (no_pss, healthy)):
+        result = diff(a, b, "--fail-on", "memory+10%", "--fail-on", "memory-10%")
+        assert result.returncode == 0, result.stdout
+        assert re.search(r"peak RSS sum \(PSS not read in both\)\s.*\+0\.0%\s+same", result.stdout), (
+            result.stdout
+        )
+
+
+def test_diff_fails_ci_when_the_loader_never_delivers_a_batch(
+    recordings: dict[str, Path], tmp_path: Path
+) -> None:
+    """B: the start of the healthy run, cut where its DataLoader existed but had not delivered a
+    batch yet (a loader hung in start-up). Its throughput is 0, not "n/a, not a failure"."""
+    hung = tmp_path / "hung.jsonl"
+    with open(recordings["healthy"]) as src, open(hung, "w") as dst:
+        for line in src:
+            record = json.loads(line)
+            if record.get("type") != "snapshot":
+                continue
+            for lo in record["loaders"]:
+                lo.update(batches_total=0, samples_total=0, batches_per_s=None, samples_per_s=None)
+                lo.update(batches_per_worker=[0 for _ in lo["batches_per_worker"]])
+            dst.write(json.dumps(record) + "\n")
+            if record["loaders"]:
+                break
+    result = diff(str(recordings["healthy"]), str(hung), "--fail-on", "throughput-5%")
+    assert result.returncode == 1, result.stdout
+    assert "limit: throughput-5%: throughput changed -100.0%" in result.stdout, result.stdout
 
 
 def test_diff_per_worker_memory_limit(recordings: dict[str, Path]) -> None:

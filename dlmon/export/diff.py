@@ -25,6 +25,13 @@ def _peak(key: str) -> Callable[[RunSummary], float | None]:
     return read
 
 
+def _throughput(s: RunSummary) -> float | None:
+    """Mean samples/s; 0 for a recording whose DataLoaders never delivered a batch (a hang in
+    start-up is the worst regression, not a figure missing from it)."""
+    d = s.distributions.get("throughput")
+    return d.mean if d is not None else 0.0 if s.loaders else None
+
+
 def _mean(key: str) -> Callable[[RunSummary], float | None]:
     def read(s: RunSummary) -> float | None:
         d = s.distributions.get(key)
@@ -33,9 +40,7 @@ def _mean(key: str) -> Callable[[RunSummary], float | None]:
     return read
 
 
-def _memory(s: RunSummary) -> float | None:
-    """Peak job PSS; the RSS sum where PSS was never read."""
-    return _peak("job_pss")(s) if "job_pss" in s.peaks else _peak("rss_sum")(s)
+MEMORY = "memory"
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,9 +54,9 @@ class Measure:
 
 # One line per figure that diff compares and --fail-on can name.
 MEASURES: tuple[Measure, ...] = (
-    Measure("throughput", "throughput (mean samples/s)", "per_s", _mean("throughput"), True),
+    Measure("throughput", "throughput (mean samples/s)", "per_s", _throughput, True),
     Measure("data-wait", "data-wait (mean)", "ratio", _mean("data_wait"), False),
-    Measure("memory", "peak job PSS", "bytes", _memory, False),
+    Measure(MEMORY, "peak job PSS", "bytes", _peak("job_pss"), False),
     Measure("rss", "peak RSS sum", "bytes", _peak("rss_sum"), False),
     Measure("anon", "peak anonymous RSS", "bytes", _peak("rss_anon"), False),
     Measure("shm", "peak /dev/shm used", "bytes", _peak("shm_used"), False),
@@ -114,6 +119,16 @@ class Comparison:
     verdict: str
 
 
+def _values(measure: Measure, a: RunSummary, b: RunSummary) -> tuple[str, float | None, float | None]:
+    """The measure's label and its value in A and in B. Memory is the job's PSS where both
+    recordings read it, else the RSS sum in both: never one's PSS against the other's RSS sum
+    (which counts shared pages once per process, +100% and more with forked workers)."""
+    va, vb = measure.read(a), measure.read(b)
+    if measure.name == MEMORY and (va is None or vb is None):
+        return "peak RSS sum (PSS not read in both)", _peak("rss_sum")(a), _peak("rss_sum")(b)
+    return measure.label, va, vb
+
+
 def _relative(a: float | None, b: float | None) -> float | None:
     if a is None or b is None or a == 0:
         return None
@@ -153,8 +168,7 @@ def _measured(limit: Limit, a: RunSummary, b: RunSummary) -> float | None:
             if (c := _relative(a.slot_peaks[name].value, b.slot_peaks[name].value)) is not None
         ]
         return (max(changes) if limit.direction > 0 else min(changes)) if changes else None
-    measure = BY_NAME[limit.name]
-    va, vb = measure.read(a), measure.read(b)
+    _, va, vb = _values(BY_NAME[limit.name], a, b)
     if limit.unit == "pp":
         return None if va is None or vb is None else vb - va
     return _relative(va, vb)
@@ -177,7 +191,10 @@ def breach(limit: Limit, a: RunSummary, b: RunSummary) -> str | None:
 
 
 def compare(a: RunSummary, b: RunSummary, limits: Sequence[Limit] = ()) -> Comparison:
-    rows = tuple(_row(m.label, m.unit, m.read(a), m.read(b), m.higher_is_better) for m in MEASURES)
+    rows = []
+    for m in MEASURES:
+        label, va, vb = _values(m, a, b)
+        rows.append(_row(label, m.unit, va, vb, m.higher_is_better))
     names = sorted(a.slot_peaks.keys() | b.slot_peaks.keys(), key=lambda n: (n != "main", n))
     worker_rows = tuple(
         _row(
@@ -201,7 +218,7 @@ def compare(a: RunSummary, b: RunSummary, limits: Sequence[Limit] = ()) -> Compa
         verdict = "better"
     else:
         verdict = "same"
-    return Comparison(rows, worker_rows, new, gone, tuple(lines), verdict)
+    return Comparison(tuple(rows), worker_rows, new, gone, tuple(lines), verdict)
 
 
 def format_diff(a: RunSummary, b: RunSummary, result: Comparison) -> str:

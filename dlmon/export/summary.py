@@ -16,6 +16,7 @@ import dataclasses
 import random
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from math import inf
 
 from dlmon.analysis.kinds import SEVERITY_RANK
 from dlmon.export.metrics import Published, process_series
@@ -67,13 +68,14 @@ class Figure:
     label: str
     unit: str  # "bytes" | "ratio" | "per_s" | "bytes_per_s"
     read: Reader
+    pss_sum: bool = False  # a sum of smaps figures: skipped where a reading predates a fork
 
 
 # Peak figures of the run (the max and when it happened).
 PEAKS: tuple[Figure, ...] = (
-    Figure("job_pss", "job PSS (true total)", "bytes", lambda s: s.memory.pss_sum_bytes),
+    Figure("job_pss", "job PSS (true total)", "bytes", lambda s: s.memory.pss_sum_bytes, pss_sum=True),
     Figure("rss_sum", "RSS sum (double-counts shared)", "bytes", lambda s: s.memory.rss_sum_bytes),
-    Figure("job_uss", "job USS", "bytes", lambda s: s.memory.uss_sum_bytes),
+    Figure("job_uss", "job USS", "bytes", lambda s: s.memory.uss_sum_bytes, pss_sum=True),
     Figure("rss_anon", "anonymous RSS (sum)", "bytes", lambda s: _sum(p.rss_anon_bytes for p in s.processes)),
     Figure(
         "rss_file", "file-backed RSS (sum)", "bytes", lambda s: _sum(p.rss_file_bytes for p in s.processes)
@@ -88,7 +90,7 @@ PEAKS: tuple[Figure, ...] = (
 
 # Series kept (thinned) for charts, and distributions (mean, p5, p95).
 SERIES: tuple[Figure, ...] = (
-    Figure("job_pss", "job PSS", "bytes", lambda s: s.memory.pss_sum_bytes),
+    Figure("job_pss", "job PSS", "bytes", lambda s: s.memory.pss_sum_bytes, pss_sum=True),
     Figure("rss_sum", "RSS sum", "bytes", lambda s: s.memory.rss_sum_bytes),
     Figure("vram", "VRAM", "bytes", vram),
     Figure("throughput", "throughput", "per_s", throughput),
@@ -267,6 +269,7 @@ class Summarizer:
         self.left_out: dict[str, int] = {}
         self.oom_first: int | None = None
         self.oom_last: int | None = None
+        self._first_seen: dict[tuple[int, int], float] = {}  # the current tree only: bounded
 
     def feed(self, record: Record) -> None:
         if isinstance(record, RecordProblem):
@@ -286,12 +289,13 @@ class Summarizer:
         if self.start is None:
             self.start, self.host, self.command = s.time, s.host, s.target.cmdline
         self.end = s.time
+        stale = self._pss_predates_a_fork(s)
         for fig in PEAKS:
-            value = fig.read(s)
+            value = None if fig.pss_sum and stale else fig.read(s)
             if value is not None and (fig.key not in self.peaks or value > self.peaks[fig.key].value):
                 self.peaks[fig.key] = Peak(float(value), s.time)
         for fig in SERIES:
-            value = fig.read(s)
+            value = None if fig.pss_sum and stale else fig.read(s)
             if value is not None:
                 self.series[fig.key].add(s.time, float(value))
                 if fig.key in self.reservoirs and (fig.key != "throughput" or s.interval_s):
@@ -315,6 +319,27 @@ class Summarizer:
         if ooms is not None:
             self.oom_first = ooms if self.oom_first is None else self.oom_first
             self.oom_last = ooms
+
+    def _pss_predates_a_fork(self, s: Snapshot) -> bool:
+        """True when a PSS/USS reading in ``s`` is older than the newest process of the tree.
+
+        smaps is read on a budget, so a parent's PSS can date from before it forked its workers:
+        then it still counts in full the pages it now shares, and the job's sum adds them again in
+        each worker (a sum that never existed, e.g. +40% for one tick after a DataLoader starts).
+        A process in the recording's first snapshot counts as seen long before.
+        """
+        first = self.count == 1
+        seen = {
+            (p.pid, p.start_time): self._first_seen.get((p.pid, p.start_time), -inf if first else s.time)
+            for p in s.processes
+        }
+        self._first_seen = seen
+        newest = max(seen.values(), default=-inf)
+        return any(
+            p.pss_age_s is not None and s.time - p.pss_age_s < newest - 1e-3
+            for p in s.processes
+            if p.pss_bytes is not None or p.uss_bytes is not None
+        )
 
     def _slots(self, s: Snapshot) -> None:
         for labels, p in process_series(Published(s)):
