@@ -67,6 +67,15 @@ def test_promtool_accepts_the_metrics(served: tuple[int, Path]) -> None:
     metrics = parse_exposition(text)
     for name in ("dlmon_job_pss_bytes", "dlmon_loader_batches_total", "dlmon_loader_data_wait_seconds_total"):
         assert name in metrics, name
+    # the trustworthy figures: anonymous vs mapped-file memory, worker start-up apart from data-wait
+    for name in (
+        "dlmon_job_pss_anon_bytes",
+        "dlmon_job_pss_file_bytes",
+        "dlmon_process_pss_anon_bytes",
+        "dlmon_loader_startup_seconds_total",
+        "dlmon_target_cores",
+    ):
+        assert name in metrics, name
 
 
 def test_respawned_workers_keep_their_series_and_pids_are_values(served: tuple[int, Path]) -> None:

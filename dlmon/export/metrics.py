@@ -126,6 +126,17 @@ PROCESS: Group[ProcessSample] = Group(
             attr("shmem_bytes"),
         ),
         gauge("dlmon_process_pss_shmem_bytes", "PSS of shared memory.", attr("pss_shmem_bytes")),
+        gauge(
+            "dlmon_process_pss_anon_bytes",
+            "PSS of anonymous pages (heap, copied-on-read objects).",
+            attr("pss_anon_bytes"),
+        ),
+        gauge(
+            "dlmon_process_pss_file_bytes",
+            "PSS of file-backed pages (mapped datasets, libraries): reclaimable.",
+            attr("pss_file_bytes"),
+        ),
+        gauge("dlmon_process_fd_limit", "RLIMIT_NOFILE soft limit of the process.", attr("fd_limit")),
         gauge("dlmon_process_swap_bytes", "Swapped-out memory.", attr("swap_bytes")),
         gauge("dlmon_process_locked_bytes", "Locked memory (VmLck).", attr("locked_bytes")),
         gauge("dlmon_process_pinned_bytes", "Pinned memory (VmPin).", attr("pinned_bytes")),
@@ -206,6 +217,26 @@ JOB: Group[Snapshot] = Group(
             "Processes whose PSS is not known yet.",
             attr("memory.pss_missing"),
         ),
+        gauge(
+            "dlmon_job_pss_anon_bytes",
+            "The job's anonymous PSS (PSS minus file-backed pages): what growth detection watches.",
+            attr("memory.pss_anon_sum_bytes"),
+        ),
+        gauge(
+            "dlmon_job_pss_file_bytes",
+            "The job's PSS of mapped files (reclaimable).",
+            attr("memory.pss_file_sum_bytes"),
+        ),
+        gauge(
+            "dlmon_target_cores",
+            "Cores the target may use (affinity, cgroup CPU quota).",
+            attr("target_cores"),
+        ),
+        gauge(
+            "dlmon_processes_without_held_fds",
+            "Processes dlmon reads by path because of its own fd limit.",
+            attr("processes_without_held_fds"),
+        ),
         gauge("dlmon_memory_total_bytes", "Machine memory.", attr("memory.total_bytes")),
         gauge("dlmon_memory_available_bytes", "Machine memory available.", attr("memory.available_bytes")),
         gauge("dlmon_memory_shmem_bytes", "Machine-wide shared memory (Shmem).", attr("memory.shmem_bytes")),
@@ -224,6 +255,16 @@ JOB: Group[Snapshot] = Group(
             "dlmon_cgroup_memory_usage_bytes",
             "The memory cgroup's current usage.",
             attr("cgroup.current_bytes"),
+        ),
+        gauge(
+            "dlmon_cgroup_memory_working_set_bytes",
+            "The cgroup's working set (usage minus inactive file cache): what the OOM decision tracks.",
+            attr("memory.cgroup_working_set_bytes"),
+        ),
+        gauge(
+            "dlmon_cgroup_memory_cache_bytes",
+            "The cgroup's reclaimable page cache (inactive file).",
+            attr("memory.cgroup_cache_bytes"),
         ),
         counter(
             "dlmon_cgroup_oom_kills_total",
@@ -273,6 +314,11 @@ LOADER: Group[tuple[LoaderSample, float | None]] = Group(
             "dlmon_loader_samples_total", "Samples the training took from this loader.", _lo("samples_total")
         ),
         counter("dlmon_loader_epochs_total", "Epochs finished.", _lo("epochs")),
+        counter(
+            "dlmon_loader_startup_seconds_total",
+            "Seconds spent in worker start-up (first batch of each epoch); not in data-wait.",
+            _lo("startup_s_total"),
+        ),
         counter(
             "dlmon_loader_data_wait_seconds_total",
             "Seconds the training waited for this loader (data-wait ratio x interval, summed).",
