@@ -421,3 +421,10 @@ def test_analyzer_takes_the_targets_cores_from_the_snapshot() -> None:
         last = [analyzer(dataclasses.replace(s, target_cores=target)) for s in history][-1]
         found = [a for a in last.alerts if a.kind == "input_bound"]
         assert found and found[0].evidence["cores"] == expected, found
+
+
+def test_ddp_ranks_without_workers_share_the_cores_in_the_advice() -> None:
+    """8 ranks with num_workers=0 on 56 cores: "start at 6" per rank, not 8 per rank (64 workers
+    on 56 cores); before, ranks were only counted when they had workers."""
+    advice = _input_bound_advice(_input_bound_history(8, 0, cpu=5.0), cores=56)
+    assert advice and all("start at 6" in a and "8 ranks" in a for a in advice), advice
