@@ -428,3 +428,13 @@ def test_ddp_ranks_without_workers_share_the_cores_in_the_advice() -> None:
     on 56 cores); before, ranks were only counted when they had workers."""
     advice = _input_bound_advice(_input_bound_history(8, 0, cpu=5.0), cores=56)
     assert advice and all("start at 6" in a and "8 ranks" in a for a in advice), advice
+
+
+def test_vram_pressure_still_fires_when_nvml_cannot_list_the_jobs_processes() -> None:
+    """In a container NVML's pids are the host's: dlmon lists no process on any GPU, and without
+    the agent there are no torch figures. The GPUs seen are then judged (they are the container's);
+    before, vram_pressure was silent on a 99% full GPU."""
+    gpus = [gpu(0, used=79.5 * GIB, total=80 * GIB, pids=())]
+    analyzer = Analyzer(cores=2, strict=True)
+    last = [analyzer(snap(float(t), [proc(1001)], gpus=gpus)) for t in range(8)][-1]
+    assert [a.subject for a in last.alerts if a.kind == "vram_pressure"] == ["GPU 0"]
