@@ -395,3 +395,46 @@ def test_fragmentation_is_judged_against_peak_allocated() -> None:
     analyzer = Analyzer(cores=2, strict=True)
     outs = [analyzer(snap(float(t), [proc(1001)], gpus=gpus)) for t in range(8)]
     assert not [a.message for s in outs for a in s.alerts]
+
+
+# -- second reading (review of issue 8) --------------------------------------------------------
+
+
+def test_advise_sizes_with_the_targets_cores_not_dlmons() -> None:
+    """A record from a 1-core container (``target_cores``) advised here: the cores are the
+    target's, as the Analyzer already takes them; before, advise used this machine's."""
+    from dlmon.analysis import advise, default_cores
+
+    target = 1.0 if default_cores() != 1 else 6.0
+    history = [
+        dataclasses.replace(snap(float(t), [proc(MAIN_PID + 1, ppid=MAIN_PID)]), target_cores=target)
+        for t in range(5)
+    ]
+    assert advise(history).cores == int(target)
+
+
+def test_analyzer_takes_the_targets_cores_from_the_snapshot() -> None:
+    """0.5 core of CPU quota is one core (never zero); 12 cores of a replayed machine are 12."""
+    for target, expected in ((0.5, 1), (12.0, 12)):
+        history = _input_bound_history(1, 0, cpu=5.0)
+        analyzer = Analyzer(strict=True)
+        last = [analyzer(dataclasses.replace(s, target_cores=target)) for s in history][-1]
+        found = [a for a in last.alerts if a.kind == "input_bound"]
+        assert found and found[0].evidence["cores"] == expected, found
+
+
+def test_ddp_ranks_without_workers_share_the_cores_in_the_advice() -> None:
+    """8 ranks with num_workers=0 on 56 cores: "start at 6" per rank, not 8 per rank (64 workers
+    on 56 cores); before, ranks were only counted when they had workers."""
+    advice = _input_bound_advice(_input_bound_history(8, 0, cpu=5.0), cores=56)
+    assert advice and all("start at 6" in a and "8 ranks" in a for a in advice), advice
+
+
+def test_vram_pressure_still_fires_when_nvml_cannot_list_the_jobs_processes() -> None:
+    """In a container NVML's pids are the host's: dlmon lists no process on any GPU, and without
+    the agent there are no torch figures. The GPUs seen are then judged (they are the container's);
+    before, vram_pressure was silent on a 99% full GPU."""
+    gpus = [gpu(0, used=79.5 * GIB, total=80 * GIB, pids=())]
+    analyzer = Analyzer(cores=2, strict=True)
+    last = [analyzer(snap(float(t), [proc(1001)], gpus=gpus)) for t in range(8)][-1]
+    assert [a.subject for a in last.alerts if a.kind == "vram_pressure"] == ["GPU 0"]

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dlmon.analysis.analyzer import default_cores
+from dlmon.analysis.analyzer import default_cores, target_cores
 from dlmon.analysis.detectors import Candidate, detect, headroom
 from dlmon.analysis.detectors._base import JobTree, duration, per_min, size
 from dlmon.analysis.digest import Digest, DigestLimits
@@ -122,8 +122,8 @@ def advise(history: Sequence[Snapshot], *, cores: int | None = None) -> Advice:
     """Advice from a short history of one target (a few seconds is enough; longer is better)."""
     if not history:
         raise ValueError("advise needs at least one snapshot")
-    n_cores = cores if cores is not None else default_cores()
     s = history[-1]
+    n_cores = cores if cores is not None else target_cores(s, default_cores())
     tree = JobTree.of(s)
     workers = tree.workers()
     loader = _pick_loader(s)

@@ -99,6 +99,12 @@ def default_cores() -> int:
         return os.cpu_count() or 1
 
 
+def target_cores(s: Snapshot, default: int) -> int:
+    """The cores the target may use as the snapshot says (its affinity and CPU quota: a
+    container's or a replayed machine's, not dlmon's), at least one; ``default`` without it."""
+    return max(1, int(s.target_cores)) if s.target_cores else default
+
+
 class Analyzer:
     """``Analyzer()(snapshot)`` returns the snapshot with ``alerts`` set. One per target."""
 
@@ -176,7 +182,7 @@ class Analyzer:
         active = [key for key, track in self._tracks.items() if track.raised_at is not None]
         # the target's own cores (affinity, CPU quota) when the snapshot knows them: a container's
         # or a replayed machine's, not dlmon's
-        cores = self.cores if self._cores_given or not s.target_cores else max(1, int(s.target_cores))
+        cores = self.cores if self._cores_given else target_cores(s, self.cores)
         ctx = Context(tuple(self._recent), self.digest, cores, self.thresholds, active)
         seen: set[AlertKey] = set()
         try:

@@ -10,11 +10,13 @@ from dlmon.model import Snapshot
 
 def _jobs_gpus(s: Snapshot) -> set[int]:
     """The GPUs this job uses: NVML lists one of its processes there, or its torch has memory
-    there (the agent's figures are matched to devices by UUID)."""
+    there (the agent's figures are matched to devices by UUID). When neither tells (in a container
+    NVML's pids are the host's and dlmon drops them; no agent), the GPUs where NVML lists nobody
+    are judged: the container's own, which a colleague's listed process would not be."""
     pids = {p.pid for p in s.processes if p.state not in DEAD}
     used = {g.index for g in s.gpus if any(gp.pid in pids for gp in g.processes)}
     used |= {g.index for g in s.gpus if g.torch_reserved_bytes or g.torch_allocated_bytes}
-    return used
+    return used or {g.index for g in s.gpus if not g.processes}
 
 
 def detect_vram_pressure(ctx: Context) -> list[Candidate]:

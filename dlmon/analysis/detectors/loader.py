@@ -88,8 +88,9 @@ def _input_bound(
     nw = loader.num_workers if loader.num_workers is not None else n_workers
     disks = saturated_disks(ctx)
     pressure = ctx.latest.pressure.io_some_avg10 if ctx.latest.pressure is not None else None
-    # DDP / torchrun: every rank on the node has its own loader and workers; they share the cores
-    ranks = len({x.pid for x in ctx.latest.loaders if x.alive and (x.num_workers or 0) > 0}) or 1
+    # DDP / torchrun: every rank on the node iterates its own loader, and its workers share the
+    # cores with the other ranks' (a rank without workers yet counts: it is the one told to add some)
+    ranks = len({x.pid for x in ctx.latest.loaders if x.alive}) or 1
     rank_cores = max(1, cores // ranks)
     suggested = max(1, rank_cores - 1)
     on_cores = f"{cores} cores" if ranks == 1 else f"{rank_cores} of {cores} cores per rank, {ranks} ranks"
