@@ -190,3 +190,46 @@ def test_a_machine_count_is_still_used_when_the_cgroup_counter_is_not_the_jobs_o
         )
         history.append(s)
     assert _cause_of(analyze(history)[-1], w0) == "oom_killer"
+
+
+# -- the exit verdict keeps what the job was doing when it ended ------------------------------
+
+
+def _ended(s: Snapshot, code: int) -> Snapshot:
+    return dataclasses.replace(
+        s, target=dataclasses.replace(s.target, alive=False, exit_code=code), processes=(), loaders=()
+    )
+
+
+def test_a_stall_the_user_ended_with_ctrl_c_is_in_the_exit_verdict() -> None:
+    from dlmon.analysis.verdict import exit_verdict
+
+    history = []
+    total = 0
+    for k in range(200):
+        moving = k < 30
+        total += 2 if moving else 0
+        train = dataclasses.replace(
+            loader(id="T"), batches_total=total, batches_per_s=2.0 if moving else 0.0, in_call_s=0.0
+        )
+        main = proc(MAIN_PID, "main", uss=300 * MIB, pss=350 * MIB, cpu=50.0 if moving else 0.5)
+        history.append(snap(k, [main], loaders=[train]))
+    history.append(_ended(snap(200), 130))
+    last = analyze(history)[-1]
+    assert of_kind(last, "stall")
+    verdict = exit_verdict(last, 130)
+    assert verdict is not None and "asleep outside the loader" in verdict, verdict
+
+
+def test_fds_run_out_is_in_the_exit_verdict() -> None:
+    from dlmon.analysis.verdict import exit_verdict
+
+    history = []
+    for k in range(120):
+        main = dataclasses.replace(
+            proc(MAIN_PID, "main", uss=300 * MIB, pss=350 * MIB), num_fds=40 + 8 * k, fd_limit=1024
+        )
+        history.append(snap(k, [main]))
+    history.append(_ended(snap(120), 1))
+    verdict = exit_verdict(analyze(history)[-1], 1)
+    assert verdict is not None and "file descriptors" in verdict, verdict
