@@ -54,7 +54,8 @@ def test_a_val_loader_left_alive_is_no_trainer_stall_while_training_waits_on_the
         main = proc(MAIN_PID, "main", uss=300 * MIB, pss=350 * MIB, cpu=1.0)  # asleep in train's __next__
         history.append(snap(k, [main, *workers], loaders=[train, val]))
     outs = analyze(history)
-    assert not any(of_kind(s, "stall") for s in outs), [a.message for s in outs for a in of_kind(s, "stall")][:1]
+    stalls = [a.message for s in outs for a in of_kind(s, "stall")]
+    assert not stalls, stalls[0]
 
 
 def test_a_trainer_asleep_outside_every_loader_is_still_a_stall() -> None:
