@@ -73,6 +73,9 @@ DEFAULT_HOLDS: Mapping[str, Hold] = MappingProxyType(
     }
 )
 _DEFAULT_HOLD = Hold(3.0, 15.0)
+# raised while the target lived, their detectors go quiet once it is gone (no process to read, no
+# loader to wait on): kept to the end, they say why it ended (a hang killed, fds run out)
+_LAST_WORDS = frozenset({STALL, FD_EXHAUSTION})
 
 
 @dataclass(slots=True)
@@ -224,7 +227,9 @@ class Analyzer:
                     continue
                 if track.absent_since is None:
                     track.absent_since = now
-                if ended or now - track.absent_since >= hold.clear_after_s:
+                if ended and key[0] in _LAST_WORDS:
+                    pass  # what the job was doing when it ended: the exit verdict's cause
+                elif ended or now - track.absent_since >= hold.clear_after_s:
                     del self._tracks[key]
                     continue
             elif track.raised_at is None and now - track.present_since >= hold.raise_after_s:

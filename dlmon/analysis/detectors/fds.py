@@ -21,6 +21,7 @@ HIGH_FRACTION = 0.8
 HOLD_FRACTION = 0.7
 CRITICAL_FRACTION = 0.95
 ETA_S = 600.0  # growing steadily and out within 10 min
+LATE_SHARE = 0.25  # a leak at a steady rate rises by half its window's rise in the later half
 MIN_GROWTH_FDS = 32  # a rise smaller than this over the window is noise (sockets, pipes come and go)
 
 
@@ -38,6 +39,12 @@ def _trend(ctx: Context, pid: int, start_time: int) -> tuple[float | None, int, 
     rise = pts[-1][1] - pts[0][1]
     falls = sum(1 for a, b in itertools.pairwise(pts) if b[1] < a[1])
     if span < MIN_TREND_SPAN_S or rise < MIN_GROWTH_FDS or falls > len(pts) // 4:
+        return None, len(pts), span
+    # steady: the later half of the window rises too (workers starting add a step of fds at once,
+    # then the count stays flat: first-to-last alone reads that step as a fast leak)
+    middle = pts[0][0] + span / 2
+    late = next(n for t, n in pts if t >= middle)
+    if pts[-1][1] - late < rise * LATE_SHARE:
         return None, len(pts), span
     return rise / span, len(pts), span
 

@@ -163,6 +163,18 @@ def _oom_increase(ctx: Context, when: float) -> tuple[int | None, str | None]:
         return None, None
     if before.cgroup is not None and after.cgroup is not None and after.cgroup > before.cgroup:
         return after.cgroup - before.cgroup, "cgroup"
+    cg = ctx.latest.cgroup
+    if (
+        before.cgroup is not None
+        and after.cgroup is not None
+        and cg is not None
+        and cg.usage_path is not None
+        and cg.usage_path == cg.path
+    ):
+        # the job's own memory cgroup counts every OOM kill of its processes, the machine's as
+        # well (v1 oom_control, v2 memory.events): it did not move, so the machine count that
+        # did was another process's kill
+        return 0, "cgroup"
     if before.machine is not None and after.machine is not None:
         if after.machine > before.machine:
             return after.machine - before.machine, "machine"
@@ -170,6 +182,31 @@ def _oom_increase(ctx: Context, when: float) -> tuple[int | None, str | None]:
     if before.cgroup is not None and after.cgroup is not None:
         return 0, "cgroup"
     return None, None
+
+
+def _other_sigkills(ctx: Context, pid: int, when: float) -> tuple[list[int], list[int]]:
+    """(other workers SIGKILLed within the OOM slack of ``when`` that the kernel log does not name,
+    the job's pids the kernel log names as OOM victims then): who shares an OOM count's rise."""
+    s = ctx.latest
+    slack = ctx.config.oom_slack_s
+    named = sorted(
+        {
+            e.pid
+            for e in s.kernel_events
+            if e.kind == "oom_kill" and e.pid != pid and e.time is not None and abs(e.time - when) <= slack
+        }
+    )
+    others = sorted(
+        {
+            d.pid
+            for d in s.worker_deaths
+            if d.pid != pid
+            and d.pid not in named
+            and d.signal == SIGKILL
+            and abs(death_time(ctx, d) - when) <= slack
+        }
+    )
+    return others, named
 
 
 def _clock(t: float) -> str:
@@ -346,7 +383,28 @@ def _death_candidate(
         kills, counter = _oom_increase(ctx, when)
         evidence["oom_kills"] = kills
         evidence["oom_counter"] = counter
-        if oom is not None or kills:
+        others, named = _other_sigkills(ctx, death.pid, when)
+        shared = kills is not None and kills > 0 and oom is None and (named or others)
+        if shared:
+            assert kills is not None
+            kills = max(0, kills - len(named))  # the kernel log gave those kills to other processes
+        if shared and kills and kills <= len(others):
+            # fewer kills than SIGKILLed workers around then: which ones the OOM killer took is unknown
+            cause, severity = "sigkill_unknown", CRITICAL
+            message = (
+                f"{who} was killed by SIGKILL{at}; the {counter} OOM-kill count rose by {kills} for "
+                f"{len(others) + 1} workers killed around then (pids {pid_list([death.pid, *others])}): "
+                "which of them the OOM killer took is unknown."
+            )
+            advice = "Check dmesg for 'Out of memory: Killed process'. " + memory_advice + "."
+        elif shared and not kills:
+            cause, severity = "sigkill", WARNING
+            message = (
+                f"{who} was killed by SIGKILL{at}, not by the OOM killer (the kernel log gives the "
+                f"{counter}'s OOM kill around then to pid {pid_list(named)}, not to this worker)."
+            )
+            advice = "Something sent kill -9: a supervisor, a timeout, a user; check who."
+        elif oom is not None or kills:
             cause, severity = "oom_killer", CRITICAL
             figures, more = _oom_figures(ctx, oom, when)
             evidence.update(more)

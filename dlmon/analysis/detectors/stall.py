@@ -146,10 +146,19 @@ def detect_stall(ctx: Context) -> list[Candidate]:
         return []
     by_pid = {p.pid: p for p in s.processes if p.state not in ("Z", "X")}
     out: list[Candidate] = []
+    paces = {ls.id: pace(ctx, ls.id) for ls in s.loaders if ls.alive}
+    # a trainer inside, or lately fed by, any of its loaders is not stuck outside them (a
+    # validation DataLoader kept alive through a training epoch delivers nothing for minutes)
+    in_a_loader = {ls.pid for ls in s.loaders if ls.alive and (ls.in_call_s or 0.0) > 0.0}
+    fed: dict[int, float] = {}
+    for ls in s.loaders:
+        last = paces[ls.id].last_progress if ls.id in paces else None
+        if last is not None:
+            fed[ls.pid] = max(fed.get(ls.pid, last), last)
     for ls in s.loaders:
         if not ls.alive:
             continue
-        p = pace(ctx, ls.id)
+        p = paces[ls.id]
         limit = threshold_s(None if ls.in_startup else p.usual_interval_s)  # start-up: 60 s
         call = ls.in_call_s or 0.0
         usual = (
@@ -163,9 +172,10 @@ def detect_stall(ctx: Context) -> list[Candidate]:
             out.append(_loader_stall(ctx, ls, call, usual, by_pid, main_stack))
             continue
         out.extend(_lone_workers(ctx, ls, p, by_pid))
-        quiet_for = s.time - p.last_progress if p.last_progress is not None else None
+        quiet_for = s.time - fed[ls.pid] if p.last_progress is not None else None
         if (
             call == 0.0
+            and ls.pid not in in_a_loader
             and quiet_for is not None
             and p.usual_interval_s is not None
             and quiet_for >= max(OUTSIDE_MIN_S, limit)
