@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import signal
 import sys
@@ -12,7 +11,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import TextIO
 
-from dlmon.analysis import Analyzer, events, format_event
+from dlmon.analysis import events, format_event
 from dlmon.analysis.verdict import exit_verdict
 from dlmon.collect.procfs import read_cmdline
 from dlmon.collect.sampler import Sampler
@@ -105,15 +104,6 @@ class LastSnapshot:
 
     def __call__(self, snapshot: Snapshot) -> None:
         self.snapshot = snapshot
-
-    @classmethod
-    def of(cls, analyzer: Analyzer) -> LastSnapshot:
-        """The analyzer's last snapshot with its alerts (the dashboard keeps no copy of its own)."""
-        keeper = cls()
-        history = analyzer.history()
-        if history:
-            keeper.snapshot = dataclasses.replace(history[-1], alerts=analyzer.alerts)
-        return keeper
 
     def say_verdict(self, exit_code: int | None, stream: TextIO | None = None) -> None:
         try:
