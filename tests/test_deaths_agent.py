@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from agent_support import private_agent_env
-from dlmon.collect import kernel
+from dlmon.collect import kernel, stacks
 from dlmon.collect.agent_client import AgentClient
 from dlmon.collect.kernel import KernelLog
 from dlmon.collect.stacks import StallProbe
@@ -151,3 +151,35 @@ with open(path) as f:
     env.pop("DLMON_AGENT_DISABLE", None)
     rc = subprocess.run([sys.executable, "-c", code], env=env, timeout=60).returncode
     assert rc == 0, {3: "the header was there before the handler", 4: "no header at all"}.get(rc, rc)
+
+
+def test_a_stuck_workers_stack_file_stays_bounded_over_many_dumps(
+    env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker stuck for days gets a dump every 30 s: its file (in a tmpfs, often) must not grow
+    without end, and each request must still give its stack. (Before: every dump was appended
+    for the life of the worker.)"""
+    monkeypatch.setattr(stacks, "MAX_STACK_FILE", 8 * 1024, raising=False)
+    proc, got = _start(env, {"mode": "idle"})
+    try:
+        client = AgentClient()
+        deadline = time.monotonic() + 60
+        while client.stack_dir(got["pid"]) is None and time.monotonic() < deadline:
+            client.poll([got["pid"]])
+            time.sleep(0.2)
+        d = client.stack_dir(got["pid"])
+        assert d is not None, "the trainer's agent never answered"
+        wpid = got["workers"][0]
+        path = Path(d) / f"{wpid}.stack"
+        probe = StallProbe(client)
+        sizes = []
+        for _ in range(40):
+            took = probe._worker_stacks([(got["pid"], 0, wpid)])
+            assert took and took[0].frames, "no stack from the worker"
+            sizes.append(path.stat().st_size)
+        one_dump = sizes[0]  # the header and one dump
+        assert max(sizes) <= 8 * 1024 + 2 * one_dump, sizes
+        assert path.read_text().startswith("dlmon-stack "), "the header survives the cut"
+        os.kill(wpid, 0)
+    finally:
+        _stop(proc)
