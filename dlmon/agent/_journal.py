@@ -105,8 +105,10 @@ _stack_file: Any = None  # kept open for the life of the worker: faulthandler wr
 def register_worker_stack_dump(worker_id: int | None) -> None:
     """In a DataLoader worker, at start: dump all threads' stacks to our file on STACK_SIGNAL.
 
-    Chains to a handler the program installed for the same signal; never replaces one with
-    faulthandler's "call the previous action" when that action would terminate the worker.
+    Only when the signal is nobody's (SIG_DFL or SIG_IGN as Python knows it): a handler the
+    program set for it is the program's, and chaining to it would make dlmon's request run it.
+    The header, which is what lets dlmon send the signal, is written only once the handler is in
+    place: a request can never meet the default action (terminate).
     """
     global _stack_file
     d = _dir
@@ -116,25 +118,31 @@ def register_worker_stack_dump(worker_id: int | None) -> None:
         import faulthandler
 
         prev = signal.getsignal(STACK_SIGNAL)
-        if prev not in (signal.SIG_DFL, None) and prev is not signal.SIG_IGN and not callable(prev):
-            return
-        chain = callable(prev)
+        if prev is not signal.SIG_DFL and prev is not signal.SIG_IGN:
+            return  # the program's (a Python handler) or unknown to Python (None: a C handler)
         path = os.path.join(d, f"{os.getpid()}{STACK_SUFFIX}")
         fd = os.open(
             path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600
         )
         f = os.fdopen(fd, "w", buffering=1)
+        try:
+            faulthandler.register(STACK_SIGNAL, file=f, all_threads=True, chain=False)
+        except Exception:
+            f.close()  # no fd left behind in the worker
+            raise
+        _stack_file = f
         f.write(f"{STACK_HEADER} pid={os.getpid()} start={_own_start_time()} worker={worker_id}\n")
         f.flush()
-        faulthandler.register(STACK_SIGNAL, file=f, all_threads=True, chain=chain)
-        _stack_file = f
     except Exception:
         pass
 
 
 def enable_crash_dump() -> None:
     """After torch set the worker's own fatal-signal handlers: dump the stacks on SIGSEGV, SIGBUS,
-    SIGABRT, SIGFPE, SIGILL into the stack file first, then let torch's handler run as before."""
+    SIGABRT, SIGFPE, SIGILL into the stack file first, then let torch's handler run as before.
+
+    A faulthandler the program enabled (PYTHONFAULTHANDLER) is lost in a worker anyway: torch's
+    worker handlers replace it; this one goes in after them and chains to them."""
     f = _stack_file
     if f is None:
         return

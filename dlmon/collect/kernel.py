@@ -3,8 +3,9 @@
 ``/dev/kmsg`` is opened non-blocking and positioned at its end when dlmon starts, so only what
 happens while dlmon watches is read, and a read never waits. Each ``read`` returns one record
 (``prio,seq,usec,flags;text``); the usec stamp is the kernel's monotonic clock, converted to Unix
-time with our own clock pair. Records about pids that were never in the job's tree are dropped;
-the kept ones are bounded. Unreadable (not root, ``dmesg_restrict``, no such device): the reader
+time with our own clock pair. Records about pids not in the job's tree within the last
+``SEEN_GRACE_S`` are dropped (a pid the job used long ago may be another process's now); the
+kept ones are bounded. Unreadable (not root, ``dmesg_restrict``, no such device): the reader
 says why in ``unavailable`` and returns nothing.
 """
 
@@ -23,6 +24,9 @@ KMSG = "/dev/kmsg"
 MAX_EVENTS = 32
 MAX_READS_PER_TICK = 2048
 MAX_SEEN_PIDS = 8192
+# A pid is the job's for this long after it was last seen in the tree: the kernel's line about a
+# kill comes within a tick or two; later, the pid may be another process's (pids are reused).
+SEEN_GRACE_S = 30.0
 _KB = 1024
 
 # 6.x: "Memory cgroup out of memory: Killed process 6152 (python) total-vm:278712kB, anon-rss:65280kB,
@@ -95,7 +99,7 @@ class KernelLog:
         self.unavailable: str | None = None
         self._cgroup_root = cgroup_root
         self._fd: int | None = None
-        self._seen: OrderedDict[int, None] = OrderedDict()
+        self._seen: OrderedDict[int, float] = OrderedDict()  # pid -> monotonic time last seen
         self._events: list[KernelEvent] = []
         self._constraints: dict[int, tuple[str | None, str | None]] = {}  # pid -> (constraint, memcg)
         try:
@@ -113,10 +117,13 @@ class KernelLog:
 
     def sample(self, pids: Iterable[int]) -> tuple[KernelEvent, ...]:
         """Note ``pids`` as the job's, read what the kernel said since, return the kept events."""
+        now = time.monotonic()
         for pid in pids:
-            self._seen[pid] = None
+            self._seen[pid] = now
             self._seen.move_to_end(pid)
-        while len(self._seen) > MAX_SEEN_PIDS:
+        while self._seen and (
+            len(self._seen) > MAX_SEEN_PIDS or now - next(iter(self._seen.values())) > SEEN_GRACE_S
+        ):
             self._seen.popitem(last=False)
         if self._fd is not None:
             try:

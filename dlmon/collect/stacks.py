@@ -34,6 +34,9 @@ DUMP_WAIT_S = 0.3
 MAX_WORKERS = 16
 MAX_FRAMES = 40
 MAX_DUMP_BYTES = 64 * 1024
+# A worker's stack file takes a dump every RETAKE_S while it stays stuck (days, perhaps, and in a
+# tmpfs: memory): past this size it is cut back to its header before the next request.
+MAX_STACK_FILE = 256 * 1024
 MAX_FDS = 512
 
 CRASH_SIGNALS = frozenset({4, 6, 7, 8, 11})  # SIGILL, SIGABRT, SIGBUS, SIGFPE, SIGSEGV
@@ -115,6 +118,23 @@ def _start_time(pid: int) -> int | None:
         return int(stat[stat.rindex(")") + 2 :].split()[19]) if stat else None
     except (ValueError, IndexError):
         return None
+
+
+def _cut_to_header(path: str, head: str, size: int) -> int:
+    """Truncate a stack file to its header line (the worker appends with O_APPEND: safe); the
+    file's size after it (``size`` unchanged where it could not be cut)."""
+    keep = len(head.split("\n", 1)[0].encode("utf-8")) + 1
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return size
+    try:
+        os.ftruncate(fd, keep)
+    except OSError:
+        return size
+    finally:
+        os.close(fd)
+    return keep
 
 
 class StallProbe:
@@ -253,6 +273,8 @@ class StallProbe:
                 continue
             if fields.get("start") != str(_start_time(pid)):
                 continue  # another process now has that pid
+            if size > MAX_STACK_FILE:
+                size = _cut_to_header(path, head, size)
             try:
                 os.kill(pid, STACK_SIGNAL)
             except OSError:
