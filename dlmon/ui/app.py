@@ -55,7 +55,6 @@ PANELS: tuple[tuple[str, str, str], ...] = (
 LOG_POLL_S = 1.0
 MIN_RENDER_GAP_S = 0.25  # a fast interval (or a replay) repaints at most 4 times a second
 LOG_LINES = 5000
-ADVICE_WINDOW = 600  # snapshots advise() looks at: ten minutes at 1 Hz
 
 
 class SnapshotArrived(Message):
@@ -207,11 +206,11 @@ class MainScreen(Screen[None]):
             view = self.query_one("#throughput-lines", LinesView)
             view.set_lines(throughput_lines(state, view_width(view), compact and zoomed != "throughput"))
             chart = self.query_one("#throughput-chart", TimeChart)
-            has_loaders = bool(state.loaders)
+            has_loaders = bool(state.live_loaders())
             chart.set_class(not has_loaders, "-nodata")
             if has_loaders and chart.size.height:
                 lines: list[ChartLine] = []
-                loaders = list(state.loaders.values())[:2]
+                loaders = state.live_loaders()[:2]
                 colours = (("cyan", "red"), ("blue", "magenta"))
                 for hist, (rate, wait) in zip(loaders, colours[: len(loaders)], strict=True):
                     name = f" {hist.loader.name}" if len(loaders) > 1 else ""
@@ -501,9 +500,10 @@ class DlmonApp(App[DashboardResult]):
     def action_advice(self) -> None:
         from dlmon.analysis import advise, format_advice
 
-        history = list(self.state.history)[-ADVICE_WINDOW:]
+        history = list(self.state.history)  # the whole bounded history: the title says its span
         text = format_advice(advise(history)) if history else "No measurements yet."
-        self.push_screen(AdviceScreen(text))
+        span = history[-1].time - history[0].time if history else 0.0
+        self.push_screen(AdviceScreen(text, span_s=span, snapshots=len(history)))
 
     def action_save_svg(self) -> None:
         directory = "screenshots" if os.path.isdir("screenshots") else "."

@@ -9,6 +9,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Button, Footer, Static
 
+from dlmon.ui.fmt import duration
 from dlmon.ui.state import DashboardState, ProcessRow, RowKey
 from dlmon.ui.views import Line, detail_lines, fit
 from dlmon.ui.widgets import ChartLine, HeaderBar, LinesView, TimeChart
@@ -66,9 +67,11 @@ class AdviceScreen(ModalScreen[None]):
         Binding("escape,a,enter", "dismiss", "Close"),
     ]
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, *, span_s: float = 0.0, snapshots: int = 0) -> None:
         super().__init__()
         self._text = text
+        self.span_s = span_s
+        self.snapshots = snapshots
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="help-box"):
@@ -77,7 +80,10 @@ class AdviceScreen(ModalScreen[None]):
 
     def on_mount(self) -> None:
         box = self.query_one("#help-box")
-        box.border_title = "dlmon advice (from the measurements so far)"
+        box.border_title = (
+            f"dlmon advice (from the last {duration(self.span_s)} of measurements: "
+            f"{self.snapshots} snapshots)"
+        )
         box.border_subtitle = "esc to close"
 
     async def action_dismiss(self, result: None = None) -> None:

@@ -233,6 +233,14 @@ class DashboardState:
             rows = present[::-1] + missing
         return rows
 
+    def live_loaders(self) -> list[LoaderHistory]:
+        """The loaders in the newest snapshot, busiest (batches/s) first: what the chart plots."""
+        if self.latest is None:
+            return []
+        live = [self.loaders[ld.id] for ld in self.latest.loaders if ld.id in self.loaders]
+        live.sort(key=lambda h: -(h.loader.batches_per_s or 0.0))
+        return live
+
     def d_state_count(self) -> int:
         if self.latest is None:
             return 0

@@ -13,6 +13,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from dlmon.analysis.detectors._base import headroom
+from dlmon.analysis.kinds import MEMORY_GROWTH
 from dlmon.analysis.startup import startup_of
 from dlmon.analysis.verdict import exit_verdict
 from dlmon.model import Alert, MemorySummary, ProcessSample, Snapshot
@@ -221,14 +223,22 @@ def memory_trend(state: DashboardState, window: float = 300.0) -> tuple[float | 
     slope = series.slope(window, s.time)
     if slope is None or slope <= 0:
         return slope, None
-    used = _cgroup_used(m)
-    if m.cgroup_limit_bytes is not None and used is not None:
-        headroom = float(m.cgroup_limit_bytes - used)
-    elif m.available_bytes is not None:
-        headroom = float(m.available_bytes)
-    else:
+    alert_eta = _growth_alert_eta(s)
+    if alert_eta is not None:  # the alert's own figure: the panel and the alert never disagree
+        return slope, alert_eta
+    room = headroom(s)  # the analysis package's rule: min(MemAvailable, limit - working set)
+    if room is None:
         return slope, None
-    return slope, max(0.0, headroom) / slope
+    return slope, max(0.0, float(room.bytes)) / slope
+
+
+def _growth_alert_eta(s: Snapshot) -> float | None:
+    for a in s.alerts:
+        if a.kind == MEMORY_GROWTH:
+            eta = a.evidence.get("eta_s")
+            if isinstance(eta, (int, float)):
+                return float(eta)
+    return None
 
 
 def _trend_text(slope: float | None, eta: float | None, compact: bool) -> list[Span]:
@@ -633,7 +643,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("role", "ROLE", 6, False, 100),
     Column("id", "ID", 3, True, 90, "id"),
     Column("pid", "PID", 7, True, 95),
-    Column("state", "STATE", 7, False, 98),
+    Column("state", "STATE", 8, False, 98),  # "exit 137", "SIGSEGV"
     Column("cpu", "CPU%", 5, True, 80, "cpu"),
     Column("thr", "THR", 4, True, 10),
     Column("rss", "RSS", 6, True, 70, "rss"),

@@ -182,6 +182,7 @@ class TimeChart(PlotextPlot):
         self._cached: tuple[tuple[object, ...], Text] | None = None
         self._has_data = False
         self._data_version = 0
+        self.plotted_labels: tuple[str, ...] = ()  # the lines of the newest plot (tests, screen readers)
 
     def show(self, lines: Sequence[ChartLine], now: float, interval: float | None) -> bool:
         """Set the data; returns whether the plot will be rebuilt."""
@@ -204,7 +205,8 @@ class TimeChart(PlotextPlot):
         bucket = math.floor(now / step)
         # the step keeps the rebuilds rare; the window shows what there is (at least a minute)
         window = min(dots * step, math.ceil(max(span, 60.0, 4 * step) / step) * step)
-        signature = (width, height, step, bucket, window, tuple(cl.label for cl in lines))
+        self.plotted_labels = tuple(cl.label for cl in lines)
+        signature = (width, height, step, bucket, window, self.plotted_labels)
         if signature == self._signature:
             return False
         self._signature = signature

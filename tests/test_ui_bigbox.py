@@ -1,0 +1,177 @@
+"""Issue 12: the dashboard on a real GPU box (big machines, many ranks, the training's output)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Awaitable, Callable, Iterator
+
+import pytest
+from test_ui_support import (
+    BOOT,
+    MAIN_PID,
+    T0,
+    WORKER_PIDS,
+    FakeSource,
+    GiB,
+    fixed_clock,
+    make_snapshot,
+    run_of,
+)
+from textual.pilot import Pilot
+
+from dlmon.analysis.detectors._base import headroom
+from dlmon.model import Alert, LoaderSample, Snapshot, WorkerDeath
+from dlmon.ui import DashboardResult, create_app
+from dlmon.ui.app import MIN_RENDER_GAP_S, DlmonApp
+from dlmon.ui.screens import AdviceScreen
+from dlmon.ui.state import HISTORY_CAPACITY, DashboardState
+from dlmon.ui.views import memory_lines, memory_trend, text_of
+from dlmon.ui.widgets import TimeChart, WorkerTable
+
+Scenario = Callable[[DlmonApp, Pilot[DashboardResult]], Awaitable[None]]
+
+
+@pytest.fixture(autouse=True)
+def utc(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def make(source: FakeSource, **kw: object) -> DlmonApp:
+    return create_app(source, clock=fixed_clock, boot_time=BOOT, **kw)  # type: ignore[arg-type]
+
+
+def drive(app: DlmonApp, scenario: Scenario, size: tuple[int, int] = (160, 50)) -> DashboardResult | None:
+    async def main() -> None:
+        async with app.run_test(size=size) as pilot:
+            await pilot.pause()
+            await scenario(app, pilot)
+
+    asyncio.run(main())
+    return app.return_value
+
+
+async def settle(pilot: Pilot[DashboardResult]) -> None:
+    await pilot.pause(MIN_RENDER_GAP_S + 0.05)
+
+
+# ---- 1. small things a review found -----------------------------------------------------------
+def test_the_state_cell_shows_a_whole_exit_code() -> None:
+    """A worker that exited 137 reads "exit 137" in the table, not "exit 13"."""
+    snap = make_snapshot(zombie=False)
+    victim = WORKER_PIDS[1]
+    death = WorkerDeath(
+        pid=victim, worker_id=1, loader_id="loader-1", signal=None, exit_code=137, time=T0 + 1
+    )
+    rest = tuple(p for p in snap.processes if p.pid != victim)
+    dead = dataclasses.replace(snap, time=T0 + 1, processes=rest, worker_deaths=(death,))
+    seen: list[str] = []
+
+    async def scenario(app: DlmonApp, pilot: Pilot[DashboardResult]) -> None:
+        await settle(pilot)
+        seen.append(app.main_screen.query_one("#table", WorkerTable).text)
+
+    drive(make(FakeSource([snap, dead])), scenario)
+    assert "exit 137" in seen[0], seen[0]
+
+
+def _loader(lid: str, name: str, rate: float, pids: tuple[int, ...]) -> LoaderSample:
+    return LoaderSample(
+        id=lid,
+        name=name,
+        pid=MAIN_PID,
+        num_workers=len(pids),
+        batch_size=32,
+        pin_memory=False,
+        persistent_workers=False,
+        prefetch_factor=2,
+        batches_total=1000,
+        batches_per_s=rate,
+        samples_per_s=rate * 32,
+        data_wait_fraction=0.1,
+        worker_pids=pids,
+        batches_per_worker=(),
+    )
+
+
+def test_the_throughput_chart_plots_the_live_loaders_busiest_first() -> None:
+    """A loader that ended (the first one ever seen) is not plotted; the two live ones are,
+    the busiest first."""
+    snaps: list[Snapshot] = []
+    for k in range(40):
+        t = T0 - 200 + 5 * k
+        base = make_snapshot(t, interval=5.0)
+        if k < 10:
+            loaders: tuple[LoaderSample, ...] = (_loader("L-old", "oldval.py:1", 3.0, ()),)
+        else:
+            loaders = (
+                _loader("L-slow", "slowval.py:2", 2.0, ()),
+                _loader("L-fast", "fasttrain.py:3", 40.0, ()),
+            )
+        snaps.append(dataclasses.replace(base, loaders=loaders))
+    labels: list[tuple[str, ...]] = []
+
+    async def scenario(app: DlmonApp, pilot: Pilot[DashboardResult]) -> None:
+        await settle(pilot)
+        chart = app.main_screen.query_one("#throughput-chart", TimeChart)
+        labels.append(chart.plotted_labels)
+
+    drive(make(FakeSource(snaps)), scenario)
+    assert labels[0][:2] == ("batch/s fasttrain.py:3", "data wait % fasttrain.py:3"), labels
+    assert not any("oldval" in name for name in labels[0]), labels
+
+
+def test_the_advice_window_says_the_span_it_really_read() -> None:
+    """The advice screen names the span of history it was computed from (the bounded history)."""
+    seen: list[str] = []
+    snaps = run_of(1200, 5.0)  # 241 snapshots: more than the history holds
+
+    async def scenario(app: DlmonApp, pilot: Pilot[DashboardResult]) -> None:
+        await pilot.press("a")
+        assert isinstance(app.screen, AdviceScreen)
+        seen.append(str(app.screen.query_one("#help-box").border_title))
+
+    drive(make(FakeSource(snaps)), scenario)
+    span = (HISTORY_CAPACITY - 1) * 5.0
+    assert f"{HISTORY_CAPACITY} snapshots" in seen[0], seen
+    assert "9m55s" in seen[0] and span == 595.0, seen
+
+
+def test_the_memory_panel_eta_uses_the_analysis_headroom_rule() -> None:
+    """The machine runs out before the cgroup does: the panel's ETA counts from MemAvailable,
+    as the memory_growth alert does (one rule: min(available, limit - working set))."""
+    state = DashboardState()
+    for k in range(61):
+        s = make_snapshot(T0 - 300 + 5 * k, interval=5.0, alerts=False)
+        m = dataclasses.replace(s.memory, available_bytes=1 * GiB)
+        state.ingest(dataclasses.replace(s, memory=m))
+    latest = state.latest
+    assert latest is not None
+    room = headroom(latest)
+    assert room is not None and room.source == "machine"
+    slope, eta = memory_trend(state)
+    assert slope is not None and eta is not None
+    assert eta == pytest.approx(room.bytes / slope)
+
+
+def test_the_memory_panel_shows_the_growth_alert_eta_when_there_is_one() -> None:
+    state = DashboardState()
+    for k in range(61):
+        s = make_snapshot(T0 - 300 + 5 * k, interval=5.0, alerts=False)
+        alert = Alert(
+            kind="memory_growth",
+            severity="warning",
+            subject="job",
+            message="grew",
+            advice="look",
+            since=T0 - 100,
+            evidence={"eta_s": 2 * 3600.0 + 5 * 60},
+        )
+        state.ingest(dataclasses.replace(s, alerts=(alert,)))
+    text = "\n".join(text_of(line) for line in memory_lines(state, 160, False))
+    assert "limit in ~2h05m" in text, text
