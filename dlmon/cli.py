@@ -473,7 +473,7 @@ def demo(
     limit = positive_seconds(duration, "--duration", allow_zero=True)
     command = [sys.executable, "-m", "dlmon.demo", "--scenario", scenario, "--workers", str(workers)]
     command += ["--batch-size", str(batch_size), "--duration", str(limit)]
-    sys.exit(_run_training(command, seconds, record_path, headless, prometheus))
+    sys.exit(_run_training(command, seconds, record_path, headless, prometheus, stop_by_default=True))
 
 
 def _run_training(
@@ -482,6 +482,7 @@ def _run_training(
     record_path: str | None,
     headless: bool,
     prometheus: str | None = None,
+    stop_by_default: bool = False,  # the demo: quitting ends the synthetic training unless told not to
 ) -> int:
     from dlmon.analysis import Analyzer
     from dlmon.launch.runner import LogDirError, launch
@@ -508,7 +509,7 @@ def _run_training(
         fail(str(exc))
     except OSError as exc:
         fail(f"cannot start {command[0]}: {exc.strerror or exc}")
-    return _run_dashboard(training, interval, record_path, analyzer)
+    return _run_dashboard(training, interval, record_path, analyzer, stop_by_default)
 
 
 def _run_dashboard(
@@ -516,6 +517,7 @@ def _run_dashboard(
     interval: float,
     record_path: str | None,
     analyzer: Callable[[Snapshot], Snapshot] | None = None,
+    stop_by_default: bool = False,
 ) -> int:
     from dlmon.flow.sources import LiveSource
     from dlmon.ui import run_dashboard
@@ -541,7 +543,7 @@ def _run_dashboard(
         log_path=training.log_path,
     )
     _say_replaced(source.writer)
-    result = run_dashboard(source, interval=interval, ask_stop_on_quit=True)
+    result = run_dashboard(source, interval=interval, ask_stop_on_quit=True, stop_by_default=stop_by_default)
     _report_screenshots(result)
     _report_faults(source)
     code = training.exit_code()

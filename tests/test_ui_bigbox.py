@@ -175,3 +175,19 @@ def test_the_memory_panel_shows_the_growth_alert_eta_when_there_is_one() -> None
         state.ingest(dataclasses.replace(s, alerts=(alert,)))
     text = "\n".join(text_of(line) for line in memory_lines(state, 160, False))
     assert "limit in ~2h05m" in text, text
+
+
+# ---- 2. quitting the demo ends the synthetic training by default ----------------------------------
+@pytest.mark.parametrize(
+    ("stop_by_default", "keys", "stop"),
+    [(True, ("q", "enter"), True), (True, ("q", "l"), False), (False, ("q", "enter"), False)],
+)
+def test_the_quit_question_default_depends_on_whose_training_it_is(
+    stop_by_default: bool, keys: tuple[str, ...], stop: bool
+) -> None:
+    async def scenario(app: DlmonApp, pilot: Pilot[DashboardResult]) -> None:
+        await pilot.press(*keys)
+
+    app = make(FakeSource([make_snapshot()]), ask_stop_on_quit=True, stop_by_default=stop_by_default)
+    result = drive(app, scenario)
+    assert result is not None and result.quit_by_user and result.stop_training is stop

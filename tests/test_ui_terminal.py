@@ -130,24 +130,41 @@ def test_real_terminal_shows_the_tree_and_quits_cleanly(spawn: Spawn, tmux: Tmux
     assert flags == ["0", "0", "1"], flags
 
 
-def test_dlmon_demo_quit_leaves_the_training_running(tmux: Tmux) -> None:
+@pytest.mark.parametrize("answer", ["Enter", "l"])
+def test_dlmon_demo_quit_stops_the_synthetic_training_by_default(tmux: Tmux, answer: str) -> None:
     """The whole product in a real terminal: `dlmon demo` shows the demo's workers and its loader;
-    q asks whether to stop the training; the default leaves it running and says how to re-attach."""
+    q asks whether to stop the training; the default (Enter) ends the synthetic training, `l`
+    leaves it running and says how to re-attach."""
     pytest.importorskip("torch")
     tmux("send-keys", "-t", "t", f"{sys.executable} -m dlmon demo --workers 2 --duration 120", "Enter")
     screen = tmux.wait_for(re.compile(r"worker\s+1\s+\d+"), timeout=60)  # ids come from the agent
     tmux.wait_for(re.compile(r"\d+\s*batch/s"), timeout=30)
     assert "dlmon.demo" in screen
+    training_pid = int(re.findall(r"pid (\d+)", tmux.screen())[0])
     tmux("send-keys", "-t", "t", "q")
-    tmux.wait_for(re.compile(r"(?i)stop the training"), timeout=10)
-    tmux("send-keys", "-t", "t", "Enter")  # the default: leave it running
-    after = tmux.wait_for(re.compile(r"dlmon attach (\d+)"), timeout=20)
-    training_pid = int(re.findall(r"dlmon attach (\d+)", after)[-1])
+    tmux.wait_for(re.compile(r"(?i)stop the training \(enter\)"), timeout=10)
+    tmux("send-keys", "-t", "t", answer)
     try:
+        if answer == "Enter":
+            tmux.wait_for(re.compile(r"\n\S*[#$]\s*\Z"), timeout=60)  # the prompt is back
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and _alive(training_pid):
+                time.sleep(0.2)
+            assert not _alive(training_pid), "the demo training outlived dlmon"
+            return
+        after = tmux.wait_for(re.compile(r"dlmon attach (\d+)"), timeout=20)
+        assert int(re.findall(r"dlmon attach (\d+)", after)[-1]) == training_pid
         time.sleep(1.0)
-        with open(f"/proc/{training_pid}/stat") as fh:
-            state = fh.read().rsplit(")", 1)[1].split()[0]
-        assert state not in ("Z", "X"), "the training died with the dashboard"
+        assert _alive(training_pid), "the training died with the dashboard"
         assert len(children(training_pid)) == 2  # and its workers with it
     finally:
-        os.killpg(training_pid, 9)
+        if _alive(training_pid):
+            os.killpg(training_pid, 9)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False

@@ -327,8 +327,10 @@ class DlmonApp(App[DashboardResult]):
         clock: Callable[[], float] = time.time,
         ask_stop_on_quit: bool = False,
         boot_time: float | None = None,
+        stop_by_default: bool = False,
     ) -> None:
         super().__init__()
+        self.stop_by_default = stop_by_default
         self.source = source
         self.clock = clock
         self.ask_stop_on_quit = ask_stop_on_quit
@@ -536,7 +538,10 @@ class DlmonApp(App[DashboardResult]):
         running = running or (latest is not None and _children_left(latest))
         if self.ask_stop_on_quit and running and not isinstance(self.screen, QuitScreen):
             assert latest is not None
-            self.push_screen(QuitScreen(latest.target.pid, latest.target.cmdline), callback=self._quit_answer)
+            self.push_screen(
+                QuitScreen(latest.target.pid, latest.target.cmdline, stop_by_default=self.stop_by_default),
+                callback=self._quit_answer,
+            )
             return
         self.exit(self.result(quit_by_user=True, stop_training=False))
 

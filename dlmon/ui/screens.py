@@ -95,7 +95,8 @@ QUIT_STOP = "stop"
 
 
 class QuitScreen(ModalScreen[str | None]):
-    """``dlmon run``: quitting asks whether to stop the training too. Default: leave it running."""
+    """``dlmon run``: quitting asks whether to stop the training too. Default: leave it running;
+    ``dlmon demo`` (``stop_by_default``): stop it, a synthetic training is no one's real job."""
 
     BINDINGS = [
         Binding("escape", "cancel", "Cancel"),
@@ -103,10 +104,11 @@ class QuitScreen(ModalScreen[str | None]):
         Binding("x", "answer('stop')", "Stop the training"),
     ]
 
-    def __init__(self, pid: int, command: str) -> None:
+    def __init__(self, pid: int, command: str, *, stop_by_default: bool = False) -> None:
         super().__init__()
         self.pid = pid
         self.command = command
+        self.default = QUIT_STOP if stop_by_default else QUIT_LEAVE
 
     def compose(self) -> ComposeResult:
         command = " ".join(self.command.split())
@@ -120,14 +122,21 @@ class QuitScreen(ModalScreen[str | None]):
                 markup=True,
             )
             with Horizontal(id="quit-buttons"):
-                yield Button("Leave it running", id=QUIT_LEAVE, variant="primary")
-                yield Button("Stop the training", id=QUIT_STOP, variant="error")
+                stop = self.default == QUIT_STOP
+                leave_label = "Leave it running" + ("" if stop else " (enter)")
+                stop_label = "Stop the training" + (" (enter)" if stop else "")
+                if stop:
+                    yield Button(stop_label, id=QUIT_STOP, variant="error")
+                    yield Button(leave_label, id=QUIT_LEAVE, variant="default")
+                else:
+                    yield Button(leave_label, id=QUIT_LEAVE, variant="primary")
+                    yield Button(stop_label, id=QUIT_STOP, variant="error")
                 yield Button("Cancel", id="cancel")
         yield Footer()
 
     def on_mount(self) -> None:
         self.query_one("#quit-box").border_title = "Quit"
-        self.query_one(f"#{QUIT_LEAVE}", Button).focus()
+        self.query_one(f"#{self.default}", Button).focus()
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         event.stop()
