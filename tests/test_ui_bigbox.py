@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 
 import pytest
 from test_ui_support import (
@@ -24,11 +25,11 @@ from textual.pilot import Pilot
 from dlmon.analysis.detectors._base import headroom
 from dlmon.model import Alert, LoaderSample, Snapshot, WorkerDeath
 from dlmon.ui import DashboardResult, create_app
-from dlmon.ui.app import MIN_RENDER_GAP_S, DlmonApp
+from dlmon.ui.app import LOG_KEEP, MIN_RENDER_GAP_S, DlmonApp
 from dlmon.ui.screens import AdviceScreen
 from dlmon.ui.state import HISTORY_CAPACITY, DashboardState
 from dlmon.ui.views import memory_lines, memory_trend, text_of
-from dlmon.ui.widgets import TimeChart, WorkerTable
+from dlmon.ui.widgets import LogView, Panel, TimeChart, WorkerTable
 
 Scenario = Callable[[DlmonApp, Pilot[DashboardResult]], Awaitable[None]]
 
@@ -191,3 +192,61 @@ def test_the_quit_question_default_depends_on_whose_training_it_is(
     app = make(FakeSource([make_snapshot()]), ask_stop_on_quit=True, stop_by_default=stop_by_default)
     result = drive(app, scenario)
     assert result is not None and result.quit_by_user and result.stop_training is stop
+
+
+# ---- 3. the training's own output -------------------------------------------------------------
+def test_the_training_output_is_shown_by_default_bounded_with_tqdm_as_one_line(tmp_path: Path) -> None:
+    """`dlmon run`: the last lines of the log in a small pane from the start; 24,000 lines
+    written while the pane is hidden (another panel in full) reach the widget as one screenful;
+    a tqdm bar redrawn with \\r is one updating line."""
+    log = tmp_path / "train.log"
+    log.write_text("loading data\n")
+    source = FakeSource([make_snapshot()], log_path=str(log))
+    seen: dict[str, object] = {}
+
+    async def scenario(app: DlmonApp, pilot: Pilot[DashboardResult]) -> None:
+        main = app.main_screen
+        await settle(pilot)
+        pane = main.query_one("#logs")
+        assert pane.display and pane.region.height >= 3
+        view = main.query_one("#log", LogView)
+        assert "loading data" in view.text
+        await pilot.press("2")  # the workers in full: the log pane is hidden
+        with log.open("a") as fh:
+            fh.writelines(f"step {k} loss 0.{k:05d}\n" for k in range(24_000))
+            fh.write("epoch 3:  10%|#         | 10/100\repoch 3:  55%|#####     | 55/100")
+        app._poll_log()
+        await pilot.press("2")  # back to the overview
+        await settle(pilot)
+        seen["buffer"] = len(app.log_lines)
+        seen["shown"] = view.text.splitlines()
+        seen["height"] = view.size.height
+        with log.open("a") as fh:
+            fh.write("\repoch 3: 100%|##########| 100/100\n")
+        app._poll_log()
+        await settle(pilot)
+        seen["after"] = view.text.splitlines()
+
+    drive(make(source), scenario, (160, 50))
+    assert isinstance(seen["buffer"], int) and seen["buffer"] <= LOG_KEEP
+    shown = seen["shown"]
+    assert isinstance(shown, list) and len(shown) <= int(str(seen["height"]))
+    assert shown[-1] == "epoch 3:  55%|#####     | 55/100", shown  # the progress line, as it is now
+    assert shown[-2] == "step 23999 loss 0.23999", shown
+    after = seen["after"]
+    assert isinstance(after, list) and after[-1] == "epoch 3: 100%|##########| 100/100", after
+    assert not any("10/100" in line for line in after)
+
+
+def test_the_log_pane_says_the_file_size_on_disk(tmp_path: Path) -> None:
+    log = tmp_path / "train.log"
+    log.write_bytes(b"x" * 3000 + b"\n")
+    source = FakeSource([make_snapshot()], log_path=str(log))
+    captions: list[str] = []
+
+    async def scenario(app: DlmonApp, pilot: Pilot[DashboardResult]) -> None:
+        await settle(pilot)
+        captions.append(str(app.main_screen.query_one("#logs", Panel).border_subtitle))
+
+    drive(make(source), scenario, (160, 50))
+    assert "train.log" in captions[0] and "2.9 KiB on disk" in captions[0], captions

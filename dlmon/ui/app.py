@@ -14,6 +14,7 @@ import contextlib
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -23,10 +24,11 @@ from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.screen import Screen
 from textual.widget import Widget
-from textual.widgets import Footer, RichLog
+from textual.widgets import Footer
 
 from dlmon.flow.sources import Source
 from dlmon.model import Snapshot
+from dlmon.ui.fmt import human_bytes
 from dlmon.ui.logtail import LogTail
 from dlmon.ui.result import DashboardResult
 from dlmon.ui.screens import QUIT_STOP, AdviceScreen, HelpScreen, QuitScreen, WorkerDetailScreen
@@ -40,7 +42,7 @@ from dlmon.ui.views import (
     memory_lines,
     throughput_lines,
 )
-from dlmon.ui.widgets import ChartLine, HeaderBar, LinesView, Panel, TimeChart, WorkerTable
+from dlmon.ui.widgets import ChartLine, HeaderBar, LinesView, LogView, Panel, TimeChart, WorkerTable
 
 SORT_ORDER = ("id", "cpu", "pss", "rss", "uss", "read", "gpu")
 PANELS: tuple[tuple[str, str, str], ...] = (
@@ -54,7 +56,8 @@ PANELS: tuple[tuple[str, str, str], ...] = (
 )
 LOG_POLL_S = 1.0
 MIN_RENDER_GAP_S = 0.25  # a fast interval (or a replay) repaints at most 4 times a second
-LOG_LINES = 5000
+LOG_KEEP = 2000  # lines of the training's output kept in memory (shown or not)
+LOG_BIG = 1 << 30  # the log file's size turns to a warning past this (dlmon never truncates it)
 
 
 class SnapshotArrived(Message):
@@ -145,7 +148,7 @@ class MainScreen(Screen[None]):
                 yield LinesView(id="alerts-lines")
             if self.has_logs:
                 with Panel("Logs", "7", id="logs"):
-                    yield RichLog(id="log", max_lines=LOG_LINES, wrap=False, auto_scroll=True)
+                    yield LogView(id="log")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -219,6 +222,20 @@ class MainScreen(Screen[None]):
                 chart.show(lines, ctx.now, ctx.interval)
         alerts = len(state.latest.alerts) if state.latest is not None else 0
         self.query_one("#alerts", Panel).set_caption(f"{alerts} active" if alerts else None)
+        if self.has_logs and visible("logs"):
+            self.show_log()
+
+    def show_log(self) -> None:
+        """The newest lines that fit (cheap: the view gets one screenful, never the backlog)."""
+        app = self.dlmon
+        view = self.query_one("#log", LogView)
+        view.show(app.log_lines, app.log_progress, view.size.width or self.size.width or 80)
+        size = app.log_size
+        if size is not None:
+            caption = f"{human_bytes(size)} on disk (dlmon never truncates it)"
+            if app.log_tail is not None:
+                caption = f"{os.path.basename(app.log_tail.path)} · {caption}"
+            self.query_one("#logs", Panel).set_caption(caption)
 
     # ---- panels -----------------------------------------------------------------------------
     def panel_ids(self) -> list[str]:
@@ -233,7 +250,7 @@ class MainScreen(Screen[None]):
         for pid in self.panel_ids():
             panel = self.query_one(f"#{pid}", Panel)
             panel.set_class(pid == zoomed, "-zoom")
-            panel.display = (zoomed is None and pid != "logs") or pid == zoomed
+            panel.display = zoomed is None or pid == zoomed
 
     def zoom(self, panel_id: str | None) -> None:
         if panel_id is not None and panel_id not in self.panel_ids():
@@ -273,7 +290,7 @@ class MainScreen(Screen[None]):
             i = ids.index(self.zoomed)
             self.zoom(ids[(i + step) % len(ids)])
             return
-        on_screen = [p for p in ids if p != "logs"]
+        on_screen = ids
         current = self.focused_panel()
         i = on_screen.index(current) if current in on_screen else -1
         target = on_screen[(i + step) % len(on_screen)]
@@ -347,6 +364,9 @@ class DlmonApp(App[DashboardResult]):
         self.renders = 0  # how many times the panels were redrawn (tests, benchmarks)
         self.screenshots: list[str] = []
         self.log_tail = LogTail(source.log_path) if source.log_path else None
+        self.log_lines: deque[str] = deque(maxlen=LOG_KEEP)  # bounded whether the pane is shown or not
+        self.log_progress = ""  # the unfinished last line: a tqdm bar redrawn with \r
+        self.log_size: int | None = None
         self._render_pending = False
         self._last_render = 0.0
         self._stale_shown = False
@@ -484,10 +504,18 @@ class DlmonApp(App[DashboardResult]):
         if tail is None:
             return
         lines = tail.poll()
-        if lines:
-            log = self.main_screen.query_one("#log", RichLog)
-            for line in lines[-LOG_LINES:]:
-                log.write(line)
+        progress = tail.partial
+        try:
+            self.log_size = os.stat(tail.path).st_size
+        except OSError:
+            self.log_size = None
+        if not lines and progress == self.log_progress:
+            return
+        self.log_lines.extend(lines[-LOG_KEEP:])
+        self.log_progress = progress
+        main = self.main_screen
+        if main.has_logs and (main.zoomed is None or main.zoomed == "logs") and not self.paused:
+            main.show_log()
 
     # ---- actions ----------------------------------------------------------------------------
     def action_toggle_pause(self) -> None:

@@ -7,8 +7,9 @@ when the bucketed data they show changed (at most once per chart bucket), and ca
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Reversible, Sequence
 from dataclasses import dataclass
 
 from rich.segment import Segment
@@ -393,6 +394,35 @@ class WorkerTable(LinesView):
     def action_open(self) -> None:
         if self.cursor_key is not None:
             self.post_message(self.Opened(self.cursor_key))
+
+
+class LogView(LinesView):
+    """The last lines of the training's output that fit, and its unfinished progress line.
+
+    The app keeps the bounded buffer (whether this is shown or not); this view is handed only
+    what fits its height, so opening it after hours of output costs one screenful.
+    """
+
+    DEFAULT_CSS = """
+    LogView { height: 1fr; }
+    """
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        return max(1, len(self.lines))
+
+    def show(self, lines: Reversible[str], progress: str, width: int) -> None:
+        room = self.size.height
+        if room <= 0:
+            return
+        keep = room - (1 if progress else 0)
+        tail = list(itertools.islice(reversed(lines), keep))[::-1] if keep > 0 else []
+        if progress:
+            tail.append(progress)
+        out: list[Line] = []
+        for i, text in enumerate(tail):
+            style = "b" if progress and i == len(tail) - 1 else ""
+            out.append(((text if len(text) <= width else text[: max(0, width - 1)] + "…", style),))
+        self.set_lines(tuple(out))
 
 
 class HeaderBar(LinesView):
