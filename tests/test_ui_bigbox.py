@@ -29,7 +29,7 @@ from dlmon.ui.app import LOG_KEEP, MIN_RENDER_GAP_S, DlmonApp
 from dlmon.ui.screens import AdviceScreen
 from dlmon.ui.state import HISTORY_CAPACITY, DashboardState
 from dlmon.ui.views import memory_lines, memory_trend, text_of
-from dlmon.ui.widgets import LogView, Panel, TimeChart, WorkerTable
+from dlmon.ui.widgets import LinesView, LogView, Panel, TimeChart, WorkerTable
 
 Scenario = Callable[[DlmonApp, Pilot[DashboardResult]], Awaitable[None]]
 
@@ -250,3 +250,47 @@ def test_the_log_pane_says_the_file_size_on_disk(tmp_path: Path) -> None:
 
     drive(make(source), scenario, (160, 50))
     assert "train.log" in captions[0] and "2.9 KiB on disk" in captions[0], captions
+
+
+# ---- 4. charts scaled to the job -----------------------------------------------------------------
+TiB = 1024 * GiB
+
+
+def _big_host(limit: int | None) -> list[Snapshot]:
+    out = []
+    for s in run_of(900, 5.0):
+        m = dataclasses.replace(
+            s.memory,
+            total_bytes=2 * TiB,
+            available_bytes=int(1.9 * TiB),
+            used_bytes=int(0.1 * TiB),
+            cgroup_limit_bytes=limit,
+        )
+        cg = dataclasses.replace(s.cgroup, limit_bytes=limit) if s.cgroup is not None else None
+        out.append(dataclasses.replace(s, memory=m, cgroup=cg))
+    return out
+
+
+@pytest.mark.parametrize("limit", [None, 16 * GiB, 1 * TiB])
+def test_the_memory_chart_plots_the_job_on_its_own_scale(limit: int | None) -> None:
+    """On a 2 TiB host the chart's axis fits the job's PSS (~7 GiB, growing), not the machine;
+    the cgroup limit shares the axis only when it is within reach of the job."""
+    seen: dict[str, object] = {}
+
+    async def scenario(app: DlmonApp, pilot: Pilot[DashboardResult]) -> None:
+        await settle(pilot)
+        chart = app.main_screen.query_one("#memory-chart", TimeChart)
+        seen["labels"], seen["range"], seen["unit"] = chart.plotted_labels, chart.y_range, chart.unit
+        seen["text"] = app.main_screen.query_one("#memory-lines", LinesView).text
+
+    drive(make(FakeSource(_big_host(limit))), scenario, (160, 50))
+    labels = seen["labels"]
+    assert isinstance(labels, tuple) and "available" not in labels and labels[0] == "job PSS"
+    assert ("cgroup limit" in labels) is (limit == 16 * GiB), labels
+    lo, hi = seen["range"]  # type: ignore[misc]
+    assert seen["unit"] == "GiB"
+    if limit == 16 * GiB:
+        assert 16 <= hi < 20, (lo, hi)
+    else:  # the job's PSS (7.2 -> 7.4 GiB over the run) fills the axis: its growth shows
+        assert 6.5 < lo < 7.3 and 7.3 < hi < 8.0, (lo, hi)
+    assert "2.0 TiB" in str(seen["text"])  # the machine's figures stay in the text

@@ -39,6 +39,7 @@ from dlmon.ui.views import (
     gpu_lines,
     header_line,
     io_lines,
+    memory_chart_plan,
     memory_lines,
     throughput_lines,
 )
@@ -133,7 +134,7 @@ class MainScreen(Screen[None]):
             with Horizontal(id="top"):
                 with Panel("Memory", "1", id="memory"):
                     yield LinesView(id="memory-lines")
-                    yield TimeChart(unit="GiB", scale=2**30, id="memory-chart")
+                    yield TimeChart(unit="GiB", scale=2**30, zero_based=False, id="memory-chart")
                 with Vertical(id="side"):
                     with Panel("GPU", "3", id="gpu"):
                         yield LinesView(id="gpu-lines")
@@ -185,15 +186,14 @@ class MainScreen(Screen[None]):
             view.set_lines(memory_lines(state, view_width(view), compact and zoomed != "memory"))
             chart = self.query_one("#memory-chart", TimeChart)
             if chart.display:
-                chart.show(
-                    [
-                        ChartLine("job PSS", state.pss_sum, "cyan"),
-                        ChartLine("available", state.available, "green"),
-                        ChartLine("cgroup limit", state.limit, "red"),
-                    ],
-                    ctx.now,
-                    ctx.interval,
-                )
+                plan = memory_chart_plan(state)
+                chart.unit, chart.scale = plan.unit, plan.scale
+                mem_lines = [ChartLine("job PSS", state.pss_sum, "cyan")]
+                if plan.anon:
+                    mem_lines.append(ChartLine("job anon", state.pss_anon_sum, "yellow"))
+                if plan.limit:
+                    mem_lines.append(ChartLine("cgroup limit", state.limit, "red"))
+                chart.show(mem_lines, ctx.now, ctx.interval)
         if visible("workers"):
             table = self.query_one("#table", WorkerTable)
             table.show(state, ctx.interval)

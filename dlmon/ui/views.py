@@ -241,6 +241,33 @@ def _growth_alert_eta(s: Snapshot) -> float | None:
     return None
 
 
+LIMIT_IN_REACH = 4.0  # the cgroup limit is drawn when it is at most this many times the job's PSS
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryChartPlan:
+    """What the memory chart plots: the job on its own scale; the machine stays in the text."""
+
+    unit: str
+    scale: float
+    limit: bool  # the cgroup limit is close enough to share the job's axis
+    anon: bool  # the kernel splits anon / file PSS: the anon line is what a leak moves
+
+
+def memory_chart_plan(state: DashboardState) -> MemoryChartPlan:
+    s = state.latest
+    pss = s.memory.pss_sum_bytes if s is not None else None
+    limit = s.memory.cgroup_limit_bytes if s is not None else None
+    anon = (
+        s is not None and s.memory.pss_anon_sum_bytes is not None and s.memory.pss_file_sum_bytes is not None
+    )
+    in_reach = bool(pss and limit and limit <= LIMIT_IN_REACH * pss)
+    top = float(limit) if in_reach and limit else float(pss or 0)
+    if top >= 2**30:
+        return MemoryChartPlan("GiB", float(2**30), in_reach, anon)
+    return MemoryChartPlan("MiB", float(2**20), in_reach, anon)
+
+
 def _trend_text(slope: float | None, eta: float | None, compact: bool) -> list[Span]:
     if slope is None:
         return [("trend n/a yet", "dim")]

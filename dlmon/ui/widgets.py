@@ -183,7 +183,8 @@ class TimeChart(PlotextPlot):
         self._cached: tuple[tuple[object, ...], Text] | None = None
         self._has_data = False
         self._data_version = 0
-        self.plotted_labels: tuple[str, ...] = ()  # the lines of the newest plot (tests, screen readers)
+        self.plotted_labels: tuple[str, ...] = ()
+        self.y_range: tuple[float, float] | None = None  # the left axis of the newest plot, in units
 
     def show(self, lines: Sequence[ChartLine], now: float, interval: float | None) -> bool:
         """Set the data; returns whether the plot will be rebuilt."""
@@ -207,7 +208,7 @@ class TimeChart(PlotextPlot):
         # the step keeps the rebuilds rare; the window shows what there is (at least a minute)
         window = min(dots * step, math.ceil(max(span, 60.0, 4 * step) / step) * step)
         self.plotted_labels = tuple(cl.label for cl in lines)
-        signature = (width, height, step, bucket, window, self.plotted_labels)
+        signature = (width, height, step, bucket, window, self.plotted_labels, self.unit, self.scale)
         if signature == self._signature:
             return False
         self._signature = signature
@@ -217,6 +218,7 @@ class TimeChart(PlotextPlot):
         plt.clear_data()
         any_points = False
         top = {False: 0.0, True: 0.0}
+        low = math.inf
         used: set[bool] = set()
         for cl in lines:
             points = cl.series.resample(start, end, step)
@@ -227,6 +229,8 @@ class TimeChart(PlotextPlot):
             xs = [(t - now) / 60.0 for t, _ in points]
             ys = [v / scale for _, v in points]
             top[cl.right] = max(top[cl.right], max(ys))
+            if not cl.right:
+                low = min(low, min(ys))
             used.add(cl.right)
             plt.plot(
                 xs,
@@ -243,6 +247,12 @@ class TimeChart(PlotextPlot):
                     side = "right" if right else "left"
                     upper = value * 1.08 if value > 0 else 1.0
                     plt.ylim(0, upper, side)  # type: ignore[arg-type]  # the stub says float
+            self.y_range = (0.0, top[False] * 1.08 if top[False] > 0 else 1.0)
+        elif False in used:  # the data's own range, padded: a slow leak shows as a slope
+            pad = max(0.05 * (top[False] - low), 0.02 * abs(top[False]), 1e-9)
+            lower, upper = max(0.0, low - pad), top[False] + pad
+            plt.ylim(lower, upper, "left")  # type: ignore[arg-type]
+            self.y_range = (lower, upper)
         plt.xlabel("minutes ago")
         plt.ylabel(self.unit, "left")  # the stub names it xside
         if self.right_unit is not None:
