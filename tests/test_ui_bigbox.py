@@ -17,6 +17,7 @@ from test_ui_support import (
     FakeSource,
     GiB,
     fixed_clock,
+    make_ddp_snapshot,
     make_snapshot,
     run_of,
 )
@@ -294,3 +295,28 @@ def test_the_memory_chart_plots_the_job_on_its_own_scale(limit: int | None) -> N
     else:  # the job's PSS (7.2 -> 7.4 GiB over the run) fills the axis: its growth shows
         assert 6.5 < lo < 7.3 and 7.3 < hi < 8.0, (lo, hi)
     assert "2.0 TiB" in str(seen["text"])  # the machine's figures stay in the text
+
+
+# ---- 5. layout under load -------------------------------------------------------------------------
+def test_a_big_ddp_box_keeps_every_panel_useful_at_160x50() -> None:
+    """8 GPUs, 6 disks, 64 workers: the Throughput panel keeps its chart; the GPUs, disks and
+    loaders that do not fit collapse to a "+N more" line."""
+    snaps = [make_ddp_snapshot(T0 - (60 - k) * 5.0, interval=5.0) for k in range(61)]
+    seen: dict[str, object] = {}
+
+    async def scenario(app: DlmonApp, pilot: Pilot[DashboardResult]) -> None:
+        await settle(pilot)
+        main = app.main_screen
+        seen["throughput"] = main.query_one("#throughput").region.height
+        seen["chart"] = main.query_one("#throughput-chart").region.height
+        seen["workers"] = main.query_one("#workers").region.height
+        for panel in ("gpu", "io", "throughput"):
+            seen[panel + "-text"] = main.query_one(f"#{panel}-lines", LinesView).text
+
+    drive(make(FakeSource(snaps)), scenario, (160, 50))
+    assert int(str(seen["throughput"])) >= 8 and int(str(seen["chart"])) >= 5, seen
+    assert int(str(seen["workers"])) >= 8, seen
+    assert "+6 more: 2 76%" in str(seen["gpu-text"]), seen["gpu-text"]
+    assert "+4 more: nvme2n1" in str(seen["io-text"]), seen["io-text"]
+    assert "+6 more loaders" in str(seen["throughput-text"]), seen["throughput-text"]
+    assert str(seen["throughput-text"]).startswith("train.py:88 rank 7"), seen["throughput-text"]  # busiest

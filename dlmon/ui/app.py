@@ -56,6 +56,7 @@ PANELS: tuple[tuple[str, str, str], ...] = (
     ("7", "logs", "Logs"),
 )
 LOG_POLL_S = 1.0
+OVERVIEW_ROWS = 3  # GPUs, disks, loaders shown in full in the overview; more collapse to "+N more"
 MIN_RENDER_GAP_S = 0.25  # a fast interval (or a replay) repaints at most 4 times a second
 LOG_KEEP = 2000  # lines of the training's output kept in memory (shown or not)
 LOG_BIG = 1 << 30  # the log file's size turns to a warning past this (dlmon never truncates it)
@@ -97,7 +98,7 @@ class MainScreen(Screen[None]):
     """All panels at once, collapsing to one-liners on small terminals; one panel in full on demand."""
 
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide")]
-    VERTICAL_BREAKPOINTS = [(0, "-short"), (36, "-tall")]
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (36, "-tall"), (48, "-taller")]
 
     BINDINGS = [
         Binding("tab", "next_panel", "Next panel", show=False),
@@ -200,14 +201,23 @@ class MainScreen(Screen[None]):
             self.query_one("#workers", Panel).set_caption(table.caption)
         if visible("gpu"):
             view = self.query_one("#gpu-lines", LinesView)
-            view.set_lines(gpu_lines(state, view_width(view), compact and zoomed != "gpu", zoomed == "gpu"))
-        for panel_id, fn in (("io", io_lines), ("alerts", alert_lines)):
-            if visible(panel_id):
-                view = self.query_one(f"#{panel_id}-lines", LinesView)
-                view.set_lines(fn(state, view_width(view), compact and zoomed != panel_id))
+            rows = None if zoomed == "gpu" else OVERVIEW_ROWS
+            view.set_lines(
+                gpu_lines(state, view_width(view), compact and zoomed != "gpu", zoomed == "gpu", rows=rows)
+            )
+        if visible("io"):
+            view = self.query_one("#io-lines", LinesView)
+            rows = None if zoomed == "io" else OVERVIEW_ROWS
+            view.set_lines(io_lines(state, view_width(view), compact and zoomed != "io", rows=rows))
+        if visible("alerts"):
+            view = self.query_one("#alerts-lines", LinesView)
+            view.set_lines(alert_lines(state, view_width(view), compact and zoomed != "alerts"))
         if visible("throughput"):
             view = self.query_one("#throughput-lines", LinesView)
-            view.set_lines(throughput_lines(state, view_width(view), compact and zoomed != "throughput"))
+            rows = None if zoomed == "throughput" else OVERVIEW_ROWS
+            view.set_lines(
+                throughput_lines(state, view_width(view), compact and zoomed != "throughput", rows=rows)
+            )
             chart = self.query_one("#throughput-chart", TimeChart)
             has_loaders = bool(state.live_loaders())
             chart.set_class(not has_loaders, "-nodata")

@@ -17,7 +17,7 @@ from dlmon.analysis.detectors._base import headroom
 from dlmon.analysis.kinds import MEMORY_GROWTH
 from dlmon.analysis.startup import startup_of
 from dlmon.analysis.verdict import exit_verdict
-from dlmon.model import Alert, MemorySummary, ProcessSample, Snapshot
+from dlmon.model import Alert, GpuDevice, LoaderSample, MemorySummary, ProcessSample, Snapshot
 from dlmon.model.format import fd_limit_note
 from dlmon.ui.fmt import DASH, NA, cbytes, cpct, duration, human_bytes, mbps, ratio
 from dlmon.ui.state import SORT_NAMES, DashboardState, ProcessRow
@@ -124,6 +124,37 @@ def flow(parts: Sequence[Sequence[Span]], width: int, sep: Span = SEP, lead: Seq
     if used > start:
         lines.append(truncate(current, width))
     return tuple(truncate(line, width) for line in lines)
+
+
+def collapse(lines: Sequence[Line], rows: int | None, summary: Sequence[Sequence[Span]], width: int) -> Lines:
+    """At most ``rows`` lines: the first ``rows - 1`` and a summary line ``+N more: ...`` built
+    from the ``summary`` parts of the lines left out (one per line, in the same order)."""
+    if rows is None or len(lines) <= rows:
+        return tuple(lines)
+    keep = max(0, rows - 1)
+    rest = len(lines) - keep
+    return (*lines[:keep], fit(summary[keep:], width, SEP, lead=[(f"+{rest} more: ", "key")]))
+
+
+def fit_with_more(
+    parts: Sequence[Sequence[Span]], width: int, sep: Span, lead: Sequence[Span], noun: str
+) -> Line:
+    """As :func:`fit`, ending with ``+N more GPUs`` when parts were left out."""
+    for k in range(len(parts), 0, -1):
+        more: list[list[Span]] = [[(f"+{len(parts) - k} more {noun}", "key")]] if k < len(parts) else []
+        line = [*lead, *(span for part in _joined([*parts[:k], *more], sep) for span in part)]
+        if width_of(line) <= width:
+            return tuple(line)
+    return fit(parts, width, sep, lead)
+
+
+def _joined(parts: Sequence[Sequence[Span]], sep: Span) -> list[Sequence[Span]]:
+    out: list[Sequence[Span]] = []
+    for i, part in enumerate(parts):
+        if i:
+            out.append((sep,))
+        out.append(part)
+    return out
 
 
 def label(text: str, width: int) -> Span:
@@ -376,7 +407,9 @@ def memory_lines(state: DashboardState, width: int, compact: bool) -> Lines:
 
 
 # ---- GPU ------------------------------------------------------------------------------------
-def gpu_lines(state: DashboardState, width: int, compact: bool, detailed: bool = False) -> Lines:
+def gpu_lines(
+    state: DashboardState, width: int, compact: bool, detailed: bool = False, rows: int | None = None
+) -> Lines:
     """One line per device; with ``detailed`` (the panel in full) also torch's figures and the
     VRAM of every process (the workers table has a GPU column for the job's own)."""
     s = state.latest
@@ -400,23 +433,20 @@ def gpu_lines(state: DashboardState, width: int, compact: bool, detailed: bool =
                     (f" {cpct(g.utilization_percent, NA)}%", ""),
                 ]
             )
-        return (fit(parts, width, BAR, lead=lead),)
+        return (fit_with_more(parts, width, BAR, lead, "GPUs"),)
+    if not detailed and rows is not None and len(s.gpus) > rows:
+        return collapse(
+            [_gpu_head(g, width, detailed) for g in s.gpus],
+            rows,
+            [
+                [(f"{g.index} ", "b"), (f"{cpct(u, NA)}%", _util_style(u))]
+                for g, u in ((g, g.utilization_percent) for g in s.gpus)
+            ],
+            width,
+        )
     out: list[Line] = []
     for g in s.gpus:
-        used = ratio(g.memory_used_bytes, g.memory_total_bytes)
-        head: list[list[Span]] = [
-            [
-                (f"GPU{g.index} ", "b"),
-                ("mem ", "dim"),
-                (_of(g.memory_used_bytes, g.memory_total_bytes, True), _level(used)),
-            ]
-            + ([(f" ({used * 100:.0f}%)", _level(used))] if used is not None else []),
-            [("util ", "dim"), (f"{cpct(g.utilization_percent, NA)}%", _util_style(g.utilization_percent))],
-        ]
-        if g.torch_allocated_bytes is not None and not detailed:
-            head.append([("torch ", "dim"), (_of(g.torch_allocated_bytes, g.torch_reserved_bytes, True), "")])
-        head.append([(g.name or "unknown device", "dim")])
-        out.append(fit(head, width, SEP))
+        out.append(_gpu_head(g, width, detailed))
         if not detailed:
             continue
         procs: list[list[Span]] = []
@@ -441,6 +471,23 @@ def gpu_lines(state: DashboardState, width: int, compact: bool, detailed: bool =
     return tuple(out)
 
 
+def _gpu_head(g: GpuDevice, width: int, detailed: bool) -> Line:
+    used = ratio(g.memory_used_bytes, g.memory_total_bytes)
+    head: list[list[Span]] = [
+        [
+            (f"GPU{g.index} ", "b"),
+            ("mem ", "dim"),
+            (_of(g.memory_used_bytes, g.memory_total_bytes, True), _level(used)),
+        ]
+        + ([(f" ({used * 100:.0f}%)", _level(used))] if used is not None else []),
+        [("util ", "dim"), (f"{cpct(g.utilization_percent, NA)}%", _util_style(g.utilization_percent))],
+    ]
+    if g.torch_allocated_bytes is not None and not detailed:
+        head.append([("torch ", "dim"), (_of(g.torch_allocated_bytes, g.torch_reserved_bytes, True), "")])
+    head.append([(g.name or "unknown device", "dim")])
+    return fit(head, width, SEP)
+
+
 def _who(p: ProcessSample) -> str:
     if p.role == "worker":
         return f"worker {p.worker_id}" if p.worker_id is not None else "worker"
@@ -460,7 +507,7 @@ def _util_style(util: float | None) -> str:
 
 
 # ---- IO -------------------------------------------------------------------------------------
-def io_lines(state: DashboardState, width: int, compact: bool) -> Lines:
+def io_lines(state: DashboardState, width: int, compact: bool, rows: int | None = None) -> Lines:
     s = state.latest
     if s is None:
         return ((("waiting for data…", "dim"),),)
@@ -521,6 +568,17 @@ def io_lines(state: DashboardState, width: int, compact: bool) -> Lines:
                 (" ", ""),
             )
         )
+    out = list(
+        collapse(
+            out,
+            rows,
+            [
+                [(f"{d.name} ", "b"), (f"{cpct(u, NA)}%", _util_disk(u))]
+                for d, u in ((d, d.util_percent) for d in disks)
+            ],
+            width,
+        )
+    )
     if not disks:
         out.append((("no whole disks found", "dim"),))
     out.append(fit([psi, dstate], width, SEP))
@@ -544,7 +602,7 @@ def _util_disk(v: float | None) -> str:
 
 
 # ---- throughput -----------------------------------------------------------------------------
-def throughput_lines(state: DashboardState, width: int, compact: bool) -> Lines:
+def throughput_lines(state: DashboardState, width: int, compact: bool, rows: int | None = None) -> Lines:
     s = state.latest
     if s is None:
         return ((("waiting for data…", "dim"),),)
@@ -554,7 +612,11 @@ def throughput_lines(state: DashboardState, width: int, compact: bool) -> Lines:
             return wrap(s.agent_note or AGENT_HINT, width, "warn" if s.agent_note else "dim")
         return (fit([[(s.agent_note or AGENT_HINT_SHORT, "dim")]], width, lead=lead),)
     out: list[Line] = []
-    loaders = s.loaders if not compact else s.loaders[:1]
+    loaders = list(s.loaders) if not compact else list(s.loaders[:1])
+    rest: list[LoaderSample] = []
+    if rows is not None and len(loaders) > rows:  # the busiest in full, the others summed up
+        loaders.sort(key=lambda x: -(x.batches_per_s or 0.0))
+        loaders, rest = loaders[: max(0, rows - 1)], loaders[max(0, rows - 1) :]
     for ld in loaders:
         wait = None if ld.data_wait_fraction is None else ld.data_wait_fraction * 100
         parts: list[list[Span]] = [
@@ -586,6 +648,22 @@ def throughput_lines(state: DashboardState, width: int, compact: bool) -> Lines:
             if len(s.loaders) > 1:
                 parts.append([(f"+{len(s.loaders) - 1} loaders", "dim")])
         out.append(fit(parts, width, BAR if compact else SEP, lead=lead))
+    if rest:
+        total = sum(x.batches_per_s or 0.0 for x in rest)
+        waits = [x.data_wait_fraction * 100 for x in rest if x.data_wait_fraction is not None]
+        worst = max(waits) if waits else None
+        out.append(
+            fit(
+                [
+                    [(f"{_rate(total)}", "b"), (" batch/s in all", "dim")],
+                    [("data wait up to ", "dim"), (f"{cpct(worst, NA)}%", _wait_style(worst))],
+                    [("5 shows each", "dim")],
+                ],
+                width,
+                SEP,
+                lead=[(f"+{len(rest)} more loaders: ", "key")],
+            )
+        )
     return tuple(out)
 
 
