@@ -320,3 +320,38 @@ def test_a_big_ddp_box_keeps_every_panel_useful_at_160x50() -> None:
     assert "+4 more: nvme2n1" in str(seen["io-text"]), seen["io-text"]
     assert "+6 more loaders" in str(seen["throughput-text"]), seen["throughput-text"]
     assert str(seen["throughput-text"]).startswith("train.py:88 rank 7"), seen["throughput-text"]  # busiest
+
+
+# ---- 6. a tree for DDP ----------------------------------------------------------------------------
+def test_a_ddp_job_reads_as_ranks_with_sums_that_expand_to_their_workers() -> None:
+    """8 ranks x 8 workers: 8 groups (folded) with PSS, batches/s and data wait per rank;
+    space on a rank shows its workers under it, space again folds them."""
+    seen: dict[str, str] = {}
+
+    async def scenario(app: DlmonApp, pilot: Pilot[DashboardResult]) -> None:
+        await settle(pilot)
+        tbl = app.main_screen.query_one("#table", WorkerTable)
+        seen["folded"] = tbl.text
+        seen["caption"] = tbl.caption
+        for _ in range(6):  # main, rank 0..4: the cursor on the sixth rank (pid 5005)
+            await pilot.press("down")
+        await pilot.press("space")
+        await settle(pilot)
+        seen["open"] = tbl.text
+        await pilot.press("down", "down", "space")  # from one of its workers: folds the rank
+        await settle(pilot)
+        seen["refolded"] = tbl.text
+
+    drive(make(FakeSource([make_ddp_snapshot()])), scenario, (160, 50))
+    folded = seen["folded"].splitlines()
+    assert sum(1 for line in folded if line.lstrip().startswith("worker")) == 0, seen["folded"]
+    sums = [line for line in folded if "▸ 8 workers" in line]
+    assert len(sums) == 8, seen["folded"]
+    rank5 = folded[folded.index(next(li for li in folded if " 5005 " in li)) + 1]
+    assert "PSS 9.08G" in rank5 and "8.5 batch/s" in rank5 and "data wait 25%" in rank5, rank5
+    assert "73 processes" in seen["caption"] and "8 ranks" in seen["caption"]
+    opened = seen["open"].splitlines()
+    i = opened.index(next(li for li in opened if " 5005 " in li))
+    assert "▾ 8 workers" in opened[i + 1]
+    assert all(f" {6500 + k} " in opened[i + 2 + k] for k in range(8)), seen["open"]
+    assert sum(1 for line in seen["refolded"].splitlines() if line.lstrip().startswith("worker")) == 0

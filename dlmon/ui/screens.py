@@ -28,6 +28,8 @@ HELP_TEXT = """\
   [b]up down pgup pgdn home end[/b] move   [b]enter[/b] the process's detail, history
   sort: [b]n[/b] worker id [b]c[/b] CPU [b]m[/b] PSS [b]r[/b] RSS [b]u[/b] USS [b]d[/b] read [b]g[/b] GPU
         the same key again or [b]i[/b] reverses; [b]<[/b] [b]>[/b] previous / next
+  DDP (torchrun, mp.spawn): each rank is one folded line with its sums;
+  [b]space[/b] (or [b]right[/b] / [b]left[/b]) shows / folds its workers
 
 [b]Reading it[/b]
   PSS: a process's fair share of the pages it maps (a page shared by N

@@ -20,7 +20,7 @@ from dlmon.analysis.verdict import exit_verdict
 from dlmon.model import Alert, GpuDevice, LoaderSample, MemorySummary, ProcessSample, Snapshot
 from dlmon.model.format import fd_limit_note
 from dlmon.ui.fmt import DASH, NA, cbytes, cpct, duration, human_bytes, mbps, ratio
-from dlmon.ui.state import SORT_NAMES, DashboardState, ProcessRow
+from dlmon.ui.state import SORT_NAMES, DashboardState, ProcessRow, RankGroup
 
 Span = tuple[str, str]
 Line = tuple[Span, ...]
@@ -866,6 +866,23 @@ def table_header(cols: Sequence[Column], sort: str, reverse: bool) -> Line:
 def sort_caption(sort: str, reverse: bool, count: int) -> str:
     order = "ascending" if reverse else ("natural order" if sort == "id" else "descending")
     return f"{count} processes · sorted by {SORT_NAMES.get(sort, sort)} ({order})"
+
+
+def rank_line(group: RankGroup, expanded: bool, width: int) -> Line:
+    """``  ▾ 8 workers · PSS 9.08G (rank + workers) · 8.5 batch/s · data wait 25%`` under a rank."""
+    wait = None if group.data_wait_fraction is None else group.data_wait_fraction * 100
+    n = len(group.workers)
+    return fit(
+        [
+            [("▾ " if expanded else "▸ ", "key"), (f"{n} worker" + ("" if n == 1 else "s"), "b")],
+            [("PSS ", "dim"), (cbytes(group.pss_bytes, NA), "b"), (" with its workers", "dim")],
+            [(_rate(group.batches_per_s), ""), (" batch/s", "dim")],
+            [("data wait ", "dim"), (f"{cpct(wait, NA)}%", _wait_style(wait))],
+        ],
+        width,
+        SEP,
+        lead=[("  ", "")],
+    )
 
 
 def stall_of(row: ProcessRow, alerts: Sequence[Alert]) -> Alert | None:

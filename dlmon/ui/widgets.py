@@ -25,11 +25,12 @@ from textual.widget import Widget
 from textual_plotext import PlotextPlot
 
 from dlmon.ui.series import Series, chart_step
-from dlmon.ui.state import DashboardState, ProcessRow, RowKey
+from dlmon.ui.state import DashboardState, ProcessRow, RankGroup, RowKey
 from dlmon.ui.views import (
     STYLES,
     Line,
     Lines,
+    rank_line,
     sort_caption,
     stuck_line,
     table_cells,
@@ -294,6 +295,9 @@ class WorkerTable(LinesView):
         Binding("home", "edge(0)", "First", show=False),
         Binding("end", "edge(1)", "Last", show=False),
         Binding("enter", "open", "Worker detail"),
+        Binding("space", "toggle_group", "Expand / collapse rank", show=False),
+        Binding("right,plus", "expand(1)", "Expand rank", show=False),
+        Binding("left,minus", "expand(0)", "Collapse rank", show=False),
     ]
 
     DEFAULT_CSS = """
@@ -317,6 +321,9 @@ class WorkerTable(LinesView):
         self._state: DashboardState | None = None
         self._interval: float | None = None
         self.caption = ""
+        self.expanded: set[int] = set()  # DDP ranks (owner pids) shown with their workers
+        self._groups: dict[int, RankGroup] = {}
+        self._group_of: dict[RowKey, int] = {}  # a row's rank (owner pid), for toggling from any row
 
     @property
     def row_keys(self) -> list[RowKey]:
@@ -329,11 +336,33 @@ class WorkerTable(LinesView):
         self._state = state
         self._interval = interval
         rows = state.sorted_rows(self.sort, self.reverse)
+        total = len(rows)
+        self._groups = state.rank_groups() if self.sort == "id" else {}
+        if self._groups:
+            rows = self._tree(rows)
         self._keys = [r.key for r in rows]
         if self.cursor_key not in state.rows:
             self.cursor_key = self._keys[0] if self._keys else None
-        self.caption = sort_caption(self.sort, self.reverse, len(rows))
+        self.caption = sort_caption(self.sort, self.reverse, total)
+        if self._groups:
+            self.caption += f" · {len(self._groups)} ranks (space: expand)"
         self._rebuild(rows)
+
+    def _tree(self, rows: list[ProcessRow]) -> list[ProcessRow]:
+        """Natural order as a tree: each rank followed by its workers when expanded."""
+        grouped = {w.key: pid for pid, g in self._groups.items() for w in g.workers}
+        self._group_of = dict(grouped)
+        out: list[ProcessRow] = []
+        for row in rows:
+            if row.key in grouped:
+                continue
+            out.append(row)
+            group = self._groups.get(row.process.pid)
+            if group is not None and group.owner.key == row.key:
+                self._group_of[row.key] = row.process.pid
+                if row.process.pid in self.expanded:
+                    out.extend(group.workers)
+        return out
 
     def _rebuild(self, rows: list[ProcessRow] | None = None) -> None:
         state = self._state
@@ -361,6 +390,9 @@ class WorkerTable(LinesView):
                 style = "cursor" if focused else "cursor-blur"
                 line = tuple((text, style) for text, _ in line)
             lines.append(line)
+            group = self._groups.get(rows[i].process.pid)
+            if group is not None and group.owner.key == rows[i].key:
+                lines.append(rank_line(group, rows[i].process.pid in self.expanded, width))
             stuck = stuck_line(rows[i], latest.alerts, width) if latest is not None else None
             if stuck is not None:
                 lines.append(stuck)
@@ -400,6 +432,27 @@ class WorkerTable(LinesView):
 
     def action_edge(self, end: int) -> None:
         self._move_to(len(self._keys) - 1 if end else 0)
+
+    def action_toggle_group(self) -> None:
+        pid = self._group_of.get(self.cursor_key) if self.cursor_key is not None else None
+        if pid is not None:
+            self._set_expanded(pid, pid not in self.expanded)
+
+    def action_expand(self, on: int) -> None:
+        pid = self._group_of.get(self.cursor_key) if self.cursor_key is not None else None
+        if pid is not None:
+            self._set_expanded(pid, bool(on))
+
+    def _set_expanded(self, pid: int, on: bool) -> None:
+        if on:
+            self.expanded.add(pid)
+        else:
+            self.expanded.discard(pid)
+            group = self._groups.get(pid)
+            if group is not None:
+                self.cursor_key = group.owner.key  # the cursor stays on the rank it folded
+        if self._state is not None:
+            self.show(self._state, self._interval)
 
     def action_open(self) -> None:
         if self.cursor_key is not None:
