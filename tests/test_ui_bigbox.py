@@ -21,6 +21,7 @@ from test_ui_support import (
     make_snapshot,
     run_of,
 )
+from textual.events import MouseScrollDown
 from textual.pilot import Pilot
 
 from dlmon.analysis.detectors._base import headroom
@@ -355,3 +356,27 @@ def test_a_ddp_job_reads_as_ranks_with_sums_that_expand_to_their_workers() -> No
     assert "▾ 8 workers" in opened[i + 1]
     assert all(f" {6500 + k} " in opened[i + 2 + k] for k in range(8)), seen["open"]
     assert sum(1 for line in seen["refolded"].splitlines() if line.lstrip().startswith("worker")) == 0
+
+
+# ---- 7. mouse --------------------------------------------------------------------------------------
+def test_clicks_and_the_wheel_move_the_table_and_unfold_ranks() -> None:
+    seen: dict[str, object] = {}
+
+    async def scenario(app: DlmonApp, pilot: Pilot[DashboardResult]) -> None:
+        await settle(pilot)
+        tbl = app.main_screen.query_one("#table", WorkerTable)
+        await pilot.click("#table", offset=(20, 2))  # header, main, rank 5000
+        seen["clicked"] = tbl.cursor_key
+        await pilot.click("#table", offset=(10, 3))  # the sums line of rank 5000: unfolds it
+        await settle(pilot)
+        seen["open"] = tbl.text
+        for _ in range(2):
+            tbl.post_message(MouseScrollDown(tbl, 5, 5, 0, 0, 0, False, False, False))
+        await settle(pilot)
+        seen["scrolled"] = tbl.cursor_key
+
+    drive(make(FakeSource([make_ddp_snapshot()])), scenario, (160, 50))
+    assert seen["clicked"] == ("p", "5000", make_ddp_snapshot().processes[1].start_time)
+    assert "▾ 8 workers" in str(seen["open"]) and " 6000 " in str(seen["open"])
+    scrolled = seen["scrolled"]
+    assert isinstance(scrolled, tuple) and scrolled[0] == "w" and scrolled[2] == 5, scrolled  # 6 rows down

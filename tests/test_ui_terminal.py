@@ -117,6 +117,8 @@ def test_real_terminal_shows_the_tree_and_quits_cleanly(spawn: Spawn, tmux: Tmux
         assert all(float(v) > 0 for v, _ in sizes), line
         assert any(unit == "M" and float(v) >= 16 for v, unit in sizes), line  # its 16 MiB + shared 48 MiB
     assert f"pid {tree.pid}" in screen and "dlmon" in screen
+    # the wheel and clicks reach the dashboard: it asked the terminal for mouse reports
+    assert tmux("display-message", "-p", "-t", "t", "#{mouse_any_flag}").strip() == "1"
 
     tmux("send-keys", "-t", "t", "q")
     tmux.wait_for(re.compile(r"\n\S*[#$]\s*\Z"), timeout=20)  # the shell's prompt is back, last

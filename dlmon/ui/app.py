@@ -651,7 +651,8 @@ def _children_left(snapshot: Snapshot) -> bool:
 def run_app(app: DlmonApp) -> DashboardResult:
     """Run ``app`` in the terminal; always stops its source. Returns how the session ended."""
     try:
-        result = app.run(mouse=False)  # keyboard only: the terminal keeps its own text selection
+        # wheel and clicks where the terminal sends them (shift+drag still selects text in most)
+        result = app.run(mouse=True)
     finally:
         app.source.stop()
     if result is None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
+from textual import events
 from textual.app import RenderResult
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -324,6 +325,8 @@ class WorkerTable(LinesView):
         self.expanded: set[int] = set()  # DDP ranks (owner pids) shown with their workers
         self._groups: dict[int, RankGroup] = {}
         self._group_of: dict[RowKey, int] = {}  # a row's rank (owner pid), for toggling from any row
+        self._extra_at: set[int] = set()
+        self._summary_at: dict[int, int] = {}
 
     @property
     def row_keys(self) -> list[RowKey]:
@@ -384,6 +387,8 @@ class WorkerTable(LinesView):
         self._top = max(0, min(self._top, max(0, len(rows) - visible)))
         focused = self.has_focus
         lines: list[Line] = [table_header(cols, self.sort, self.reverse)]
+        self._extra_at = set()  # screen lines that are not rows (rank sums, stuck lines)
+        self._summary_at = {}  # a rank's sum line -> its owner pid
         for i in range(self._top, min(len(rows), self._top + visible)):
             line = table_cells(rows[i], cols, self._interval)
             if i == cursor:
@@ -392,9 +397,12 @@ class WorkerTable(LinesView):
             lines.append(line)
             group = self._groups.get(rows[i].process.pid)
             if group is not None and group.owner.key == rows[i].key:
+                self._extra_at.add(len(lines))
+                self._summary_at[len(lines)] = rows[i].process.pid
                 lines.append(rank_line(group, rows[i].process.pid in self.expanded, width))
             stuck = stuck_line(rows[i], latest.alerts, width) if latest is not None else None
             if stuck is not None:
+                self._extra_at.add(len(lines))
                 lines.append(stuck)
         self.set_lines(tuple(lines))
 
@@ -432,6 +440,40 @@ class WorkerTable(LinesView):
 
     def action_edge(self, end: int) -> None:
         self._move_to(len(self._keys) - 1 if end else 0)
+
+    # ---- mouse (where the terminal sends it; the keyboard does all of it too) ------------------
+    def on_mouse_scroll_down(self, event: events.MouseScrollDown) -> None:
+        event.stop()
+        self.action_cursor(3)
+
+    def on_mouse_scroll_up(self, event: events.MouseScrollUp) -> None:
+        event.stop()
+        self.action_cursor(-3)
+
+    def on_click(self, event: events.Click) -> None:
+        """A click selects the row under it (a double click opens it, a click on a rank's
+        summary line folds or unfolds it)."""
+        event.stop()
+        self.focus()
+        line = event.y
+        if line < 1 or line >= len(self.lines):
+            return
+        owner = self._summary_at.get(line)
+        while line in self._extra_at and line > 1:  # a line under a row belongs to that row
+            line -= 1
+        index = self._top + line - 1 - self._extra_lines_above(line)
+        if not 0 <= index < len(self._keys):
+            return
+        self.cursor_key = self._keys[index]
+        if owner is not None:
+            self._set_expanded(owner, owner not in self.expanded)
+            return
+        self._rebuild()
+        if event.chain >= 2:
+            self.action_open()
+
+    def _extra_lines_above(self, line: int) -> int:
+        return sum(1 for y in self._extra_at if y < line)
 
     def action_toggle_group(self) -> None:
         pid = self._group_of.get(self.cursor_key) if self.cursor_key is not None else None
