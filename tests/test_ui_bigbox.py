@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -25,7 +26,9 @@ from textual.events import MouseScrollDown
 from textual.pilot import Pilot
 
 from dlmon.analysis.detectors._base import headroom
+from dlmon.flow.sources import ReplaySource
 from dlmon.model import Alert, LoaderSample, Snapshot, WorkerDeath
+from dlmon.model.serialize import snapshot_to_dict
 from dlmon.ui import DashboardResult, create_app
 from dlmon.ui.app import LOG_KEEP, MIN_RENDER_GAP_S, DlmonApp
 from dlmon.ui.screens import AdviceScreen
@@ -380,3 +383,80 @@ def test_clicks_and_the_wheel_move_the_table_and_unfold_ranks() -> None:
     assert "▾ 8 workers" in str(seen["open"]) and " 6000 " in str(seen["open"])
     scrolled = seen["scrolled"]
     assert isinstance(scrolled, tuple) and scrolled[0] == "w" and scrolled[2] == 5, scrolled  # 6 rows down
+
+
+# ---- 8. replay that scales ---------------------------------------------------------------------
+def _write_record(path: Path, n: int, step: float = 5.0) -> list[float]:
+    """``n`` snapshots; a memory_growth alert from the 100th, an io_saturation one from the 200th."""
+    times = []
+    with path.open("w") as fh:
+        for k in range(n):
+            t = T0 + k * step
+            s = make_snapshot(t, interval=step, alerts=False)
+            kinds = (["memory_growth"] if k >= 100 else []) + (["io_saturation"] if k >= 200 else [])
+            alerts = tuple(
+                Alert(kind=kind, severity="warning", subject="job", message="m", advice="a", since=t)
+                for kind in kinds
+            )
+            fh.write(json.dumps(snapshot_to_dict(dataclasses.replace(s, alerts=alerts))) + "\n")
+            times.append(t)
+    return times
+
+
+def _wait(predicate: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def test_replay_streams_the_file_and_seeks_with_an_index_built_while_playing(tmp_path: Path) -> None:
+    """The first frame comes after one line is read (not the whole file); the next alert and a
+    seek back land on the right snapshot; a seek back reads from an indexed offset."""
+    path = tmp_path / "rec.jsonl"
+    times = _write_record(path, 600)
+    source = ReplaySource(str(path), speed=1e-9)  # one frame, then wait: we drive it
+    got: list[Snapshot] = []
+    seeks: list[float] = []
+    source.on_seek = seeks.append
+    source.start(got.append, lambda reason: None)
+    try:
+        _wait(lambda: len(got) == 1, "the first frame")
+        assert source.snapshots_read <= 2  # streamed: the other 598 lines are not read yet
+        source.next_alert()
+        _wait(lambda: len(got) == 2, "the first alert")
+        assert got[1].time == times[100] and seeks == [times[100]]
+        source.next_alert()
+        _wait(lambda: len(got) == 3, "the next alert")
+        assert got[2].time == times[200]
+        assert source.snapshots_read <= 202 and len(source.index) >= 3  # an offset every 64 snapshots
+        source.seek(times[150])  # back: from the indexed offset at or before it, not the start
+        _wait(lambda: len(got) == 4, "the seek back")
+        assert got[3].time == times[150] and seeks[-1] == times[150]
+        assert source.position == times[150]
+    finally:
+        source.stop()
+
+
+def test_the_replay_dashboard_jumps_to_the_next_alert_with_a_fresh_history(tmp_path: Path) -> None:
+    path = tmp_path / "rec.jsonl"
+    times = _write_record(path, 300)
+    seen: dict[str, object] = {}
+
+    async def scenario(app: DlmonApp, pilot: Pilot[DashboardResult]) -> None:
+        await settle(pilot)
+        seen["before"] = app.state.count
+        await pilot.press("right_square_bracket")
+        for _ in range(200):
+            await pilot.pause(0.05)
+            if app.state.latest is not None and app.state.latest.time == times[100]:
+                break
+        await settle(pilot)
+        seen["latest"] = app.state.latest.time if app.state.latest is not None else None
+        seen["count"] = app.state.count
+        seen["alerts"] = app.main_screen.query_one("#alerts-lines", LinesView).text
+
+    app = create_app(ReplaySource(str(path), speed=1e-9), clock=fixed_clock, boot_time=BOOT)
+    drive(app, scenario, (160, 50))
+    assert seen["before"] == 1 and seen["latest"] == times[100] and seen["count"] == 1, seen
+    assert "memory_growth" in str(seen["alerts"])

@@ -70,6 +70,14 @@ class SnapshotArrived(Message):
         self.snapshot = snapshot
 
 
+class Sought(Message):
+    """A replay jumped (seek, next alert): the history starts again from ``time``."""
+
+    def __init__(self, time: float) -> None:
+        super().__init__()
+        self.time = time
+
+
 class SourceEnded(Message):
     def __init__(self, reason: str) -> None:
         super().__init__()
@@ -344,6 +352,9 @@ class DlmonApp(App[DashboardResult]):
         Binding("question_mark", "help", "Help"),
         Binding("s", "save_svg", "Screenshot"),
         Binding("a", "advice", "Advice"),
+        Binding("right_square_bracket", "next_alert", "Next alert (replay)", show=False),
+        Binding("full_stop", "seek(60)", "1 min on (replay)", show=False),
+        Binding("comma", "seek(-60)", "1 min back (replay)", show=False),
     ]
 
     def __init__(
@@ -402,6 +413,8 @@ class DlmonApp(App[DashboardResult]):
         if self.log_tail is not None:
             self._poll_log()
             self.set_interval(LOG_POLL_S, self._poll_log)
+        if hasattr(self.source, "on_seek"):
+            self.source.on_seek = self._sought
         self.source.start(self._deliver, self._ended)
 
     def on_unmount(self) -> None:
@@ -413,6 +426,10 @@ class DlmonApp(App[DashboardResult]):
         with contextlib.suppress(RuntimeError):  # the app closed under us: nothing to show it on
             self.post_message(SnapshotArrived(snapshot))
 
+    def _sought(self, when: float) -> None:
+        with contextlib.suppress(RuntimeError):
+            self.post_message(Sought(when))
+
     def _ended(self, reason: str) -> None:
         with contextlib.suppress(RuntimeError):
             self.post_message(SourceEnded(reason))
@@ -421,6 +438,27 @@ class DlmonApp(App[DashboardResult]):
     def on_snapshot_arrived(self, message: SnapshotArrived) -> None:
         self.state.ingest(message.snapshot)
         self._schedule_render()
+
+    def on_sought(self, message: Sought) -> None:
+        # snapshots queued before the jump came first (one message queue): start a fresh history
+        self.state = DashboardState()
+        self.notify(f"replay at {time.strftime('%H:%M:%S', time.localtime(message.time))}")
+        self._schedule_render()
+
+    def action_next_alert(self) -> None:
+        jump = getattr(self.source, "next_alert", None)
+        if callable(jump):
+            jump()
+        else:
+            self.notify("] jumps to the next alert in a replay", severity="warning")
+
+    def action_seek(self, seconds: float) -> None:
+        seek = getattr(self.source, "seek", None)
+        latest = self.state.latest
+        if not callable(seek) or latest is None:
+            self.notify(", and . move through a replay", severity="warning")
+            return
+        seek(latest.time + seconds)
 
     def on_source_ended(self, message: SourceEnded) -> None:
         self.state.end(message.reason)

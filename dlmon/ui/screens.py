@@ -23,6 +23,7 @@ HELP_TEXT = """\
       6 alerts 7 logs (dlmon run); the same key again, [b]0[/b] or [b]esc[/b]: all
   [b]tab[/b] [b]shift+tab[/b] next / previous panel   [b]z[/b] the focused panel in full
   [b]ctrl+p[/b] command palette: every action by name
+  replay: [b]][/b] next alert   [b],[/b] [b].[/b] one minute back / on
 
 [b]Workers table[/b]
   [b]up down pgup pgdn home end[/b] move   [b]enter[/b] the process's detail, history
