@@ -3,6 +3,7 @@ clean exit that gives the terminal back to the shell."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import shutil
@@ -68,9 +69,12 @@ class Tmux:
         raise AssertionError(f"never saw {predicate!r} on the screen:\n{screen}")
 
 
+_SESSIONS = itertools.count()
+
+
 @pytest.fixture
 def tmux() -> Iterator[Tmux]:
-    t = Tmux("ui")
+    t = Tmux(f"ui{next(_SESSIONS)}")  # a server per test: a dying one never refuses the next
     env = {**os.environ, "PS1": "$ ", "TERM": "xterm-256color"}
     env.pop("NO_COLOR", None)
     subprocess.run(
