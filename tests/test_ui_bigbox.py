@@ -349,6 +349,7 @@ def test_a_ddp_job_reads_as_ranks_with_sums_that_expand_to_their_workers() -> No
     drive(make(FakeSource([make_ddp_snapshot()])), scenario, (160, 50))
     folded = seen["folded"].splitlines()
     assert sum(1 for line in folded if line.lstrip().startswith("worker")) == 0, seen["folded"]
+    assert sum(1 for line in folded if line.startswith("rank ")) == 8, seen["folded"]
     sums = [line for line in folded if "▸ 8 workers" in line]
     assert len(sums) == 8, seen["folded"]
     rank5 = folded[folded.index(next(li for li in folded if " 5005 " in li)) + 1]

@@ -391,11 +391,13 @@ class WorkerTable(LinesView):
         self._summary_at = {}  # a rank's sum line -> its owner pid
         for i in range(self._top, min(len(rows), self._top + visible)):
             line = table_cells(rows[i], cols, self._interval)
+            group = self._groups.get(rows[i].process.pid)
+            if group is not None and group.owner.key == rows[i].key and cols and cols[0].key == "role":
+                line = (("rank".ljust(cols[0].width), "b"), *line[1:])  # a DDP rank: owns a loader
             if i == cursor:
                 style = "cursor" if focused else "cursor-blur"
                 line = tuple((text, style) for text, _ in line)
             lines.append(line)
-            group = self._groups.get(rows[i].process.pid)
             if group is not None and group.owner.key == rows[i].key:
                 self._extra_at.add(len(lines))
                 self._summary_at[len(lines)] = rows[i].process.pid
