@@ -461,3 +461,22 @@ def test_the_replay_dashboard_jumps_to_the_next_alert_with_a_fresh_history(tmp_p
     drive(app, scenario, (160, 50))
     assert seen["before"] == 1 and seen["latest"] == times[100] and seen["count"] == 1, seen
     assert "memory_growth" in str(seen["alerts"])
+
+
+@pytest.mark.parametrize("size", [(80, 24), (60, 20), (160, 50)])
+def test_the_log_pane_fits_every_size_without_overlap(tmp_path: Path, size: tuple[int, int]) -> None:
+    log = tmp_path / "train.log"
+    log.write_text("".join(f"line {k}\n" for k in range(50)))
+
+    async def scenario(app: DlmonApp, pilot: Pilot[DashboardResult]) -> None:
+        await settle(pilot)
+        main = app.main_screen
+        boxes = [p.region for p in main.query(Panel) if p.display and p.region.area]
+        for i, a in enumerate(boxes):
+            assert a.right <= size[0] and a.bottom <= size[1], (a, size)
+            for b in boxes[i + 1 :]:
+                assert not a.overlaps(b), (a, b)
+        assert main.query_one("#table").region.height >= 3
+        assert "line 49" in main.query_one("#log", LogView).text
+
+    drive(make(FakeSource(run_of(60, gpus=2), log_path=str(log))), scenario, size)
