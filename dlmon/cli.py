@@ -473,7 +473,7 @@ def demo(
     limit = positive_seconds(duration, "--duration", allow_zero=True)
     command = [sys.executable, "-m", "dlmon.demo", "--scenario", scenario, "--workers", str(workers)]
     command += ["--batch-size", str(batch_size), "--duration", str(limit)]
-    sys.exit(_run_training(command, seconds, record_path, headless, prometheus))
+    sys.exit(_run_training(command, seconds, record_path, headless, prometheus, stop_by_default=True))
 
 
 def _run_training(
@@ -482,6 +482,7 @@ def _run_training(
     record_path: str | None,
     headless: bool,
     prometheus: str | None = None,
+    stop_by_default: bool = False,  # the demo: quitting ends the synthetic training unless told not to
 ) -> int:
     from dlmon.analysis import Analyzer
     from dlmon.launch.runner import LogDirError, launch
@@ -508,7 +509,7 @@ def _run_training(
         fail(str(exc))
     except OSError as exc:
         fail(f"cannot start {command[0]}: {exc.strerror or exc}")
-    return _run_dashboard(training, interval, record_path, analyzer)
+    return _run_dashboard(training, interval, record_path, analyzer, stop_by_default)
 
 
 def _run_dashboard(
@@ -516,6 +517,7 @@ def _run_dashboard(
     interval: float,
     record_path: str | None,
     analyzer: Callable[[Snapshot], Snapshot] | None = None,
+    stop_by_default: bool = False,
 ) -> int:
     from dlmon.flow.sources import LiveSource
     from dlmon.ui import run_dashboard
@@ -541,7 +543,7 @@ def _run_dashboard(
         log_path=training.log_path,
     )
     _say_replaced(source.writer)
-    result = run_dashboard(source, interval=interval, ask_stop_on_quit=True)
+    result = run_dashboard(source, interval=interval, ask_stop_on_quit=True, stop_by_default=stop_by_default)
     _report_screenshots(result)
     _report_faults(source)
     code = training.exit_code()
@@ -641,7 +643,7 @@ def replay(file: str, speed: str) -> None:
     lines it would skip, and exits 2.
     """
     from dlmon.analysis import Analyzer
-    from dlmon.flow.sources import ReplaySource
+    from dlmon.flow.sources import ReplaySource, scan_record
     from dlmon.ui import run_dashboard
 
     factor = speed_factor(speed)
@@ -649,19 +651,23 @@ def replay(file: str, speed: str) -> None:
         source = ReplaySource(file, speed=factor or None, analyzer=Analyzer())  # verdicts of this dlmon
     except OSError as exc:
         fail(f"cannot read {file}: {exc.strerror or exc}")
-    if not source.record.snapshots:
-        problems = source.record.problems
+    no_terminal = terminal_problem()
+    # streamed: with a terminal only the lines before the first snapshot are read up front
+    scan = scan_record(file) if no_terminal or source.first is None else None
+    problems = scan.problems if scan is not None else tuple(source.problems)
+    if source.first is None:
         why = f" (line {problems[0].line}: {problems[0].reason})" if problems else ""
         fail(f"{file} holds no snapshots{why}")
-    for problem in source.record.problems[:5]:
+    for problem in problems[:5]:
         click.echo(f"dlmon: skipping line {problem.line} of {file}: {problem.reason}", err=True)
-    if len(source.record.problems) > 5:
-        click.echo(f"dlmon: ... {len(source.record.problems) - 5} more lines of {file} skipped", err=True)
-    no_terminal = terminal_problem()
+    skipped = scan.problem_count if scan is not None else len(problems)
+    if skipped > 5:
+        click.echo(f"dlmon: ... {skipped - 5} more lines of {file} skipped", err=True)
     if no_terminal:
+        assert scan is not None
         fail(
             f"replay shows a dashboard and needs a terminal ({no_terminal}); {file} holds "
-            f"{len(source.record.snapshots)} readable snapshots"
+            f"{scan.snapshots} readable snapshots"
         )
     _report_screenshots(run_dashboard(source))
 

@@ -65,13 +65,13 @@ def shoot(command: str, size: tuple[int, int], seconds: float, keys: list[str], 
         target = HERE / name
         svg.replace(target)
         print(f"wrote {target.relative_to(ROOT)}")
-        for key in ("escape", "q", "Enter"):  # back to the overview, quit, leave the training running
+        for key in ("escape", "q", "Enter"):  # back to the overview, quit: the demo stops its training
             tmux(socket, "send-keys", "-t", "s", key)
             time.sleep(1.0)
         time.sleep(1.0)
         pids = re.findall(r"dlmon attach (\d+)", tmux(socket, "capture-pane", "-p", "-t", "s"))
         for pid in pids[-1:]:
-            os.killpg(int(pid), signal.SIGKILL)  # the demo's training, left running on purpose
+            os.killpg(int(pid), signal.SIGKILL)  # a demo training still there (older dlmon left it running)
     finally:
         tmux(socket, "kill-server")
         # whatever the screen said, no demo training outlives its shot

@@ -23,12 +23,11 @@ from test_ui_support import (
     run_of,
 )
 from textual.pilot import Pilot
-from textual.widgets import RichLog
 
 from dlmon.ui import DashboardResult, create_app
 from dlmon.ui.app import MIN_RENDER_GAP_S, DlmonApp, MainScreen, SnapshotArrived
 from dlmon.ui.screens import AdviceScreen, HelpScreen, QuitScreen, WorkerDetailScreen
-from dlmon.ui.widgets import LinesView, Panel, WorkerTable
+from dlmon.ui.widgets import LinesView, LogView, Panel, WorkerTable
 
 Scenario = Callable[[DlmonApp, Pilot[DashboardResult]], Awaitable[None]]
 
@@ -408,16 +407,18 @@ def test_logs_panel_tails_the_training_output(tmp_path: Path) -> None:
 
     async def scenario(app: DlmonApp, pilot: Pilot[DashboardResult]) -> None:
         main = main_of(app)
-        assert not main.query_one("#logs").display  # only on demand
+        await settle(pilot)
+        assert main.query_one("#logs").display  # a small pane by default
         await pilot.press("7")
         assert main.zoomed == "logs"
-        widget = main.query_one("#log", RichLog)
-        assert [line.text for line in widget.lines] == ["epoch 1", "epoch 2", "progress 100%"]
+        await settle(pilot)
+        widget = main.query_one("#log", LogView)
+        assert widget.text.splitlines() == ["epoch 1", "epoch 2", "progress 100%"]
         with log.open("a") as fh:
             fh.write("epoch 3\n")
         app._poll_log()
         await pilot.pause()
-        assert widget.lines[-1].text == "epoch 3"
+        assert widget.text.splitlines()[-1] == "epoch 3"
         assert "Show Logs" in [c.title for c in app.get_system_commands(app.screen)]
 
     drive(make(source), scenario, (100, 30))

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from test_ui_support import BOOT, FakeSource, fixed_clock, run_of
+from test_ui_support import BOOT, T0, FakeSource, fixed_clock, make_ddp_snapshot, run_of
 from textual.pilot import Pilot
 
 from dlmon.ui import DashboardResult, create_app
@@ -71,3 +71,14 @@ def test_target_exited_without_agent_80x24(snap_compare: SnapCompare) -> None:
         boot_time=BOOT,
     )
     assert snap_compare(app, terminal_size=(80, 24), run_before=settle)
+
+
+def ddp_app() -> DlmonApp:
+    """8 GPUs, 6 disks, 8 ranks x 8 workers on a 2 TiB host: fifteen minutes every 5 s."""
+    snaps = [make_ddp_snapshot(T0 - (180 - k) * 5.0, interval=5.0) for k in range(181)]
+    return create_app(FakeSource(snaps), clock=fixed_clock, boot_time=BOOT)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (160, 50), (250, 70)])
+def test_big_ddp_box(snap_compare: SnapCompare, size: tuple[int, int]) -> None:
+    assert snap_compare(ddp_app(), terminal_size=size, run_before=settle)

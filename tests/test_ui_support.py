@@ -5,6 +5,7 @@ Not a test module (it defines no tests); the UI tests import it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable
 from types import MappingProxyType
@@ -187,7 +188,7 @@ def make_snapshot(
                 uuid=f"GPU-0000{i}",
                 memory_used_bytes=int((22.1 + 3 * i) * GiB),
                 memory_total_bytes=80 * GiB,
-                utilization_percent=91.0 - 30 * i,
+                utilization_percent=91.0 - 30 * i if i < 2 else 70.0 + 3 * i,
                 processes=(GpuProcess(MAIN_PID, int(20.5 * GiB)), GpuProcess(WORKER_PIDS[0], int(0.5 * GiB))),
                 torch_allocated_bytes=int(17.9 * GiB),
                 torch_reserved_bytes=int(20.0 * GiB),
@@ -265,6 +266,109 @@ def make_snapshot(
         loaders=loader_list,
         pinned=PinnedMemory(bytes=512 * MiB, source="torch.cuda.host_memory_stats") if gpus else None,
         alerts=alert_list,
+    )
+
+
+RANK_PID0 = 5000  # ranks 5000..; rank r's workers 6000 + 100 r + i
+
+
+def make_ddp_snapshot(
+    t: float = T0, *, gpus: int = 8, disks: int = 6, ranks: int = 8, workers: int = 8, interval: float = 1.0
+) -> Snapshot:
+    """A DDP job as torchrun runs it: a launcher (main), ``ranks`` rank processes (children with a
+    loader each, one GPU each) and ``workers`` workers per rank; ``gpus`` devices, ``disks`` disks."""
+    base = make_snapshot(t, gpus=gpus, interval=interval, workers=0, zombie=False, loaders=False)
+    dt = t - T0
+    wave = math.sin(dt / 30.0)
+    launcher = dataclasses.replace(
+        base.processes[0],
+        comm="torchrun",
+        cpu_percent=0.3,
+        rss_bytes=90 * MiB,
+        uss_bytes=40 * MiB,
+        pss_bytes=50 * MiB,
+        gpu_memory_bytes=None,
+    )
+    procs: list[ProcessSample] = [launcher]
+    loaders: list[LoaderSample] = []
+    for r in range(ranks):
+        rank_pid = RANK_PID0 + r
+        rank = dataclasses.replace(
+            _proc(
+                rank_pid,
+                "child",
+                worker_id=None,
+                t=t,
+                rss=int(7 * GiB),
+                uss=int(3 * GiB),
+                pss=int((3.5 + 0.1 * r) * GiB),
+                cpu=95.0 - r,
+                read=1.0e6,
+                gpu=int(20 * GiB) if gpus else None,
+            ),
+            ppid=MAIN_PID,
+        )
+        procs.append(rank)
+        pids = tuple(6000 + 100 * r + i for i in range(workers))
+        for i, pid in enumerate(pids):
+            procs.append(
+                dataclasses.replace(
+                    _proc(
+                        pid,
+                        "worker",
+                        worker_id=i,
+                        t=t,
+                        rss=int(3 * GiB),
+                        uss=int(150 * MiB + i * MiB),
+                        pss=int(600 * MiB + r * 10 * MiB),
+                        cpu=40.0 + i,
+                        read=(10.0 + r) * 1e6,
+                    ),
+                    ppid=rank_pid,
+                )
+            )
+        rate = 6.0 + r * 0.5 + wave
+        loaders.append(
+            LoaderSample(
+                id=f"loader-r{r}",
+                name=f"train.py:88 rank {r}",
+                pid=rank_pid,
+                num_workers=workers,
+                batch_size=32,
+                pin_memory=True,
+                persistent_workers=True,
+                prefetch_factor=2,
+                batches_total=int(5000 + rate * dt),
+                batches_per_s=rate,
+                samples_per_s=rate * 32,
+                data_wait_fraction=0.05 + 0.04 * r,
+                worker_pids=pids,
+                batches_per_worker=tuple(600 + k for k in range(workers)),
+            )
+        )
+    disk_list = tuple(
+        dataclasses.replace(
+            base.disks[0],
+            name=f"nvme{k}n1",
+            util_percent=87.0 - 15 * k,
+            read_bytes_per_s=(142.3 - 20 * k) * 1e6,
+        )
+        for k in range(disks)
+    )
+    pss_sum = sum(p.pss_bytes or 0 for p in procs)
+    memory = dataclasses.replace(
+        base.memory,
+        total_bytes=2 * 1024 * GiB,
+        available_bytes=1900 * GiB,
+        used_bytes=148 * GiB,
+        cgroup_limit_bytes=None,
+        cgroup_current_bytes=None,
+        pss_sum_bytes=pss_sum,
+        rss_sum_bytes=sum(p.rss_bytes or 0 for p in procs),
+        uss_sum_bytes=sum(p.uss_bytes or 0 for p in procs),
+    )
+    return dataclasses.replace(
+        base, processes=tuple(procs), loaders=tuple(loaders), disks=disk_list, memory=memory, cgroup=None
     )
 
 

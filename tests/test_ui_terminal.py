@@ -3,6 +3,7 @@ clean exit that gives the terminal back to the shell."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import shutil
@@ -68,9 +69,12 @@ class Tmux:
         raise AssertionError(f"never saw {predicate!r} on the screen:\n{screen}")
 
 
+_SESSIONS = itertools.count()
+
+
 @pytest.fixture
 def tmux() -> Iterator[Tmux]:
-    t = Tmux("ui")
+    t = Tmux(f"ui{next(_SESSIONS)}")  # a server per test: a dying one never refuses the next
     env = {**os.environ, "PS1": "$ ", "TERM": "xterm-256color"}
     env.pop("NO_COLOR", None)
     subprocess.run(
@@ -117,6 +121,8 @@ def test_real_terminal_shows_the_tree_and_quits_cleanly(spawn: Spawn, tmux: Tmux
         assert all(float(v) > 0 for v, _ in sizes), line
         assert any(unit == "M" and float(v) >= 16 for v, unit in sizes), line  # its 16 MiB + shared 48 MiB
     assert f"pid {tree.pid}" in screen and "dlmon" in screen
+    # the wheel and clicks reach the dashboard: it asked the terminal for mouse reports
+    assert tmux("display-message", "-p", "-t", "t", "#{mouse_any_flag}").strip() == "1"
 
     tmux("send-keys", "-t", "t", "q")
     tmux.wait_for(re.compile(r"\n\S*[#$]\s*\Z"), timeout=20)  # the shell's prompt is back, last
@@ -130,24 +136,41 @@ def test_real_terminal_shows_the_tree_and_quits_cleanly(spawn: Spawn, tmux: Tmux
     assert flags == ["0", "0", "1"], flags
 
 
-def test_dlmon_demo_quit_leaves_the_training_running(tmux: Tmux) -> None:
+@pytest.mark.parametrize("answer", ["Enter", "l"])
+def test_dlmon_demo_quit_stops_the_synthetic_training_by_default(tmux: Tmux, answer: str) -> None:
     """The whole product in a real terminal: `dlmon demo` shows the demo's workers and its loader;
-    q asks whether to stop the training; the default leaves it running and says how to re-attach."""
+    q asks whether to stop the training; the default (Enter) ends the synthetic training, `l`
+    leaves it running and says how to re-attach."""
     pytest.importorskip("torch")
     tmux("send-keys", "-t", "t", f"{sys.executable} -m dlmon demo --workers 2 --duration 120", "Enter")
     screen = tmux.wait_for(re.compile(r"worker\s+1\s+\d+"), timeout=60)  # ids come from the agent
     tmux.wait_for(re.compile(r"\d+\s*batch/s"), timeout=30)
     assert "dlmon.demo" in screen
+    training_pid = int(re.findall(r"pid (\d+)", tmux.screen())[0])
     tmux("send-keys", "-t", "t", "q")
-    tmux.wait_for(re.compile(r"(?i)stop the training"), timeout=10)
-    tmux("send-keys", "-t", "t", "Enter")  # the default: leave it running
-    after = tmux.wait_for(re.compile(r"dlmon attach (\d+)"), timeout=20)
-    training_pid = int(re.findall(r"dlmon attach (\d+)", after)[-1])
+    tmux.wait_for(re.compile(r"(?i)stop the training \(enter\)"), timeout=10)
+    tmux("send-keys", "-t", "t", answer)
     try:
+        if answer == "Enter":
+            tmux.wait_for(re.compile(r"\n\S*[#$]\s*\Z"), timeout=60)  # the prompt is back
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and _alive(training_pid):
+                time.sleep(0.2)
+            assert not _alive(training_pid), "the demo training outlived dlmon"
+            return
+        after = tmux.wait_for(re.compile(r"dlmon attach (\d+)"), timeout=20)
+        assert int(re.findall(r"dlmon attach (\d+)", after)[-1]) == training_pid
         time.sleep(1.0)
-        with open(f"/proc/{training_pid}/stat") as fh:
-            state = fh.read().rsplit(")", 1)[1].split()[0]
-        assert state not in ("Z", "X"), "the training died with the dashboard"
+        assert _alive(training_pid), "the training died with the dashboard"
         assert len(children(training_pid)) == 2  # and its workers with it
     finally:
-        os.killpg(training_pid, 9)
+        if _alive(training_pid):
+            os.killpg(training_pid, 9)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False

@@ -7,16 +7,25 @@ dashboard loses no data. No UI imports here.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from dlmon.collect.sampler import ExitCodeProvider, Sampler
 from dlmon.flow.loop import Faults, Pipeline, sample_until_done
 from dlmon.flow.recording import RecordWriter
-from dlmon.flow.records import RecordEnd, RecordProblem, iter_records
+from dlmon.flow.records import (
+    MAX_LINE_BYTES,
+    RecordEnd,
+    RecordProblem,
+    _skip_rest_of_line,
+    iter_records,
+    open_record_file,
+    parse_line,
+)
 from dlmon.model import Snapshot
 
 SnapshotSink = Callable[[Snapshot], None]
@@ -162,23 +171,101 @@ def read_record(path: str) -> ReplayFile:
     return result
 
 
+INDEX_EVERY = 64  # a byte offset every this many snapshots: seeking reads at most this many lines
+MAX_PROBLEMS = 1000  # skipped lines remembered (the count goes on)
+MAX_ALERT_MARKS = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class IndexMark:
+    time: float
+    offset: int  # byte offset of the line (in the decompressed stream for .gz)
+    line: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Line:
+    offset: int
+    line: int
+    record: Snapshot | RecordEnd | RecordProblem
+
+
+def _read_from(path: str, offset: int, line: int) -> Iterator[_Line]:
+    """The records of ``path`` from a byte offset, with the offset of each (iter_records' rules)."""
+    with open_record_file(path) as fh:
+        if offset:
+            fh.seek(offset)
+        number = line - 1
+        while True:
+            number += 1
+            at = fh.tell()
+            try:
+                raw = fh.readline(MAX_LINE_BYTES + 1)
+            except (OSError, EOFError) as exc:
+                yield _Line(at, number, RecordProblem(number, f"unreadable from here on: {exc}"))
+                return
+            if not raw:
+                return
+            if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+                if not _skip_rest_of_line(fh):
+                    yield _Line(
+                        at, number, RecordProblem(number, f"longer than {MAX_LINE_BYTES >> 20} MiB: stopped")
+                    )
+                    return
+                yield _Line(
+                    at, number, RecordProblem(number, f"longer than {MAX_LINE_BYTES >> 20} MiB: skipped")
+                )
+                continue
+            if raw.strip():
+                yield _Line(at, number, parse_line(number, raw))
+
+
 class ReplaySource:
-    """Plays a record file through the same render path as live data.
+    """Plays a record file through the same render path as live data, streaming it.
 
     ``speed`` 1.0 keeps the recorded pace, 10.0 is ten times faster, None delivers at once.
+    One snapshot is in memory at a time: the first frame comes after one line is read, whatever
+    the file's size. An index built while playing (a byte offset every :data:`INDEX_EVERY`
+    snapshots, and where alerts appear) makes :meth:`seek` and :meth:`next_alert` read at most
+    a few dozen lines to get back to a place already passed.
     """
 
     def __init__(self, path: str, speed: float | None = 1.0, analyzer: Analyzer | None = None) -> None:
         self.path = path
-        self.record = read_record(path)  # raises OSError for an unreadable file
         self.speed = speed
         self.analyzer = analyzer
+        self.problems: list[ReplayProblem] = []
+        self.problem_count = 0
+        self.end_reason: str | None = None
+        self.index: list[IndexMark] = []
+        self.alert_marks: list[IndexMark] = []  # snapshots where an alert kind appeared
+        self.snapshots_read = 0
+        self.position: float | None = None  # time of the newest snapshot delivered
+        self.on_seek: Callable[[float], None] | None = None  # called before the first frame after a seek
+        self._request: tuple[str, float] | None = None
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.first: Snapshot | None = None
+        self._seen_offset = -1  # the furthest line read so far: problems and marks counted once
+        for item in _read_from(path, 0, 1):  # raises OSError for an unreadable file
+            if isinstance(item.record, Snapshot):
+                self.first = item.record
+                break
+            if isinstance(item.record, RecordProblem):
+                self._problem(item.record)
+            elif isinstance(item.record, RecordEnd):
+                self.end_reason = item.record.reason
+
+    @property
+    def record(self) -> ReplayFile:
+        """The whole file read at once (headless checks and tests; the dashboard never needs it)."""
+        return read_record(self.path)
 
     @property
     def description(self) -> str:
-        first = self.record.snapshots[0] if self.record.snapshots else None
+        first = self.first
         target = f"{first.target.cmdline} (pid {first.target.pid})" if first else "empty"
         return f"replay of {self.path}: {target}"
 
@@ -190,28 +277,177 @@ class ReplaySource:
     def live(self) -> bool:
         return False
 
+    # ---- control (any thread) -----------------------------------------------------------------
+    def seek(self, when: float) -> None:
+        """Play from the first snapshot at or after ``when`` (Unix time)."""
+        with self._lock:
+            self._request = ("seek", when)
+        self._wake.set()
+
+    def next_alert(self) -> None:
+        """Play from the next snapshot (after the current one) where an alert kind appears."""
+        with self._lock:
+            self._request = ("alert", self.position if self.position is not None else -math.inf)
+        self._wake.set()
+
+    def _take_request(self) -> tuple[str, float] | None:
+        with self._lock:
+            request, self._request = self._request, None
+        return request
+
+    def _problem(self, problem: RecordProblem) -> None:
+        self.problem_count += 1
+        if len(self.problems) < MAX_PROBLEMS and problem.line not in {p.line for p in self.problems[-8:]}:
+            self.problems.append(ReplayProblem(problem.line, problem.reason))
+
+    # ---- playing ------------------------------------------------------------------------------
+    def _mark(self, at: _Line, snapshot: Snapshot, kinds: frozenset[str], previous: frozenset[str]) -> None:
+        mark = IndexMark(snapshot.time, at.offset, at.line)
+        if self.snapshots_read % INDEX_EVERY == 0 and (not self.index or mark.offset > self.index[-1].offset):
+            self.index.append(mark)
+        later = not self.alert_marks or mark.offset > self.alert_marks[-1].offset
+        if kinds - previous and len(self.alert_marks) < MAX_ALERT_MARKS and later:
+            self.alert_marks.append(mark)
+
+    def _start_of(self, when: float) -> tuple[int, int]:
+        """Where to read from to reach ``when``: the last indexed place at or before it."""
+        best = (0, 1)
+        for mark in self.index:
+            if mark.time > when:
+                break
+            best = (mark.offset, mark.line)
+        return best
+
     def start(self, on_snapshot: SnapshotSink, on_end: EndSink) -> None:
         def body() -> None:
-            previous: float | None = None
-            for snapshot in self.record.snapshots:
-                if self.speed and previous is not None:
-                    delay = max(0.0, snapshot.time - previous) / self.speed
-                    delay = min(delay, threading.TIMEOUT_MAX)  # a gap of 1e300 s must not kill the thread
-                    if self._stop.wait(delay):
+            offset, line = 0, 1
+            skip_before: float | None = None  # after a seek: read on, deliver nothing earlier
+            want_alert_after: float | None = None
+            sought = False
+            while True:
+                restart = False
+                previous: float | None = None
+                kinds: frozenset[str] = frozenset()
+                for at in _read_from(self.path, offset, line):
+                    if self._stop.is_set():
                         return
-                elif self._stop.is_set():
+                    record = at.record
+                    if isinstance(record, RecordEnd):
+                        self.end_reason = record.reason
+                        continue
+                    first_time_here = at.offset > self._seen_offset
+                    if first_time_here:
+                        self._seen_offset = at.offset
+                    if isinstance(record, RecordProblem):
+                        if first_time_here:
+                            self._problem(record)
+                        continue
+                    snapshot = record
+                    now_kinds = frozenset(a.kind for a in snapshot.alerts)
+                    if first_time_here:
+                        self._mark(at, snapshot, now_kinds, kinds)
+                        self.snapshots_read += 1
+                    new_alert = bool(now_kinds - kinds)
+                    kinds = now_kinds
+                    if skip_before is not None and snapshot.time < skip_before:
+                        continue
+                    if want_alert_after is not None and (snapshot.time <= want_alert_after or not new_alert):
+                        continue
+                    skip_before = want_alert_after = None
+                    if sought:
+                        sought = False
+                        previous = None
+                        if self.on_seek is not None:
+                            self.on_seek(snapshot.time)
+                    if self.speed and previous is not None:
+                        delay = max(0.0, snapshot.time - previous) / self.speed
+                        delay = min(delay, threading.TIMEOUT_MAX)  # a gap of 1e300 s must not kill the thread
+                        self._wake.clear()
+                        if self._wait(delay) and self._stop.is_set():
+                            return
+                    request = self._take_request()
+                    if request is not None:
+                        kind, value = request
+                        if kind == "seek":
+                            offset, line = self._start_of(value)
+                            skip_before = value
+                        else:
+                            mark = next((m for m in self.alert_marks if m.time > value), None)
+                            offset, line = (mark.offset, mark.line) if mark else self._start_of(value)
+                            want_alert_after = value
+                        sought = True
+                        restart = True
+                        break
+                    previous = snapshot.time
+                    self.position = snapshot.time
+                    on_snapshot(self.analyzer(snapshot) if self.analyzer else snapshot)
+                if restart:
+                    continue
+                on_end(REPLAY_FINISHED)
+                # the end: stay ready for a seek back until stopped
+                while not self._stop.is_set():
+                    self._wake.wait(0.5)
+                    request = self._take_request()
+                    if request is not None:
+                        kind, value = request
+                        if kind == "seek":
+                            offset, line = self._start_of(value)
+                            skip_before = value
+                        else:
+                            mark = next((m for m in self.alert_marks if m.time > value), None)
+                            if mark is None:
+                                continue
+                            offset, line = mark.offset, mark.line
+                            want_alert_after = value
+                        sought = True
+                        break
+                if self._stop.is_set():
                     return
-                previous = snapshot.time
-                on_snapshot(self.analyzer(snapshot) if self.analyzer else snapshot)
-            on_end(REPLAY_FINISHED)
 
+        self._seen_offset = -1
+        self.problems.clear()  # found again, in order, while playing
+        self.problem_count = 0
         self._thread = threading.Thread(target=body, name="dlmon-replay", daemon=True)
         self._thread.start()
 
+    def _wait(self, delay: float) -> bool:
+        """Sleep ``delay`` unless stopped or asked to seek; True when interrupted."""
+        deadline = time.monotonic() + delay
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if self._wake.wait(min(left, 0.5)) or self._stop.is_set():
+                return True
+
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=10)
+
+
+@dataclass(frozen=True, slots=True)
+class RecordScan:
+    """A record file read through once without keeping it: what ``dlmon replay`` says without a terminal."""
+
+    snapshots: int
+    problems: tuple[ReplayProblem, ...]  # the first MAX_PROBLEMS
+    problem_count: int
+
+
+def scan_record(path: str) -> RecordScan:
+    snapshots = 0
+    problems: list[ReplayProblem] = []
+    count = 0
+    for item in iter_records(path):
+        if isinstance(item, RecordProblem):
+            count += 1
+            if len(problems) < MAX_PROBLEMS:
+                problems.append(ReplayProblem(item.line, item.reason))
+        elif not isinstance(item, RecordEnd):
+            snapshots += 1
+    return RecordScan(snapshots, tuple(problems), count)
 
 
 def wait_for_end(source: Source, on_snapshot: SnapshotSink, timeout: float | None = None) -> str | None:

@@ -28,6 +28,7 @@ def create_app(
     clock: Callable[[], float] = time.time,
     ask_stop_on_quit: bool = False,
     boot_time: float | None = None,
+    stop_by_default: bool = False,
 ) -> DlmonApp:
     """The dashboard app for ``source`` (not started).
 
@@ -36,6 +37,8 @@ def create_app(
     ``ask_stop_on_quit``: ``dlmon run`` — quitting asks whether to stop the training as well.
     ``boot_time``: Unix time of the boot, to show the target's uptime (default: /proc/stat for a
     live source; unknown for a replay).
+    ``stop_by_default``: the quit question's default button stops the training (``dlmon demo``:
+    a synthetic training has no reason to outlive the dashboard); otherwise it leaves it running.
     """
     from dlmon.ui.app import DlmonApp
 
@@ -45,6 +48,7 @@ def create_app(
         clock=clock,
         ask_stop_on_quit=ask_stop_on_quit,
         boot_time=boot_time,
+        stop_by_default=stop_by_default,
     )
 
 

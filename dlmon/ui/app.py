@@ -14,6 +14,7 @@ import contextlib
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -23,10 +24,11 @@ from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.screen import Screen
 from textual.widget import Widget
-from textual.widgets import Footer, RichLog
+from textual.widgets import Footer
 
 from dlmon.flow.sources import Source
 from dlmon.model import Snapshot
+from dlmon.ui.fmt import human_bytes
 from dlmon.ui.logtail import LogTail
 from dlmon.ui.result import DashboardResult
 from dlmon.ui.screens import QUIT_STOP, AdviceScreen, HelpScreen, QuitScreen, WorkerDetailScreen
@@ -37,10 +39,11 @@ from dlmon.ui.views import (
     gpu_lines,
     header_line,
     io_lines,
+    memory_chart_plan,
     memory_lines,
     throughput_lines,
 )
-from dlmon.ui.widgets import ChartLine, HeaderBar, LinesView, Panel, TimeChart, WorkerTable
+from dlmon.ui.widgets import ChartLine, HeaderBar, LinesView, LogView, Panel, TimeChart, WorkerTable
 
 SORT_ORDER = ("id", "cpu", "pss", "rss", "uss", "read", "gpu")
 PANELS: tuple[tuple[str, str, str], ...] = (
@@ -53,9 +56,10 @@ PANELS: tuple[tuple[str, str, str], ...] = (
     ("7", "logs", "Logs"),
 )
 LOG_POLL_S = 1.0
+OVERVIEW_ROWS = 3  # GPUs, disks, loaders shown in full in the overview; more collapse to "+N more"
 MIN_RENDER_GAP_S = 0.25  # a fast interval (or a replay) repaints at most 4 times a second
-LOG_LINES = 5000
-ADVICE_WINDOW = 600  # snapshots advise() looks at: ten minutes at 1 Hz
+LOG_KEEP = 2000  # lines of the training's output kept in memory (shown or not)
+LOG_BIG = 1 << 30  # the log file's size turns to a warning past this (dlmon never truncates it)
 
 
 class SnapshotArrived(Message):
@@ -64,6 +68,14 @@ class SnapshotArrived(Message):
     def __init__(self, snapshot: Snapshot) -> None:
         super().__init__()
         self.snapshot = snapshot
+
+
+class Sought(Message):
+    """A replay jumped (seek, next alert): the history starts again from ``time``."""
+
+    def __init__(self, time: float) -> None:
+        super().__init__()
+        self.time = time
 
 
 class SourceEnded(Message):
@@ -94,7 +106,7 @@ class MainScreen(Screen[None]):
     """All panels at once, collapsing to one-liners on small terminals; one panel in full on demand."""
 
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide")]
-    VERTICAL_BREAKPOINTS = [(0, "-short"), (36, "-tall")]
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (36, "-tall"), (48, "-taller")]
 
     BINDINGS = [
         Binding("tab", "next_panel", "Next panel", show=False),
@@ -131,7 +143,7 @@ class MainScreen(Screen[None]):
             with Horizontal(id="top"):
                 with Panel("Memory", "1", id="memory"):
                     yield LinesView(id="memory-lines")
-                    yield TimeChart(unit="GiB", scale=2**30, id="memory-chart")
+                    yield TimeChart(unit="GiB", scale=2**30, zero_based=False, id="memory-chart")
                 with Vertical(id="side"):
                     with Panel("GPU", "3", id="gpu"):
                         yield LinesView(id="gpu-lines")
@@ -146,7 +158,7 @@ class MainScreen(Screen[None]):
                 yield LinesView(id="alerts-lines")
             if self.has_logs:
                 with Panel("Logs", "7", id="logs"):
-                    yield RichLog(id="log", max_lines=LOG_LINES, wrap=False, auto_scroll=True)
+                    yield LogView(id="log")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -183,35 +195,43 @@ class MainScreen(Screen[None]):
             view.set_lines(memory_lines(state, view_width(view), compact and zoomed != "memory"))
             chart = self.query_one("#memory-chart", TimeChart)
             if chart.display:
-                chart.show(
-                    [
-                        ChartLine("job PSS", state.pss_sum, "cyan"),
-                        ChartLine("available", state.available, "green"),
-                        ChartLine("cgroup limit", state.limit, "red"),
-                    ],
-                    ctx.now,
-                    ctx.interval,
-                )
+                plan = memory_chart_plan(state)
+                chart.unit, chart.scale = plan.unit, plan.scale
+                mem_lines = [ChartLine("job PSS", state.pss_sum, "cyan")]
+                if plan.anon:
+                    mem_lines.append(ChartLine("job anon", state.pss_anon_sum, "yellow"))
+                if plan.limit:
+                    mem_lines.append(ChartLine("cgroup limit", state.limit, "red"))
+                chart.show(mem_lines, ctx.now, ctx.interval)
         if visible("workers"):
             table = self.query_one("#table", WorkerTable)
             table.show(state, ctx.interval)
             self.query_one("#workers", Panel).set_caption(table.caption)
         if visible("gpu"):
             view = self.query_one("#gpu-lines", LinesView)
-            view.set_lines(gpu_lines(state, view_width(view), compact and zoomed != "gpu", zoomed == "gpu"))
-        for panel_id, fn in (("io", io_lines), ("alerts", alert_lines)):
-            if visible(panel_id):
-                view = self.query_one(f"#{panel_id}-lines", LinesView)
-                view.set_lines(fn(state, view_width(view), compact and zoomed != panel_id))
+            rows = None if zoomed == "gpu" else OVERVIEW_ROWS
+            view.set_lines(
+                gpu_lines(state, view_width(view), compact and zoomed != "gpu", zoomed == "gpu", rows=rows)
+            )
+        if visible("io"):
+            view = self.query_one("#io-lines", LinesView)
+            rows = None if zoomed == "io" else OVERVIEW_ROWS
+            view.set_lines(io_lines(state, view_width(view), compact and zoomed != "io", rows=rows))
+        if visible("alerts"):
+            view = self.query_one("#alerts-lines", LinesView)
+            view.set_lines(alert_lines(state, view_width(view), compact and zoomed != "alerts"))
         if visible("throughput"):
             view = self.query_one("#throughput-lines", LinesView)
-            view.set_lines(throughput_lines(state, view_width(view), compact and zoomed != "throughput"))
+            rows = None if zoomed == "throughput" else OVERVIEW_ROWS
+            view.set_lines(
+                throughput_lines(state, view_width(view), compact and zoomed != "throughput", rows=rows)
+            )
             chart = self.query_one("#throughput-chart", TimeChart)
-            has_loaders = bool(state.loaders)
+            has_loaders = bool(state.live_loaders())
             chart.set_class(not has_loaders, "-nodata")
             if has_loaders and chart.size.height:
                 lines: list[ChartLine] = []
-                loaders = list(state.loaders.values())[:2]
+                loaders = state.live_loaders()[:2]
                 colours = (("cyan", "red"), ("blue", "magenta"))
                 for hist, (rate, wait) in zip(loaders, colours[: len(loaders)], strict=True):
                     name = f" {hist.loader.name}" if len(loaders) > 1 else ""
@@ -220,6 +240,20 @@ class MainScreen(Screen[None]):
                 chart.show(lines, ctx.now, ctx.interval)
         alerts = len(state.latest.alerts) if state.latest is not None else 0
         self.query_one("#alerts", Panel).set_caption(f"{alerts} active" if alerts else None)
+        if self.has_logs and visible("logs"):
+            self.show_log()
+
+    def show_log(self) -> None:
+        """The newest lines that fit (cheap: the view gets one screenful, never the backlog)."""
+        app = self.dlmon
+        view = self.query_one("#log", LogView)
+        view.show(app.log_lines, app.log_progress, view.size.width or self.size.width or 80)
+        size = app.log_size
+        if size is not None:
+            caption = f"{human_bytes(size)} on disk (dlmon never truncates it)"
+            if app.log_tail is not None:
+                caption = f"{os.path.basename(app.log_tail.path)} · {caption}"
+            self.query_one("#logs", Panel).set_caption(caption)
 
     # ---- panels -----------------------------------------------------------------------------
     def panel_ids(self) -> list[str]:
@@ -234,7 +268,7 @@ class MainScreen(Screen[None]):
         for pid in self.panel_ids():
             panel = self.query_one(f"#{pid}", Panel)
             panel.set_class(pid == zoomed, "-zoom")
-            panel.display = (zoomed is None and pid != "logs") or pid == zoomed
+            panel.display = zoomed is None or pid == zoomed
 
     def zoom(self, panel_id: str | None) -> None:
         if panel_id is not None and panel_id not in self.panel_ids():
@@ -274,7 +308,7 @@ class MainScreen(Screen[None]):
             i = ids.index(self.zoomed)
             self.zoom(ids[(i + step) % len(ids)])
             return
-        on_screen = [p for p in ids if p != "logs"]
+        on_screen = ids
         current = self.focused_panel()
         i = on_screen.index(current) if current in on_screen else -1
         target = on_screen[(i + step) % len(on_screen)]
@@ -318,6 +352,9 @@ class DlmonApp(App[DashboardResult]):
         Binding("question_mark", "help", "Help"),
         Binding("s", "save_svg", "Screenshot"),
         Binding("a", "advice", "Advice"),
+        Binding("right_square_bracket", "next_alert", "Next alert (replay)", show=False),
+        Binding("full_stop", "seek(60)", "1 min on (replay)", show=False),
+        Binding("comma", "seek(-60)", "1 min back (replay)", show=False),
     ]
 
     def __init__(
@@ -328,8 +365,10 @@ class DlmonApp(App[DashboardResult]):
         clock: Callable[[], float] = time.time,
         ask_stop_on_quit: bool = False,
         boot_time: float | None = None,
+        stop_by_default: bool = False,
     ) -> None:
         super().__init__()
+        self.stop_by_default = stop_by_default
         self.source = source
         self.clock = clock
         self.ask_stop_on_quit = ask_stop_on_quit
@@ -346,6 +385,9 @@ class DlmonApp(App[DashboardResult]):
         self.renders = 0  # how many times the panels were redrawn (tests, benchmarks)
         self.screenshots: list[str] = []
         self.log_tail = LogTail(source.log_path) if source.log_path else None
+        self.log_lines: deque[str] = deque(maxlen=LOG_KEEP)  # bounded whether the pane is shown or not
+        self.log_progress = ""  # the unfinished last line: a tqdm bar redrawn with \r
+        self.log_size: int | None = None
         self._render_pending = False
         self._last_render = 0.0
         self._stale_shown = False
@@ -371,6 +413,8 @@ class DlmonApp(App[DashboardResult]):
         if self.log_tail is not None:
             self._poll_log()
             self.set_interval(LOG_POLL_S, self._poll_log)
+        if hasattr(self.source, "on_seek"):
+            self.source.on_seek = self._sought
         self.source.start(self._deliver, self._ended)
 
     def on_unmount(self) -> None:
@@ -382,6 +426,10 @@ class DlmonApp(App[DashboardResult]):
         with contextlib.suppress(RuntimeError):  # the app closed under us: nothing to show it on
             self.post_message(SnapshotArrived(snapshot))
 
+    def _sought(self, when: float) -> None:
+        with contextlib.suppress(RuntimeError):
+            self.post_message(Sought(when))
+
     def _ended(self, reason: str) -> None:
         with contextlib.suppress(RuntimeError):
             self.post_message(SourceEnded(reason))
@@ -390,6 +438,27 @@ class DlmonApp(App[DashboardResult]):
     def on_snapshot_arrived(self, message: SnapshotArrived) -> None:
         self.state.ingest(message.snapshot)
         self._schedule_render()
+
+    def on_sought(self, message: Sought) -> None:
+        # snapshots queued before the jump came first (one message queue): start a fresh history
+        self.state = DashboardState()
+        self.notify(f"replay at {time.strftime('%H:%M:%S', time.localtime(message.time))}")
+        self._schedule_render()
+
+    def action_next_alert(self) -> None:
+        jump = getattr(self.source, "next_alert", None)
+        if callable(jump):
+            jump()
+        else:
+            self.notify("] jumps to the next alert in a replay", severity="warning")
+
+    def action_seek(self, seconds: float) -> None:
+        seek = getattr(self.source, "seek", None)
+        latest = self.state.latest
+        if not callable(seek) or latest is None:
+            self.notify(", and . move through a replay", severity="warning")
+            return
+        seek(latest.time + seconds)
 
     def on_source_ended(self, message: SourceEnded) -> None:
         self.state.end(message.reason)
@@ -483,10 +552,18 @@ class DlmonApp(App[DashboardResult]):
         if tail is None:
             return
         lines = tail.poll()
-        if lines:
-            log = self.main_screen.query_one("#log", RichLog)
-            for line in lines[-LOG_LINES:]:
-                log.write(line)
+        progress = tail.partial
+        try:
+            self.log_size = os.stat(tail.path).st_size
+        except OSError:
+            self.log_size = None
+        if not lines and progress == self.log_progress:
+            return
+        self.log_lines.extend(lines[-LOG_KEEP:])
+        self.log_progress = progress
+        main = self.main_screen
+        if main.has_logs and (main.zoomed is None or main.zoomed == "logs") and not self.paused:
+            main.show_log()
 
     # ---- actions ----------------------------------------------------------------------------
     def action_toggle_pause(self) -> None:
@@ -501,9 +578,10 @@ class DlmonApp(App[DashboardResult]):
     def action_advice(self) -> None:
         from dlmon.analysis import advise, format_advice
 
-        history = list(self.state.history)[-ADVICE_WINDOW:]
+        history = list(self.state.history)  # the whole bounded history: the title says its span
         text = format_advice(advise(history)) if history else "No measurements yet."
-        self.push_screen(AdviceScreen(text))
+        span = history[-1].time - history[0].time if history else 0.0
+        self.push_screen(AdviceScreen(text, span_s=span, snapshots=len(history)))
 
     def action_save_svg(self) -> None:
         directory = "screenshots" if os.path.isdir("screenshots") else "."
@@ -536,7 +614,10 @@ class DlmonApp(App[DashboardResult]):
         running = running or (latest is not None and _children_left(latest))
         if self.ask_stop_on_quit and running and not isinstance(self.screen, QuitScreen):
             assert latest is not None
-            self.push_screen(QuitScreen(latest.target.pid, latest.target.cmdline), callback=self._quit_answer)
+            self.push_screen(
+                QuitScreen(latest.target.pid, latest.target.cmdline, stop_by_default=self.stop_by_default),
+                callback=self._quit_answer,
+            )
             return
         self.exit(self.result(quit_by_user=True, stop_training=False))
 
@@ -608,7 +689,8 @@ def _children_left(snapshot: Snapshot) -> bool:
 def run_app(app: DlmonApp) -> DashboardResult:
     """Run ``app`` in the terminal; always stops its source. Returns how the session ended."""
     try:
-        result = app.run(mouse=False)  # keyboard only: the terminal keeps its own text selection
+        # wheel and clicks where the terminal sends them (shift+drag still selects text in most)
+        result = app.run(mouse=True)
     finally:
         app.source.stop()
     if result is None:

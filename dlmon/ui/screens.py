@@ -9,6 +9,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Button, Footer, Static
 
+from dlmon.ui.fmt import duration
 from dlmon.ui.state import DashboardState, ProcessRow, RowKey
 from dlmon.ui.views import Line, detail_lines, fit
 from dlmon.ui.widgets import ChartLine, HeaderBar, LinesView, TimeChart
@@ -22,11 +23,14 @@ HELP_TEXT = """\
       6 alerts 7 logs (dlmon run); the same key again, [b]0[/b] or [b]esc[/b]: all
   [b]tab[/b] [b]shift+tab[/b] next / previous panel   [b]z[/b] the focused panel in full
   [b]ctrl+p[/b] command palette: every action by name
+  replay: [b]][/b] next alert   [b],[/b] [b].[/b] one minute back / on
 
 [b]Workers table[/b]
   [b]up down pgup pgdn home end[/b] move   [b]enter[/b] the process's detail, history
   sort: [b]n[/b] worker id [b]c[/b] CPU [b]m[/b] PSS [b]r[/b] RSS [b]u[/b] USS [b]d[/b] read [b]g[/b] GPU
         the same key again or [b]i[/b] reverses; [b]<[/b] [b]>[/b] previous / next
+  DDP (torchrun, mp.spawn): each rank is one folded line with its sums;
+  [b]space[/b] (or [b]right[/b] / [b]left[/b]) shows / folds its workers
 
 [b]Reading it[/b]
   PSS: a process's fair share of the pages it maps (a page shared by N
@@ -66,9 +70,11 @@ class AdviceScreen(ModalScreen[None]):
         Binding("escape,a,enter", "dismiss", "Close"),
     ]
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, *, span_s: float = 0.0, snapshots: int = 0) -> None:
         super().__init__()
         self._text = text
+        self.span_s = span_s
+        self.snapshots = snapshots
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="help-box"):
@@ -77,7 +83,10 @@ class AdviceScreen(ModalScreen[None]):
 
     def on_mount(self) -> None:
         box = self.query_one("#help-box")
-        box.border_title = "dlmon advice (from the measurements so far)"
+        box.border_title = (
+            f"dlmon advice (from the last {duration(self.span_s)} of measurements: "
+            f"{self.snapshots} snapshots)"
+        )
         box.border_subtitle = "esc to close"
 
     async def action_dismiss(self, result: None = None) -> None:
@@ -89,7 +98,8 @@ QUIT_STOP = "stop"
 
 
 class QuitScreen(ModalScreen[str | None]):
-    """``dlmon run``: quitting asks whether to stop the training too. Default: leave it running."""
+    """``dlmon run``: quitting asks whether to stop the training too. Default: leave it running;
+    ``dlmon demo`` (``stop_by_default``): stop it, a synthetic training is no one's real job."""
 
     BINDINGS = [
         Binding("escape", "cancel", "Cancel"),
@@ -97,10 +107,11 @@ class QuitScreen(ModalScreen[str | None]):
         Binding("x", "answer('stop')", "Stop the training"),
     ]
 
-    def __init__(self, pid: int, command: str) -> None:
+    def __init__(self, pid: int, command: str, *, stop_by_default: bool = False) -> None:
         super().__init__()
         self.pid = pid
         self.command = command
+        self.default = QUIT_STOP if stop_by_default else QUIT_LEAVE
 
     def compose(self) -> ComposeResult:
         command = " ".join(self.command.split())
@@ -114,14 +125,21 @@ class QuitScreen(ModalScreen[str | None]):
                 markup=True,
             )
             with Horizontal(id="quit-buttons"):
-                yield Button("Leave it running", id=QUIT_LEAVE, variant="primary")
-                yield Button("Stop the training", id=QUIT_STOP, variant="error")
+                stop = self.default == QUIT_STOP
+                leave_label = "Leave it running" + ("" if stop else " (enter)")
+                stop_label = "Stop the training" + (" (enter)" if stop else "")
+                if stop:
+                    yield Button(stop_label, id=QUIT_STOP, variant="error")
+                    yield Button(leave_label, id=QUIT_LEAVE, variant="default")
+                else:
+                    yield Button(leave_label, id=QUIT_LEAVE, variant="primary")
+                    yield Button(stop_label, id=QUIT_STOP, variant="error")
                 yield Button("Cancel", id="cancel")
         yield Footer()
 
     def on_mount(self) -> None:
         self.query_one("#quit-box").border_title = "Quit"
-        self.query_one(f"#{QUIT_LEAVE}", Button).focus()
+        self.query_one(f"#{self.default}", Button).focus()
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         event.stop()

@@ -71,6 +71,17 @@ class LoaderHistory:
     data_wait_percent: Series = field(default_factory=Series)
 
 
+@dataclass(slots=True)
+class RankGroup:
+    """One DDP rank (a process with its own loaders) and its workers, with sums for the group."""
+
+    owner: ProcessRow
+    workers: list[ProcessRow]
+    pss_bytes: int | None  # the rank and its live workers
+    batches_per_s: float | None  # its loaders together
+    data_wait_fraction: float | None  # the worst of its loaders
+
+
 def row_key(process: ProcessSample, loader_of: dict[int, LoaderSample]) -> RowKey:
     if process.role == "worker" and process.worker_id is not None:
         loader = loader_of.get(process.pid)
@@ -232,6 +243,46 @@ class DashboardState:
             missing = [r for r in rows if getter(r) is None]
             rows = present[::-1] + missing
         return rows
+
+    def live_loaders(self) -> list[LoaderHistory]:
+        """The loaders in the newest snapshot, busiest (batches/s) first: what the chart plots."""
+        if self.latest is None:
+            return []
+        live = [self.loaders[ld.id] for ld in self.latest.loaders if ld.id in self.loaders]
+        live.sort(key=lambda h: -(h.loader.batches_per_s or 0.0))
+        return live
+
+    def rank_groups(self) -> dict[int, RankGroup]:
+        """DDP (torchrun, mp.spawn): the processes that own DataLoader workers, when there are at
+        least two of them, each with its workers and sums. Empty for a single-process job."""
+        owners: dict[int, list[ProcessRow]] = {}
+        by_pid = {r.process.pid: r for r in self.rows.values() if not r.gone}
+        for row in self.rows.values():
+            p = row.process
+            if p.role == "worker" and p.ppid in by_pid and by_pid[p.ppid].process.role != "worker":
+                owners.setdefault(p.ppid, []).append(row)
+        if len(owners) < 2:
+            return {}
+        loaders = self.latest.loaders if self.latest is not None else ()
+        groups: dict[int, RankGroup] = {}
+        for pid, workers in owners.items():
+            owner = by_pid[pid]
+            mine = [ld for ld in loaders if ld.pid == pid]
+            rates = [ld.batches_per_s for ld in mine if ld.batches_per_s is not None]
+            waits = [ld.data_wait_fraction for ld in mine if ld.data_wait_fraction is not None]
+            pss = [
+                r.process.pss_bytes
+                for r in (owner, *workers)
+                if not r.gone and r.process.pss_bytes is not None
+            ]
+            groups[pid] = RankGroup(
+                owner=owner,
+                workers=sorted(workers, key=natural_key),
+                pss_bytes=sum(pss) if pss else None,
+                batches_per_s=sum(rates) if rates else None,
+                data_wait_fraction=max(waits) if waits else None,
+            )
+        return groups
 
     def d_state_count(self) -> int:
         if self.latest is None:

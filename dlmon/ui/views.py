@@ -13,12 +13,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from dlmon.analysis.detectors._base import headroom
+from dlmon.analysis.kinds import MEMORY_GROWTH
 from dlmon.analysis.startup import startup_of
 from dlmon.analysis.verdict import exit_verdict
-from dlmon.model import Alert, MemorySummary, ProcessSample, Snapshot
+from dlmon.model import Alert, GpuDevice, LoaderSample, MemorySummary, ProcessSample, Snapshot
 from dlmon.model.format import fd_limit_note
 from dlmon.ui.fmt import DASH, NA, cbytes, cpct, duration, human_bytes, mbps, ratio
-from dlmon.ui.state import SORT_NAMES, DashboardState, ProcessRow
+from dlmon.ui.state import SORT_NAMES, DashboardState, ProcessRow, RankGroup
 
 Span = tuple[str, str]
 Line = tuple[Span, ...]
@@ -124,6 +126,37 @@ def flow(parts: Sequence[Sequence[Span]], width: int, sep: Span = SEP, lead: Seq
     return tuple(truncate(line, width) for line in lines)
 
 
+def collapse(lines: Sequence[Line], rows: int | None, summary: Sequence[Sequence[Span]], width: int) -> Lines:
+    """At most ``rows`` lines: the first ``rows - 1`` and a summary line ``+N more: ...`` built
+    from the ``summary`` parts of the lines left out (one per line, in the same order)."""
+    if rows is None or len(lines) <= rows:
+        return tuple(lines)
+    keep = max(0, rows - 1)
+    rest = len(lines) - keep
+    return (*lines[:keep], fit(summary[keep:], width, SEP, lead=[(f"+{rest} more: ", "key")]))
+
+
+def fit_with_more(
+    parts: Sequence[Sequence[Span]], width: int, sep: Span, lead: Sequence[Span], noun: str
+) -> Line:
+    """As :func:`fit`, ending with ``+N more GPUs`` when parts were left out."""
+    for k in range(len(parts), 0, -1):
+        more: list[list[Span]] = [[(f"+{len(parts) - k} more {noun}", "key")]] if k < len(parts) else []
+        line = [*lead, *(span for part in _joined([*parts[:k], *more], sep) for span in part)]
+        if width_of(line) <= width:
+            return tuple(line)
+    return fit(parts, width, sep, lead)
+
+
+def _joined(parts: Sequence[Sequence[Span]], sep: Span) -> list[Sequence[Span]]:
+    out: list[Sequence[Span]] = []
+    for i, part in enumerate(parts):
+        if i:
+            out.append((sep,))
+        out.append(part)
+    return out
+
+
 def label(text: str, width: int) -> Span:
     return (text.ljust(width), "label")
 
@@ -221,14 +254,49 @@ def memory_trend(state: DashboardState, window: float = 300.0) -> tuple[float | 
     slope = series.slope(window, s.time)
     if slope is None or slope <= 0:
         return slope, None
-    used = _cgroup_used(m)
-    if m.cgroup_limit_bytes is not None and used is not None:
-        headroom = float(m.cgroup_limit_bytes - used)
-    elif m.available_bytes is not None:
-        headroom = float(m.available_bytes)
-    else:
+    alert_eta = _growth_alert_eta(s)
+    if alert_eta is not None:  # the alert's own figure: the panel and the alert never disagree
+        return slope, alert_eta
+    room = headroom(s)  # the analysis package's rule: min(MemAvailable, limit - working set)
+    if room is None:
         return slope, None
-    return slope, max(0.0, headroom) / slope
+    return slope, max(0.0, float(room.bytes)) / slope
+
+
+def _growth_alert_eta(s: Snapshot) -> float | None:
+    for a in s.alerts:
+        if a.kind == MEMORY_GROWTH:
+            eta = a.evidence.get("eta_s")
+            if isinstance(eta, (int, float)):
+                return float(eta)
+    return None
+
+
+LIMIT_IN_REACH = 4.0  # the cgroup limit is drawn when it is at most this many times the job's PSS
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryChartPlan:
+    """What the memory chart plots: the job on its own scale; the machine stays in the text."""
+
+    unit: str
+    scale: float
+    limit: bool  # the cgroup limit is close enough to share the job's axis
+    anon: bool  # the kernel splits anon / file PSS: the anon line is what a leak moves
+
+
+def memory_chart_plan(state: DashboardState) -> MemoryChartPlan:
+    s = state.latest
+    pss = s.memory.pss_sum_bytes if s is not None else None
+    limit = s.memory.cgroup_limit_bytes if s is not None else None
+    anon = (
+        s is not None and s.memory.pss_anon_sum_bytes is not None and s.memory.pss_file_sum_bytes is not None
+    )
+    in_reach = bool(pss and limit and limit <= LIMIT_IN_REACH * pss)
+    top = float(limit) if in_reach and limit else float(pss or 0)
+    if top >= 2**30:
+        return MemoryChartPlan("GiB", float(2**30), in_reach, anon)
+    return MemoryChartPlan("MiB", float(2**20), in_reach, anon)
 
 
 def _trend_text(slope: float | None, eta: float | None, compact: bool) -> list[Span]:
@@ -339,7 +407,9 @@ def memory_lines(state: DashboardState, width: int, compact: bool) -> Lines:
 
 
 # ---- GPU ------------------------------------------------------------------------------------
-def gpu_lines(state: DashboardState, width: int, compact: bool, detailed: bool = False) -> Lines:
+def gpu_lines(
+    state: DashboardState, width: int, compact: bool, detailed: bool = False, rows: int | None = None
+) -> Lines:
     """One line per device; with ``detailed`` (the panel in full) also torch's figures and the
     VRAM of every process (the workers table has a GPU column for the job's own)."""
     s = state.latest
@@ -363,23 +433,20 @@ def gpu_lines(state: DashboardState, width: int, compact: bool, detailed: bool =
                     (f" {cpct(g.utilization_percent, NA)}%", ""),
                 ]
             )
-        return (fit(parts, width, BAR, lead=lead),)
+        return (fit_with_more(parts, width, BAR, lead, "GPUs"),)
+    if not detailed and rows is not None and len(s.gpus) > rows:
+        return collapse(
+            [_gpu_head(g, width, detailed) for g in s.gpus],
+            rows,
+            [
+                [(f"{g.index} ", "b"), (f"{cpct(u, NA)}%", _util_style(u))]
+                for g, u in ((g, g.utilization_percent) for g in s.gpus)
+            ],
+            width,
+        )
     out: list[Line] = []
     for g in s.gpus:
-        used = ratio(g.memory_used_bytes, g.memory_total_bytes)
-        head: list[list[Span]] = [
-            [
-                (f"GPU{g.index} ", "b"),
-                ("mem ", "dim"),
-                (_of(g.memory_used_bytes, g.memory_total_bytes, True), _level(used)),
-            ]
-            + ([(f" ({used * 100:.0f}%)", _level(used))] if used is not None else []),
-            [("util ", "dim"), (f"{cpct(g.utilization_percent, NA)}%", _util_style(g.utilization_percent))],
-        ]
-        if g.torch_allocated_bytes is not None and not detailed:
-            head.append([("torch ", "dim"), (_of(g.torch_allocated_bytes, g.torch_reserved_bytes, True), "")])
-        head.append([(g.name or "unknown device", "dim")])
-        out.append(fit(head, width, SEP))
+        out.append(_gpu_head(g, width, detailed))
         if not detailed:
             continue
         procs: list[list[Span]] = []
@@ -404,6 +471,23 @@ def gpu_lines(state: DashboardState, width: int, compact: bool, detailed: bool =
     return tuple(out)
 
 
+def _gpu_head(g: GpuDevice, width: int, detailed: bool) -> Line:
+    used = ratio(g.memory_used_bytes, g.memory_total_bytes)
+    head: list[list[Span]] = [
+        [
+            (f"GPU{g.index} ", "b"),
+            ("mem ", "dim"),
+            (_of(g.memory_used_bytes, g.memory_total_bytes, True), _level(used)),
+        ]
+        + ([(f" ({used * 100:.0f}%)", _level(used))] if used is not None else []),
+        [("util ", "dim"), (f"{cpct(g.utilization_percent, NA)}%", _util_style(g.utilization_percent))],
+    ]
+    if g.torch_allocated_bytes is not None and not detailed:
+        head.append([("torch ", "dim"), (_of(g.torch_allocated_bytes, g.torch_reserved_bytes, True), "")])
+    head.append([(g.name or "unknown device", "dim")])
+    return fit(head, width, SEP)
+
+
 def _who(p: ProcessSample) -> str:
     if p.role == "worker":
         return f"worker {p.worker_id}" if p.worker_id is not None else "worker"
@@ -423,7 +507,7 @@ def _util_style(util: float | None) -> str:
 
 
 # ---- IO -------------------------------------------------------------------------------------
-def io_lines(state: DashboardState, width: int, compact: bool) -> Lines:
+def io_lines(state: DashboardState, width: int, compact: bool, rows: int | None = None) -> Lines:
     s = state.latest
     if s is None:
         return ((("waiting for data…", "dim"),),)
@@ -484,6 +568,17 @@ def io_lines(state: DashboardState, width: int, compact: bool) -> Lines:
                 (" ", ""),
             )
         )
+    out = list(
+        collapse(
+            out,
+            rows,
+            [
+                [(f"{d.name} ", "b"), (f"{cpct(u, NA)}%", _util_disk(u))]
+                for d, u in ((d, d.util_percent) for d in disks)
+            ],
+            width,
+        )
+    )
     if not disks:
         out.append((("no whole disks found", "dim"),))
     out.append(fit([psi, dstate], width, SEP))
@@ -507,7 +602,7 @@ def _util_disk(v: float | None) -> str:
 
 
 # ---- throughput -----------------------------------------------------------------------------
-def throughput_lines(state: DashboardState, width: int, compact: bool) -> Lines:
+def throughput_lines(state: DashboardState, width: int, compact: bool, rows: int | None = None) -> Lines:
     s = state.latest
     if s is None:
         return ((("waiting for data…", "dim"),),)
@@ -517,7 +612,11 @@ def throughput_lines(state: DashboardState, width: int, compact: bool) -> Lines:
             return wrap(s.agent_note or AGENT_HINT, width, "warn" if s.agent_note else "dim")
         return (fit([[(s.agent_note or AGENT_HINT_SHORT, "dim")]], width, lead=lead),)
     out: list[Line] = []
-    loaders = s.loaders if not compact else s.loaders[:1]
+    loaders = list(s.loaders) if not compact else list(s.loaders[:1])
+    rest: list[LoaderSample] = []
+    if rows is not None and len(loaders) > rows:  # the busiest in full, the others summed up
+        loaders.sort(key=lambda x: -(x.batches_per_s or 0.0))
+        loaders, rest = loaders[: max(0, rows - 1)], loaders[max(0, rows - 1) :]
     for ld in loaders:
         wait = None if ld.data_wait_fraction is None else ld.data_wait_fraction * 100
         parts: list[list[Span]] = [
@@ -549,6 +648,22 @@ def throughput_lines(state: DashboardState, width: int, compact: bool) -> Lines:
             if len(s.loaders) > 1:
                 parts.append([(f"+{len(s.loaders) - 1} loaders", "dim")])
         out.append(fit(parts, width, BAR if compact else SEP, lead=lead))
+    if rest:
+        total = sum(x.batches_per_s or 0.0 for x in rest)
+        waits = [x.data_wait_fraction * 100 for x in rest if x.data_wait_fraction is not None]
+        worst = max(waits) if waits else None
+        out.append(
+            fit(
+                [
+                    [(f"{_rate(total)}", "b"), (" batch/s in all", "dim")],
+                    [("data wait up to ", "dim"), (f"{cpct(worst, NA)}%", _wait_style(worst))],
+                    [("5 shows each", "dim")],
+                ],
+                width,
+                SEP,
+                lead=[(f"+{len(rest)} more loaders: ", "key")],
+            )
+        )
     return tuple(out)
 
 
@@ -633,7 +748,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("role", "ROLE", 6, False, 100),
     Column("id", "ID", 3, True, 90, "id"),
     Column("pid", "PID", 7, True, 95),
-    Column("state", "STATE", 7, False, 98),
+    Column("state", "STATE", 8, False, 98),  # "exit 137", "SIGSEGV"
     Column("cpu", "CPU%", 5, True, 80, "cpu"),
     Column("thr", "THR", 4, True, 10),
     Column("rss", "RSS", 6, True, 70, "rss"),
@@ -751,6 +866,23 @@ def table_header(cols: Sequence[Column], sort: str, reverse: bool) -> Line:
 def sort_caption(sort: str, reverse: bool, count: int) -> str:
     order = "ascending" if reverse else ("natural order" if sort == "id" else "descending")
     return f"{count} processes · sorted by {SORT_NAMES.get(sort, sort)} ({order})"
+
+
+def rank_line(group: RankGroup, expanded: bool, width: int) -> Line:
+    """``  ▾ 8 workers · PSS 9.08G (rank + workers) · 8.5 batch/s · data wait 25%`` under a rank."""
+    wait = None if group.data_wait_fraction is None else group.data_wait_fraction * 100
+    n = len(group.workers)
+    return fit(
+        [
+            [("▾ " if expanded else "▸ ", "key"), (f"{n} worker" + ("" if n == 1 else "s"), "b")],
+            [("PSS ", "dim"), (cbytes(group.pss_bytes, NA), "b"), (" with its workers", "dim")],
+            [(_rate(group.batches_per_s), ""), (" batch/s", "dim")],
+            [("data wait ", "dim"), (f"{cpct(wait, NA)}%", _wait_style(wait))],
+        ],
+        width,
+        SEP,
+        lead=[("  ", "")],
+    )
 
 
 def stall_of(row: ProcessRow, alerts: Sequence[Alert]) -> Alert | None:

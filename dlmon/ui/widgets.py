@@ -7,13 +7,15 @@ when the bucketed data they show changed (at most once per chart bucket), and ca
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Reversible, Sequence
 from dataclasses import dataclass
 
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
+from textual import events
 from textual.app import RenderResult
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -24,11 +26,12 @@ from textual.widget import Widget
 from textual_plotext import PlotextPlot
 
 from dlmon.ui.series import Series, chart_step
-from dlmon.ui.state import DashboardState, ProcessRow, RowKey
+from dlmon.ui.state import DashboardState, ProcessRow, RankGroup, RowKey
 from dlmon.ui.views import (
     STYLES,
     Line,
     Lines,
+    rank_line,
     sort_caption,
     stuck_line,
     table_cells,
@@ -182,6 +185,8 @@ class TimeChart(PlotextPlot):
         self._cached: tuple[tuple[object, ...], Text] | None = None
         self._has_data = False
         self._data_version = 0
+        self.plotted_labels: tuple[str, ...] = ()
+        self.y_range: tuple[float, float] | None = None  # the left axis of the newest plot, in units
 
     def show(self, lines: Sequence[ChartLine], now: float, interval: float | None) -> bool:
         """Set the data; returns whether the plot will be rebuilt."""
@@ -204,7 +209,8 @@ class TimeChart(PlotextPlot):
         bucket = math.floor(now / step)
         # the step keeps the rebuilds rare; the window shows what there is (at least a minute)
         window = min(dots * step, math.ceil(max(span, 60.0, 4 * step) / step) * step)
-        signature = (width, height, step, bucket, window, tuple(cl.label for cl in lines))
+        self.plotted_labels = tuple(cl.label for cl in lines)
+        signature = (width, height, step, bucket, window, self.plotted_labels, self.unit, self.scale)
         if signature == self._signature:
             return False
         self._signature = signature
@@ -214,6 +220,7 @@ class TimeChart(PlotextPlot):
         plt.clear_data()
         any_points = False
         top = {False: 0.0, True: 0.0}
+        low = math.inf
         used: set[bool] = set()
         for cl in lines:
             points = cl.series.resample(start, end, step)
@@ -224,6 +231,8 @@ class TimeChart(PlotextPlot):
             xs = [(t - now) / 60.0 for t, _ in points]
             ys = [v / scale for _, v in points]
             top[cl.right] = max(top[cl.right], max(ys))
+            if not cl.right:
+                low = min(low, min(ys))
             used.add(cl.right)
             plt.plot(
                 xs,
@@ -240,6 +249,12 @@ class TimeChart(PlotextPlot):
                     side = "right" if right else "left"
                     upper = value * 1.08 if value > 0 else 1.0
                     plt.ylim(0, upper, side)  # type: ignore[arg-type]  # the stub says float
+            self.y_range = (0.0, top[False] * 1.08 if top[False] > 0 else 1.0)
+        elif False in used:  # the data's own range, padded: a slow leak shows as a slope
+            pad = max(0.05 * (top[False] - low), 0.02 * abs(top[False]), 1e-9)
+            lower, upper = max(0.0, low - pad), top[False] + pad
+            plt.ylim(lower, upper, "left")  # type: ignore[arg-type]
+            self.y_range = (lower, upper)
         plt.xlabel("minutes ago")
         plt.ylabel(self.unit, "left")  # the stub names it xside
         if self.right_unit is not None:
@@ -281,6 +296,9 @@ class WorkerTable(LinesView):
         Binding("home", "edge(0)", "First", show=False),
         Binding("end", "edge(1)", "Last", show=False),
         Binding("enter", "open", "Worker detail"),
+        Binding("space", "toggle_group", "Expand / collapse rank", show=False),
+        Binding("right,plus", "expand(1)", "Expand rank", show=False),
+        Binding("left,minus", "expand(0)", "Collapse rank", show=False),
     ]
 
     DEFAULT_CSS = """
@@ -304,6 +322,11 @@ class WorkerTable(LinesView):
         self._state: DashboardState | None = None
         self._interval: float | None = None
         self.caption = ""
+        self.expanded: set[int] = set()  # DDP ranks (owner pids) shown with their workers
+        self._groups: dict[int, RankGroup] = {}
+        self._group_of: dict[RowKey, int] = {}  # a row's rank (owner pid), for toggling from any row
+        self._extra_at: set[int] = set()
+        self._summary_at: dict[int, int] = {}
 
     @property
     def row_keys(self) -> list[RowKey]:
@@ -316,11 +339,33 @@ class WorkerTable(LinesView):
         self._state = state
         self._interval = interval
         rows = state.sorted_rows(self.sort, self.reverse)
+        total = len(rows)
+        self._groups = state.rank_groups() if self.sort == "id" else {}
+        if self._groups:
+            rows = self._tree(rows)
         self._keys = [r.key for r in rows]
         if self.cursor_key not in state.rows:
             self.cursor_key = self._keys[0] if self._keys else None
-        self.caption = sort_caption(self.sort, self.reverse, len(rows))
+        self.caption = sort_caption(self.sort, self.reverse, total)
+        if self._groups:
+            self.caption += f" · {len(self._groups)} ranks (space: expand)"
         self._rebuild(rows)
+
+    def _tree(self, rows: list[ProcessRow]) -> list[ProcessRow]:
+        """Natural order as a tree: each rank followed by its workers when expanded."""
+        grouped = {w.key: pid for pid, g in self._groups.items() for w in g.workers}
+        self._group_of = dict(grouped)
+        out: list[ProcessRow] = []
+        for row in rows:
+            if row.key in grouped:
+                continue
+            out.append(row)
+            group = self._groups.get(row.process.pid)
+            if group is not None and group.owner.key == row.key:
+                self._group_of[row.key] = row.process.pid
+                if row.process.pid in self.expanded:
+                    out.extend(group.workers)
+        return out
 
     def _rebuild(self, rows: list[ProcessRow] | None = None) -> None:
         state = self._state
@@ -342,14 +387,24 @@ class WorkerTable(LinesView):
         self._top = max(0, min(self._top, max(0, len(rows) - visible)))
         focused = self.has_focus
         lines: list[Line] = [table_header(cols, self.sort, self.reverse)]
+        self._extra_at = set()  # screen lines that are not rows (rank sums, stuck lines)
+        self._summary_at = {}  # a rank's sum line -> its owner pid
         for i in range(self._top, min(len(rows), self._top + visible)):
             line = table_cells(rows[i], cols, self._interval)
+            group = self._groups.get(rows[i].process.pid)
+            if group is not None and group.owner.key == rows[i].key and cols and cols[0].key == "role":
+                line = (("rank".ljust(cols[0].width), "b"), *line[1:])  # a DDP rank: owns a loader
             if i == cursor:
                 style = "cursor" if focused else "cursor-blur"
                 line = tuple((text, style) for text, _ in line)
             lines.append(line)
+            if group is not None and group.owner.key == rows[i].key:
+                self._extra_at.add(len(lines))
+                self._summary_at[len(lines)] = rows[i].process.pid
+                lines.append(rank_line(group, rows[i].process.pid in self.expanded, width))
             stuck = stuck_line(rows[i], latest.alerts, width) if latest is not None else None
             if stuck is not None:
+                self._extra_at.add(len(lines))
                 lines.append(stuck)
         self.set_lines(tuple(lines))
 
@@ -388,9 +443,93 @@ class WorkerTable(LinesView):
     def action_edge(self, end: int) -> None:
         self._move_to(len(self._keys) - 1 if end else 0)
 
+    # ---- mouse (where the terminal sends it; the keyboard does all of it too) ------------------
+    def on_mouse_scroll_down(self, event: events.MouseScrollDown) -> None:
+        event.stop()
+        self.action_cursor(3)
+
+    def on_mouse_scroll_up(self, event: events.MouseScrollUp) -> None:
+        event.stop()
+        self.action_cursor(-3)
+
+    def on_click(self, event: events.Click) -> None:
+        """A click selects the row under it (a double click opens it, a click on a rank's
+        summary line folds or unfolds it)."""
+        event.stop()
+        self.focus()
+        line = event.y
+        if line < 1 or line >= len(self.lines):
+            return
+        owner = self._summary_at.get(line)
+        while line in self._extra_at and line > 1:  # a line under a row belongs to that row
+            line -= 1
+        index = self._top + line - 1 - self._extra_lines_above(line)
+        if not 0 <= index < len(self._keys):
+            return
+        self.cursor_key = self._keys[index]
+        if owner is not None:
+            self._set_expanded(owner, owner not in self.expanded)
+            return
+        self._rebuild()
+        if event.chain >= 2:
+            self.action_open()
+
+    def _extra_lines_above(self, line: int) -> int:
+        return sum(1 for y in self._extra_at if y < line)
+
+    def action_toggle_group(self) -> None:
+        pid = self._group_of.get(self.cursor_key) if self.cursor_key is not None else None
+        if pid is not None:
+            self._set_expanded(pid, pid not in self.expanded)
+
+    def action_expand(self, on: int) -> None:
+        pid = self._group_of.get(self.cursor_key) if self.cursor_key is not None else None
+        if pid is not None:
+            self._set_expanded(pid, bool(on))
+
+    def _set_expanded(self, pid: int, on: bool) -> None:
+        if on:
+            self.expanded.add(pid)
+        else:
+            self.expanded.discard(pid)
+            group = self._groups.get(pid)
+            if group is not None:
+                self.cursor_key = group.owner.key  # the cursor stays on the rank it folded
+        if self._state is not None:
+            self.show(self._state, self._interval)
+
     def action_open(self) -> None:
         if self.cursor_key is not None:
             self.post_message(self.Opened(self.cursor_key))
+
+
+class LogView(LinesView):
+    """The last lines of the training's output that fit, and its unfinished progress line.
+
+    The app keeps the bounded buffer (whether this is shown or not); this view is handed only
+    what fits its height, so opening it after hours of output costs one screenful.
+    """
+
+    DEFAULT_CSS = """
+    LogView { height: 1fr; }
+    """
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        return max(1, len(self.lines))
+
+    def show(self, lines: Reversible[str], progress: str, width: int) -> None:
+        room = self.size.height
+        if room <= 0:
+            return
+        keep = room - (1 if progress else 0)
+        tail = list(itertools.islice(reversed(lines), keep))[::-1] if keep > 0 else []
+        if progress:
+            tail.append(progress)
+        out: list[Line] = []
+        for i, text in enumerate(tail):
+            style = "b" if progress and i == len(tail) - 1 else ""
+            out.append(((text if len(text) <= width else text[: max(0, width - 1)] + "…", style),))
+        self.set_lines(tuple(out))
 
 
 class HeaderBar(LinesView):
