@@ -1,0 +1,45 @@
+"""A dataset whose samples each burn ~2 ms of Python CPU: more workers help (up to the cores)."""
+
+import argparse
+import time
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+class Burn(Dataset):
+    def __len__(self):
+        return 100_000
+
+    def __getitem__(self, i):
+        end = time.process_time() + 0.002
+        x = 0
+        while time.process_time() < end:
+            x += 1
+        return torch.full((16,), float(i % 7))
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--steps", type=int, default=0, help="0: until interrupted")
+    a = p.parse_args()
+    torch.set_num_threads(1)
+    model = torch.nn.Linear(16, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = DataLoader(Burn(), batch_size=a.batch_size, num_workers=a.workers, shuffle=True)
+    steps = 0
+    while True:
+        for x in loader:
+            loss = model(x).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            steps += 1
+            if a.steps and steps >= a.steps:
+                return
+
+
+if __name__ == "__main__":
+    main()
