@@ -35,6 +35,14 @@ OUTCOME_TEXT = {
 MEMORY_FAILURES = (WOULD_OOM, HOST_OOM)
 
 
+def outcome_text(outcome: str, detail: str) -> str:
+    """``would OOM at ~1.20 GiB (...)``, ``crashed: exit status 1 | ...``, ``ok``."""
+    text = OUTCOME_TEXT.get(outcome, outcome)
+    if not detail:
+        return text
+    return f"{text} {detail}" if detail.startswith("at ") else f"{text}: {detail}"
+
+
 @dataclass(frozen=True, slots=True)
 class Result:
     """One configuration, measured (or skipped, with the reason in ``detail``)."""
@@ -160,7 +168,7 @@ def skip_reason(
         o = r.config
         smaller = o.workers <= c.workers and (o.batch_size or 0) <= (c.batch_size or 0)
         if r.outcome in MEMORY_FAILURES and _same_shape(o, c) and smaller:
-            return f"needs at least the memory of {o.label()}, which was {OUTCOME_TEXT[r.outcome]}"
+            return f"needs at least the memory of {o.label()}, which ran out ({OUTCOME_TEXT[r.outcome]})"
         if r.outcome == CUDA_OOM and (o.batch_size or 0) <= (c.batch_size or 0) and o.batch_size:
             return f"batch {o.batch_size} already ran out of GPU memory"
     if model is not None and limit_bytes:

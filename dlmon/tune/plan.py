@@ -26,7 +26,10 @@ class Config:
         return f"w={self.workers},b={self.batch_size},pin={self.pin_memory},pf={self.prefetch_factor}"
 
     def label(self) -> str:
-        parts = [f"{self.workers} workers", f"batch {self.batch_size if self.batch_size else 'own'}"]
+        parts = [
+            f"{self.workers} worker{'' if self.workers == 1 else 's'}",
+            f"batch {self.batch_size if self.batch_size else 'own'}",
+        ]
         if self.pin_memory is not None:
             parts.append(f"pin {'on' if self.pin_memory else 'off'}")
         if self.prefetch_factor is not None:

@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import Sequence
 from typing import Any
 
-from dlmon.tune.model import GIB, OK, OUTCOME_TEXT, Recommendation, Result, recommend
+from dlmon.tune.model import GIB, Recommendation, Result, outcome_text, recommend
 from dlmon.tune.plan import Config
 
 FORMAT = "dlmon-tune/1"
@@ -51,9 +51,7 @@ def table(results: Sequence[Result]) -> str:
     rows = [header]
     for r in results:
         c = r.config
-        outcome = OUTCOME_TEXT.get(r.outcome, r.outcome)
-        if r.detail and r.outcome != OK:
-            outcome += f": {r.detail}"
+        outcome = outcome_text(r.outcome, r.detail)
         rows.append(
             (
                 str(c.workers),

@@ -297,8 +297,9 @@ def _measure(
             tail = log_tail(training.log_path)
             if window_start is not None and window_end is not None and code == 0:
                 return result(OK, "the script ended by itself")
-            if status.get("outcome") != CUDA_OOM and "loader" not in status and target is None and code == 0:
-                return result(CRASHED, "the command ended before iterating a DataLoader")
+            if status.get("outcome") != CUDA_OOM and "loader" not in status:
+                why = f"the command exited with status {code} before building a DataLoader"
+                return result(CRASHED, why + (f": {tail}" if tail else ""))
             outcome, detail = classify_exit(code, status, tail, last, oom_before)
             return result(outcome, detail)
         if isinstance(status.get("error"), str):
@@ -307,7 +308,7 @@ def _measure(
             target = _target_loader(snap, training.pid, status.get("loader")) or target
             if target is not None and target.batch_size:
                 script_batch = script_batch or target.batch_size
-        if limit and mem_v:
+        if limit and mem_v and "loader" in status:  # not while it imports torch and builds the data
             remaining = opts.seconds or 5.0
             if window_start is not None and opts.seconds:
                 remaining = max(0.0, opts.seconds - (mem_t[-1] - window_start[0]))
@@ -315,8 +316,8 @@ def _measure(
             if projected is not None and projected > SAFETY * limit:
                 return stop(
                     WOULD_OOM,
-                    f"would OOM at ~{projected / GIB:.2f} GiB: stopped at {mem_v[-1] / GIB:.2f} GiB "
-                    f"growing toward the {limit / GIB:.2f} GiB {limit_source} limit",
+                    f"at ~{projected / GIB:.2f} GiB (stopped at {mem_v[-1] / GIB:.2f} GiB, growing "
+                    f"toward the {limit / GIB:.2f} GiB {limit_source} limit)",
                 )
         if snap is not None and target is not None and target.samples_total is not None:
             batches_total = target.batches_total or 0

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from dlmon.tune.model import CRASHED, OK, SKIPPED, TIMED_OUT, Result, fit_memory, skip_reason
+from dlmon.tune.model import CRASHED, OK, SKIPPED, TIMED_OUT, Result, fit_memory, outcome_text, skip_reason
 from dlmon.tune.plan import Config, Plan, default_batch_sizes
 from dlmon.tune.runner import INTERRUPTED
 
@@ -62,7 +62,7 @@ def _summary(r: Result) -> str:
     if r.outcome == OK and r.samples_per_s is not None:
         ram = f", RAM peak {r.peak_pss_bytes / 2**30:.2f} GiB" if r.peak_pss_bytes else ""
         return f"{r.samples_per_s:.1f} samples/s{ram}"
-    return f"{r.outcome}{': ' + r.detail if r.detail else ''}"
+    return outcome_text(r.outcome, r.detail)
 
 
 def run_sweep(
