@@ -96,19 +96,18 @@ def rewrite(
         a = bound.arguments
         extra = a.get("kwargs") if isinstance(a.get("kwargs"), dict) else None
         original = {k: _get(a, extra, k, orig) for k in TUNED}
-        applied: dict[str, Any] = {}
         not_tunable: str | None = None
+        batch_sampler = _get(a, extra, "batch_sampler", orig)
+        if batch_sampler is not None:
+            original["batch_size"] = getattr(batch_sampler, "batch_size", None)
+            not_tunable = "batch_size is not tunable: the loader is built with a batch_sampler"
+        elif original["batch_size"] is None:
+            not_tunable = "batch_size is not tunable: the loader does not batch (batch_size=None)"
+        applied: dict[str, Any] = {}
         for key in TUNED:
             value = cfg.get(key)
-            if value is None:
+            if value is None or (key == "batch_size" and not_tunable):
                 continue
-            if key == "batch_size":
-                if _get(a, extra, "batch_sampler", orig) is not None:
-                    not_tunable = "batch_size is not tunable: the loader is built with a batch_sampler"
-                    continue
-                if original["batch_size"] is None:
-                    not_tunable = "batch_size is not tunable: the loader does not batch (batch_size=None)"
-                    continue
             _set(a, extra, key, value)
             applied[key] = value
         workers = _get(a, extra, "num_workers", orig)

@@ -52,16 +52,16 @@ class Config:
 @dataclass(frozen=True, slots=True)
 class Plan:
     workers: tuple[int, ...]
-    batch_sizes: tuple[int, ...] | None  # None: the script's own and its neighbours x1/2 x2
+    batch_sizes: tuple[int | None, ...] | None  # None: the script's own and its neighbours x1/2 x2
     pin_memory: tuple[bool | None, ...] = (None,)
     prefetch_factors: tuple[int | None, ...] = (None,)
 
-    def grid(self, batch_sizes: tuple[int, ...]) -> list[Config]:
+    def grid(self, batch_sizes: tuple[int | None, ...]) -> list[Config]:
         """Batch sizes ascending, then pin, prefetch, and workers ascending: the order the skip
         rules need (a smaller configuration is always measured before a larger one)."""
         return [
             Config(w, b, pin, pf if w > 0 else None)
-            for b in sorted(set(batch_sizes))
+            for b in sorted(set(batch_sizes), key=lambda b: b or 0)
             for pin in self.pin_memory
             for pf in self.prefetch_factors
             for w in sorted(set(self.workers))

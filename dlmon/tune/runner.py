@@ -18,7 +18,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dlmon.agent._tune import ENV_CONFIG, ENV_STATUS
 from dlmon.collect.sampler import NoSuchProcess, Sampler
@@ -233,15 +233,11 @@ def _measure(
         not_tunable = status.get("not_tunable")
         if isinstance(not_tunable, str):
             detail = f"{detail}; {not_tunable}" if detail else not_tunable
+        ran = config
+        if config.batch_size is None or isinstance(not_tunable, str):  # it ran with the script's own
+            ran = replace(config, batch_size=(own if isinstance(own, int) else None) or script_batch)
         return Result(
-            config=config
-            if config.batch_size is not None
-            else Config(
-                config.workers,
-                script_batch or (own if isinstance(own, int) else None),
-                config.pin_memory,
-                config.prefetch_factor,
-            ),
+            config=ran,
             outcome=outcome,
             detail=detail,
             samples_per_s=sps,

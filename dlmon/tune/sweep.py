@@ -103,11 +103,12 @@ def run_sweep(
             results.append(r)
             save(results, False)
             own = r.script_batch_size or r.config.batch_size
-            if own is None:
-                raise SweepAborted("cannot tell the script's batch size; give --batch-sizes")
-        batches = default_batch_sizes(own)
         if any(NOT_TUNABLE in r.detail for r in results):
             batches = (own,)
+        elif own is None:
+            raise SweepAborted("cannot tell the script's batch size; give --batch-sizes")
+        else:
+            batches = default_batch_sizes(own)
 
     done = {r.config.key() for r in results}
     todo = [c for c in plan.grid(batches) if c.key() not in done]
