@@ -632,6 +632,9 @@ TUNE_SETTINGS = {"ignore_unknown_options": True, "allow_interspersed_args": Fals
     metavar="S",
     help="Give up on a configuration whose DataLoader has not started after S (default 60).",
 )
+@click.option(
+    "--loader-only", is_flag=True, help="Iterate the DataLoader without the training step: its ceiling."
+)
 @click.option("--force", is_flag=True, help="Run configurations the measurements say cannot fit.")
 @click.option("--json", "json_path", metavar="FILE", help="Write the sweep to FILE as it goes (JSON).")
 @click.option("--csv", "csv_path", metavar="FILE", help="Write the table to FILE (CSV) at the end.")
@@ -647,6 +650,7 @@ def tune(
     batches_n: int | None,
     loader: str | None,
     warmup_text: str,
+    loader_only: bool,
     force: bool,
     json_path: str | None,
     csv_path: str | None,
@@ -678,5 +682,6 @@ def tune(
             csv_path,
             resume_path,
             no_plot,
+            loader_only=loader_only,
         )
     )

@@ -22,6 +22,7 @@ import inspect
 import json
 import os
 import sys
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -124,6 +125,8 @@ def rewrite(
         _write_status()
         _install_excepthook()
         _maybe_fake_cuda_oom(_get(a, extra, "batch_size", orig))
+        if cfg.get("loader_only") and args:
+            _iterate_only(args[0])
         return tuple(bound.args), dict(bound.kwargs)
     except Exception as exc:
         S.status["error"] = f"{type(exc).__name__}: {exc}"[:300]
@@ -163,6 +166,29 @@ def _set(a: dict[str, Any], extra: dict[str, Any] | None, key: str, value: Any) 
         extra[key] = value
     else:
         a[key] = value
+
+
+def _iterate_only(loader: Any) -> None:
+    """``--loader-only``: iterating this loader consumes it epoch after epoch and never hands a
+    batch to the training step, so the agent measures the input pipeline's ceiling. It ends with
+    dlmon's SIGINT (KeyboardInterrupt), or returns to the script if an epoch is empty."""
+    cls = type(loader)
+    original = cls.__iter__
+    target = weakref.ref(loader)
+
+    def __iter__(self: Any) -> Any:
+        if target() is self:
+            while True:
+                got = False
+                for _ in original(self):
+                    got = True
+                if not got:
+                    break
+        return original(self)
+
+    cls.__iter__ = __iter__
+    S.status["loader_only"] = True
+    _write_status()
 
 
 def _is_cuda_oom(exc: BaseException) -> bool:

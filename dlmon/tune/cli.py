@@ -92,6 +92,7 @@ def run_tune(
     csv_path: str | None,
     resume_path: str | None,
     no_plot: bool,
+    loader_only: bool = False,
 ) -> int:
     prior: list[Result] = []
     try:
@@ -124,7 +125,9 @@ def run_tune(
         if json_path:
             atomic_write(json_path, sweep_json(command, plan_to_dict(plan), results, complete))
 
-    opts = RunOptions(seconds=seconds, batches=batches_n, loader=loader, warmup_timeout_s=warmup)
+    opts = RunOptions(
+        seconds=seconds, batches=batches_n, loader=loader, warmup_timeout_s=warmup, loader_only=loader_only
+    )
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         window = f"{seconds:g} s" if seconds else f"{batches_n} batches"
@@ -149,6 +152,8 @@ def run_tune(
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+    if loader_only:
+        print("loader only: the DataLoader iterated without the training step (the input pipeline's ceiling)")
     print_outcome(end.results, plot=not no_plot)
     if csv_path:
         try:

@@ -36,7 +36,7 @@ class Config:
             parts.append(f"prefetch {self.prefetch_factor}")
         return f" {TIMES} ".join(parts[:2]) + ("" if len(parts) == 2 else ", " + ", ".join(parts[2:]))
 
-    def agent_json(self, loader: str | None) -> str:
+    def agent_json(self, loader: str | None, loader_only: bool = False) -> str:
         """The DLMON_TUNE value for the agent (JSON, never pickle)."""
         return json.dumps(
             {
@@ -45,6 +45,7 @@ class Config:
                 "pin_memory": self.pin_memory,
                 "prefetch_factor": self.prefetch_factor if self.workers > 0 else None,
                 "loader": loader,
+                "loader_only": loader_only,
             }
         )
 

@@ -56,6 +56,7 @@ class RunOptions:
     seconds: float | None = 10.0  # measuring window
     batches: int | None = None  # or a number of batches
     loader: str | None = None  # file:line
+    loader_only: bool = False  # iterate the loader without the training step
     warmup_timeout_s: float = 60.0
     interval_s: float = 0.25
     stop_grace_s: float = 10.0
@@ -166,7 +167,7 @@ def run_config(
     os.close(status_fd)
     os.unlink(status_path)  # the agent creates it (temp + rename)
     env = dict(os.environ)
-    env[ENV_CONFIG] = config.agent_json(opts.loader)
+    env[ENV_CONFIG] = config.agent_json(opts.loader, opts.loader_only)
     env[ENV_STATUS] = status_path
     started = time.monotonic()
     try:

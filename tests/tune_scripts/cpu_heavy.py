@@ -24,14 +24,27 @@ def main():
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--steps", type=int, default=0, help="0: until interrupted")
+    p.add_argument("--measure", type=float, default=0, help="print samples/s over S s after warm-up, exit")
     a = p.parse_args()
     torch.set_num_threads(1)
     model = torch.nn.Linear(16, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     loader = DataLoader(Burn(), batch_size=a.batch_size, num_workers=a.workers, shuffle=True)
     steps = 0
+    first = start = None
+    counted = 0
     while True:
         for x in loader:
+            now = time.perf_counter()
+            if a.measure:  # the manual measurement dlmon tune is compared with (benchmarks/tune_knee.py)
+                first = first or now
+                if start is None and steps >= 3 and now - first >= 1.0:
+                    start = now
+                elif start is not None:
+                    counted += x.shape[0]
+                    if now - start >= a.measure:
+                        print(f"samples/s {counted / (now - start):.1f}", flush=True)
+                        return
             loss = model(x).pow(2).mean()
             opt.zero_grad()
             loss.backward()
