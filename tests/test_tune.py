@@ -205,6 +205,32 @@ def test_a_batch_sampler_loader_is_swept_over_workers_only(tmp_path: Path) -> No
     assert "batch_size is not tunable: the loader is built with a batch_sampler" in done.stdout
 
 
+@pytest.mark.slow
+def test_loader_only_shows_the_input_pipelines_ceiling_above_the_training(tmp_path: Path) -> None:
+    speeds = {}
+    for mode in ((), ("--loader-only",)):
+        out_json = tmp_path / f"sweep{len(mode)}.json"
+        done = run_tune(
+            *tune_cmd(
+                *mode,
+                "--workers",
+                "0",
+                "--batch-sizes",
+                "16",
+                "--seconds-per-config",
+                "2",
+                "--json",
+                str(out_json),
+            ),
+            *script("trivial.py"),
+        )
+        assert done.returncode == 0, done.stderr
+        speeds[mode] = results_of(out_json)[(0, 16)]["samples_per_s"]
+    assert "input pipeline's ceiling" in done.stdout
+    # the trivial loader is far faster than the ~5 ms training step lets the training go
+    assert speeds[("--loader-only",)] > 5 * speeds[()], speeds
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
