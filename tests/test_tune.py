@@ -42,41 +42,49 @@ def results_of(path: Path) -> dict[tuple[int, int], dict[str, object]]:
     return {(r["config"]["workers"], r["config"]["batch_size"]): r for r in data["results"]}
 
 
+def sweep_ratio(tmp_path: Path, name: str) -> float:
+    """samples/s with 2 workers over samples/s with none, through dlmon tune; checks the output."""
+    out_json = tmp_path / f"{name}.json"
+    out_csv = tmp_path / f"{name}.csv"
+    done = run_tune(
+        *tune_cmd(
+            "--workers",
+            "0,2",
+            "--batch-sizes",
+            "16",
+            "--seconds-per-config",
+            "3",
+            "--json",
+            str(out_json),
+            "--csv",
+            str(out_csv),
+        ),
+        *script(name),
+    )
+    assert done.returncode == 0, done.stderr
+    res = results_of(out_json)
+    assert {r["outcome"] for r in res.values()} == {"ok"}, done.stdout
+    assert "workers  batch  pin  samples/s" in done.stdout
+    assert "recommended: " in done.stdout and "paste: DataLoader(dataset, batch_size=16" in done.stdout
+    assert "learning rate" in done.stdout
+    assert out_csv.read_text().splitlines()[0].startswith("workers,batch_size,pin_memory")
+    assert json.loads(out_json.read_text())["complete"] is True
+    return float(res[(2, 16)]["samples_per_s"]) / float(res[(0, 16)]["samples_per_s"])
+
+
 @pytest.mark.slow
 def test_more_workers_help_a_cpu_heavy_dataset_and_not_a_trivial_one(tmp_path: Path) -> None:
-    ratios = {}
-    for name in ("cpu_heavy.py", "trivial.py"):
-        out_json = tmp_path / f"{name}.json"
-        out_csv = tmp_path / f"{name}.csv"
-        done = run_tune(
-            *tune_cmd(
-                "--workers",
-                "0,2",
-                "--batch-sizes",
-                "16",
-                "--seconds-per-config",
-                "3",
-                "--json",
-                str(out_json),
-                "--csv",
-                str(out_csv),
-            ),
-            *script(name),
-        )
-        assert done.returncode == 0, done.stderr
-        res = results_of(out_json)
-        assert {r["outcome"] for r in res.values()} == {"ok"}, done.stdout
-        ratios[name] = res[(2, 16)]["samples_per_s"] / res[(0, 16)]["samples_per_s"]
-        assert "workers  batch  pin  samples/s" in done.stdout
-        assert "recommended: " in done.stdout and "paste: DataLoader(dataset, batch_size=16" in done.stdout
-        assert "learning rate" in done.stdout
-        assert out_csv.read_text().splitlines()[0].startswith("workers,batch_size,pin_memory")
-        assert json.loads(out_json.read_text())["complete"] is True
-    # 2 workers on 2 shared cores: a quiet machine gives ~1.9x for the CPU-heavy dataset; under the
-    # load of a busy machine less, but always clearly more than for the trivial one.
-    assert ratios["cpu_heavy.py"] > 1.1, ratios
-    assert ratios["cpu_heavy.py"] > ratios["trivial.py"] + 0.1, ratios
-    assert ratios["trivial.py"] < 1.2, ratios
+    # 2 workers on 2 cores: a quiet machine gives ~1.9x for the CPU-heavy dataset and ~1x for the
+    # trivial one. A machine shared with other busy jobs can swing one 3 s window by 30%, so the
+    # pair is measured again (at most 3 times) until the comparison is clear.
+    tried = []
+    for _ in range(3):
+        ratios = {name: sweep_ratio(tmp_path, name) for name in ("cpu_heavy.py", "trivial.py")}
+        tried.append(ratios)
+        heavy, trivial = ratios["cpu_heavy.py"], ratios["trivial.py"]
+        if heavy > 1.2 and heavy > trivial + 0.15 and trivial < 1.2:
+            return
+    raise AssertionError(f"2 workers / 0 workers, per attempt: {tried}")
 
 
 @pytest.fixture
@@ -108,13 +116,12 @@ def test_a_configuration_beyond_the_cgroup_cap_is_stopped_and_the_sweep_goes_on(
     assert done.returncode == 0, done.stderr
     res = results_of(out_json)
     assert res[(0, 8)]["outcome"] == "ok" and res[(1, 8)]["outcome"] == "ok"
-    assert res[(0, 256)]["outcome"] in ("would_oom", "host_oom"), res[(0, 256)]
+    assert res[(0, 256)]["outcome"] == "would_oom", res[(0, 256)]
     assert res[(1, 256)]["outcome"] == "skipped"
     assert f"needs at least the memory of 0 workers {X} batch 256" in res[(1, 256)]["detail"]
     assert res[(0, 256)]["limit_source"] == "cgroup"
-    if res[(0, 256)]["outcome"] == "would_oom":
-        assert "would OOM at ~" in done.stdout
-        assert "oom_kill 0" in (memory_cgroup / "memory.oom_control").read_text()  # stopped before
+    assert "would OOM at ~" in done.stdout
+    assert "oom_kill 0" in (memory_cgroup / "memory.oom_control").read_text()  # stopped before the killer
 
 
 @pytest.mark.slow
