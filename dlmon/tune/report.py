@@ -48,7 +48,7 @@ def table(results: Sequence[Result]) -> str:
         "VRAM peak",
         "outcome",
     )
-    rows = [header]
+    rows: list[tuple[str, ...]] = [header]
     for r in results:
         c = r.config
         outcome = outcome_text(r.outcome, r.detail)
@@ -66,7 +66,10 @@ def table(results: Sequence[Result]) -> str:
                 outcome,
             )
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
+    if any(r.config.prefetch_factor is not None for r in results):  # a column only when swept
+        prefetch = ["prefetch"] + [str(r.config.prefetch_factor or NONE) for r in results]
+        rows = [(*row[:3], pf, *row[3:]) for row, pf in zip(rows, prefetch, strict=True)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     lines = []
     for row in rows:
         cells = [cell.rjust(widths[i]) for i, cell in enumerate(row[:-1])]
