@@ -187,3 +187,19 @@ print(json.dumps([l.num_workers, l.prefetch_factor, l.persistent_workers]))
 """
     loaders, _ = run_with_tune(tmp_path, {"num_workers": 0}, script)
     assert loaders == [0, None, False]
+
+
+def test_tune_keeps_the_layers_apart() -> None:
+    """dlmon.tune never loads plotext (only dlmon.ui.tune_plot does); the agent's part is stdlib only."""
+    code = (
+        "import json, sys\n"
+        "import dlmon.tune.cli, dlmon.tune.sweep, dlmon.tune.runner\n"
+        "before = set(sys.modules)\n"
+        "import dlmon.agent._tune\n"
+        "print(json.dumps([sorted(before), sorted(set(sys.modules) - before)]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    tune_modules, agent_new = json.loads(out.stdout)
+    assert "dlmon.tune.runner" in tune_modules
+    assert not [m for m in tune_modules if m.split(".")[0] in ("plotext", "textual", "rich", "torch")]
+    assert [m for m in agent_new if not m.startswith("dlmon")] == []

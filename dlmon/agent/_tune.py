@@ -18,7 +18,6 @@ torch's ``OutOfMemoryError`` ("CUDA out of memory") when the tuned batch size is
 from __future__ import annotations
 
 import contextlib
-import inspect
 import json
 import os
 import sys
@@ -93,6 +92,8 @@ def rewrite(
             _write_status()
             return args, kwargs
         S.target_taken = True
+        import inspect  # only when tuning: the agent's import stays cheap
+
         bound = inspect.signature(orig).bind(*args, **kwargs)
         a = bound.arguments
         extra = a.get("kwargs") if isinstance(a.get("kwargs"), dict) else None
@@ -144,6 +145,8 @@ def _site_matches(name: str, wanted: str) -> bool:
 
 
 def _default(orig: Callable[..., None], key: str) -> Any:
+    import inspect
+
     try:
         param = inspect.signature(orig).parameters.get(key)
     except (TypeError, ValueError):
