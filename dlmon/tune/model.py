@@ -53,7 +53,7 @@ class Result:
     samples_per_s: float | None = None
     samples_per_s_spread: float | None = None  # standard deviation of the per-tick rates
     data_wait: float | None = None  # share of the training's time spent waiting for batches
-    startup_s: float | None = None  # launch to the first batch of the tuned loader
+    startup_s: float | None = None  # worker start-up: building the iterator and its first batch (agent)
     measured_s: float | None = None
     batches: int | None = None
     peak_pss_bytes: int | None = None  # the job: trainer + workers
@@ -66,6 +66,7 @@ class Result:
     stop_s: float | None = None  # SIGINT to exit
     loader: str | None = None  # the tuned DataLoader's site, file:line
     script_batch_size: int | None = None  # the script's own batch size
+    first_batch_s: float | None = None  # launch to the tuned loader's first batch (imports included)
 
 
 def projected_peak(times: Sequence[float], values: Sequence[int], horizon_s: float) -> float | None:

@@ -17,10 +17,11 @@ import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from dlmon.agent._tune import ENV_CONFIG, ENV_STATUS
+from dlmon.collect.agent_client import AgentClient, AgentReading
 from dlmon.collect.sampler import NoSuchProcess, Sampler
 from dlmon.collect.system import read_meminfo
 from dlmon.launch.runner import Training, launch
@@ -45,6 +46,30 @@ WARM_BATCHES = 3  # batches of the tuned loader before the window opens
 WARM_SECONDS = 1.0  # and seconds after its first batch
 GROWTH_WINDOW_S = 3.0  # memory readings the growth rate is fitted over
 LOG_TAIL_LINES = 5
+
+
+class _KeepingClient(AgentClient):
+    """The agent client that keeps its last reading (the per-loader start-up time is in it)."""
+
+    last: AgentReading | None = None
+
+    def poll(self, pids: int | Iterable[int]) -> AgentReading | None:
+        reading = super().poll(pids)
+        if reading is not None:
+            self.last = reading
+        return reading
+
+
+def _agent_startup(client: _KeepingClient, loader: LoaderSample) -> float | None:
+    """Seconds the agent counted building the loader's iterator and waiting for its first batch."""
+    figure = getattr(loader, "startup_s", None)  # a LoaderSample field, where the agent reports one
+    if isinstance(figure, (int, float)):
+        return float(figure)
+    reading = client.last
+    for detail in reading.details if reading is not None else ():
+        if detail.id == loader.id and detail.pid == loader.pid:
+            return detail.startup_wait_s_total
+    return None
 
 
 class CannotRun(Exception):
@@ -198,8 +223,10 @@ def _measure(
 ) -> Result:
     peaks = _Peaks()
     status: dict[str, object] = {}
+    client = _KeepingClient()
+    startup: float | None = None
     try:
-        sampler = Sampler(training.pid, unlimited_smaps=True, exit_code=training.exit_code)
+        sampler = Sampler(training.pid, unlimited_smaps=True, exit_code=training.exit_code, agent=client)
     except NoSuchProcess:
         sampler = None
     first: Snapshot | None = None
@@ -227,9 +254,6 @@ def _measure(
             spread = statistics.pstdev(rates) if len(rates) > 1 else None
         original = status.get("original")
         own = original.get("batch_size") if isinstance(original, dict) else None
-        startup = getattr(target, "startup_s", None) if target is not None else None
-        if not isinstance(startup, (int, float)):
-            startup = first_batch_at - started if first_batch_at is not None else None
         name = status.get("loader")
         not_tunable = status.get("not_tunable")
         if isinstance(not_tunable, str):
@@ -245,6 +269,7 @@ def _measure(
             samples_per_s_spread=spread,
             data_wait=statistics.fmean(waits) if waits else None,
             startup_s=startup,
+            first_batch_s=first_batch_at - started if first_batch_at is not None else None,
             measured_s=measured,
             batches=batches,
             peak_pss_bytes=peaks.pss,
@@ -327,6 +352,7 @@ def _measure(
                     and time.monotonic() - first_batch_at >= WARM_SECONDS
                 )
                 if warm:
+                    startup = _agent_startup(client, target)
                     window_start = (snap.time, target.samples_total, batches_total)
                     window_end = window_start
                     deadline = time.monotonic() + 3 * (opts.seconds or 30.0) + opts.warmup_timeout_s
