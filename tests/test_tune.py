@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -128,6 +129,25 @@ def test_a_configuration_beyond_the_cgroup_cap_is_stopped_and_the_sweep_goes_on(
     assert res[(0, 256)]["limit_source"] == "cgroup"
     assert "would OOM at ~" in done.stdout
     assert "oom_kill 0" in (memory_cgroup / "memory.oom_control").read_text()  # stopped before the killer
+
+
+@pytest.mark.slow
+def test_a_small_dev_shm_is_reported_as_shm_exhausted_and_larger_configs_skipped(tmp_path: Path) -> None:
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare for a private /dev/shm")
+    out_json = tmp_path / "sweep.json"
+    args = tune_cmd(
+        "--workers", "0,2", "--batch-sizes", "4,16", "--seconds-per-config", "1", "--json", str(out_json)
+    ) + script("big_samples.py")
+    shell = 'mount -t tmpfs -o size=6m tmpfs /dev/shm && exec "$@"'
+    done = run_tune("unshare", "-m", "sh", "-c", shell, "sh", *args)
+    assert done.returncode == 0, done.stderr
+    res = results_of(out_json)
+    assert res[(0, 4)]["outcome"] == "ok" and res[(0, 16)]["outcome"] == "ok"
+    assert res[(2, 4)]["outcome"] == "shm_exhausted", res[(2, 4)]
+    assert "SIGBUS (/dev/shm full, 6 MiB)" in res[(2, 4)]["detail"]
+    assert res[(2, 16)]["outcome"] == "skipped"
+    assert "shm exhausted" in done.stdout
 
 
 @pytest.mark.slow

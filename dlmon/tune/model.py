@@ -32,7 +32,7 @@ OUTCOME_TEXT = {
     CRASHED: "crashed",
     SKIPPED: "skipped",
 }
-MEMORY_FAILURES = (WOULD_OOM, HOST_OOM)
+MEMORY_FAILURES = (WOULD_OOM, HOST_OOM, SHM)  # more workers or a larger batch need at least as much
 
 
 def outcome_text(outcome: str, detail: str) -> str:

@@ -168,7 +168,9 @@ def classify_exit(
         return CUDA_OOM, str(status.get("message") or "CUDA out of memory")
     deaths = last.worker_deaths if last is not None else ()
     if any(d.signal == signal.SIGBUS for d in deaths) or "Bus error" in tail or "shared memory" in tail:
-        return SHM, "a worker died of SIGBUS (/dev/shm full)"
+        size = last.shm.total_bytes if last is not None and last.shm is not None else None
+        where = f"/dev/shm full, {size / 2**20:.0f} MiB" if size else "/dev/shm full"
+        return SHM, f"a worker died of SIGBUS ({where})"
     oom_after = last.cgroup.oom_kill_count if last is not None and last.cgroup is not None else None
     if oom_before is not None and oom_after is not None and oom_after > oom_before:
         return HOST_OOM, f"the cgroup's OOM killer fired ({oom_after - oom_before} kill(s))"
