@@ -67,6 +67,9 @@ class Result:
     loader: str | None = None  # the tuned DataLoader's site, file:line
     script_batch_size: int | None = None  # the script's own batch size
     first_batch_s: float | None = None  # launch to the tuned loader's first batch (imports included)
+    # RssAnon and RssFile summed over the job (pages shared by forked workers count in each)
+    peak_rss_anon_bytes: int | None = None
+    peak_rss_file_bytes: int | None = None
 
 
 def projected_peak(times: Sequence[float], values: Sequence[int], horizon_s: float) -> float | None:

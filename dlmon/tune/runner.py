@@ -94,9 +94,15 @@ class _Peaks:
     worker_uss: int | None = None
     shm: int | None = None
     vram: int | None = None
+    rss_anon: int | None = None
+    rss_file: int | None = None
 
     def add(self, snap: Snapshot) -> None:
         m = snap.memory
+        anon = [p.rss_anon_bytes for p in snap.processes if p.rss_anon_bytes is not None]
+        files = [p.rss_file_bytes for p in snap.processes if p.rss_file_bytes is not None]
+        self.rss_anon = _max(self.rss_anon, sum(anon) if anon else None)
+        self.rss_file = _max(self.rss_file, sum(files) if files else None)
         self.pss = _max(self.pss, m.pss_sum_bytes)
         self.uss = _max(self.uss, m.uss_sum_bytes)
         for p in snap.workers():
@@ -272,6 +278,8 @@ def _measure(
             data_wait=statistics.fmean(waits) if waits else None,
             startup_s=startup,
             first_batch_s=first_batch_at - started if first_batch_at is not None else None,
+            peak_rss_anon_bytes=peaks.rss_anon,
+            peak_rss_file_bytes=peaks.rss_file,
             measured_s=measured,
             batches=batches,
             peak_pss_bytes=peaks.pss,
