@@ -203,3 +203,34 @@ def test_tune_keeps_the_layers_apart() -> None:
     assert "dlmon.tune.runner" in tune_modules
     assert not [m for m in tune_modules if m.split(".")[0] in ("plotext", "textual", "rich", "torch")]
     assert [m for m in agent_new if not m.startswith("dlmon")] == []
+
+
+CPU_V1 = Path("/sys/fs/cgroup/cpu")
+
+
+def usable_cores_in(shell: str) -> int:
+    code = "from dlmon.tune.plan import usable_cores; print(usable_cores())"
+    out = subprocess.run(
+        ["sh", "-c", shell, "sh", sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    return int(out.stdout)
+
+
+@pytest.mark.skipif(os.cpu_count() == 1, reason="one core: nothing to cap")
+def test_default_workers_follow_the_affinity_and_the_cgroup_cpu_quota() -> None:
+    assert usable_cores_in('exec taskset -c 0 "$@"') == 1
+    if os.geteuid() != 0 or not (CPU_V1 / "cpu.cfs_quota_us").exists():
+        pytest.skip("needs root and a cgroup v1 cpu hierarchy")
+    group = CPU_V1 / f"dlmon-tune-cpu-{os.getpid()}"
+    group.mkdir()
+    try:
+        (group / "cpu.cfs_period_us").write_text("100000")
+        (group / "cpu.cfs_quota_us").write_text("100000")  # one core
+        assert usable_cores_in(f'echo $$ > {group}/cgroup.procs && exec "$@"') == 1
+        assert usable_cores_in('exec "$@"') == len(os.sched_getaffinity(0))
+    finally:
+        group.rmdir()
