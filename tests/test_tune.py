@@ -152,16 +152,18 @@ def test_a_small_dev_shm_is_reported_as_shm_exhausted_and_larger_configs_skipped
 
 @pytest.mark.slow
 def test_cuda_oom_through_the_agents_seam_ends_that_config_only(tmp_path: Path) -> None:
+    """No --batch-sizes: the first run uses the script's own (16, which hits the fake CUDA OOM), then
+    its neighbours x1/2 and x2 follow."""
     out_json = tmp_path / "sweep.json"
     done = run_tune(
-        *tune_cmd(
-            "--workers", "0", "--batch-sizes", "8,16,32", "--seconds-per-config", "1", "--json", str(out_json)
-        ),
-        *script("cpu_heavy.py"),
+        *tune_cmd("--workers", "0", "--seconds-per-config", "1", "--json", str(out_json)),
+        *script("cpu_heavy.py", "--batch-size", "16"),
         env={"DLMON_TUNE_FAKE_CUDA_OOM": "16"},
     )
     assert done.returncode == 0, done.stderr
     res = results_of(out_json)
+    assert sorted(res) == [(0, 8), (0, 16), (0, 32)]
+    assert next(iter(res)) == (0, 16)  # the script's own batch size ran first
     assert res[(0, 8)]["outcome"] == "ok"
     assert res[(0, 16)]["outcome"] == "cuda_oom"
     assert "CUDA out of memory" in res[(0, 16)]["detail"]
@@ -210,17 +212,6 @@ def test_ctrl_c_keeps_what_was_measured_and_resume_finishes(tmp_path: Path) -> N
     res = results_of(out_json)
     assert set(res) == {(0, 8), (1, 8)} and {r["outcome"] for r in res.values()} == {"ok"}
     assert json.loads(out_json.read_text())["complete"] is True
-
-
-@pytest.mark.slow
-def test_the_script_batch_size_is_learned_and_its_neighbours_swept(tmp_path: Path) -> None:
-    out_json = tmp_path / "sweep.json"
-    done = run_tune(
-        *tune_cmd("--workers", "0", "--seconds-per-config", "1", "--json", str(out_json)),
-        *script("trivial.py", "--batch-size", "12"),
-    )
-    assert done.returncode == 0, done.stderr
-    assert sorted(results_of(out_json)) == [(0, 6), (0, 12), (0, 24)]
 
 
 @pytest.mark.slow
