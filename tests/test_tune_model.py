@@ -177,6 +177,25 @@ def test_a_batch_sampler_loader_gets_its_workers_but_its_batch_size_is_not_tunab
     assert "not tunable" in status["not_tunable"]
 
 
+def test_a_loader_built_every_epoch_is_tuned_every_time(tmp_path: Path) -> None:
+    script = """
+import torch, json
+from torch.utils.data import DataLoader, TensorDataset
+data = TensorDataset(torch.randn(8, 2))
+other = DataLoader(data, batch_size=2)
+seen = []
+for epoch in range(3):
+    loader = DataLoader(data, batch_size=2)
+    seen.append([loader.num_workers, loader.batch_size])
+print(json.dumps(seen + [[other.num_workers, other.batch_size]]))
+"""
+    loaders, status = run_with_tune(
+        tmp_path, {"num_workers": 1, "batch_size": 4, "loader": "loaders.py:8"}, script
+    )
+    assert loaders == [[1, 4], [1, 4], [1, 4], [0, 2]]
+    assert status["loader"].endswith("loaders.py:8")
+
+
 def test_zero_workers_drops_the_options_torch_refuses_without_workers(tmp_path: Path) -> None:
     script = """
 import torch, json

@@ -4,7 +4,7 @@ Standard library only. ``DLMON_TUNE`` holds JSON (never pickle), e.g.
 ``{"num_workers": 4, "batch_size": 64, "pin_memory": true, "prefetch_factor": 2, "loader": "train.py:42"}``;
 a key that is absent or null keeps the script's own value. ``loader`` picks the DataLoader by the
 ``file:line`` where it is constructed; without it, the first DataLoader constructed is the target.
-Only that one loader is changed.
+Only loaders built at that site change (all of them: a script may build its loader every epoch).
 
 What happened is written to the JSON file named by ``DLMON_TUNE_STATUS`` (temp file + rename):
 the target's site, the script's own arguments, the applied ones, why the batch size could not be
@@ -35,7 +35,7 @@ MAX_SEEN = 32
 class _State:
     config: dict[str, Any] | None = None
     loaded = False
-    target_taken = False
+    target_site: str | None = None  # every loader built there is tuned (one built per epoch too)
     status: dict[str, Any] = {}
     seen: list[str] = []
     hook_installed = False
@@ -80,18 +80,22 @@ def rewrite(
     """The DataLoader ``__init__`` arguments to use: ``(self, *args)`` and ``kwargs`` as given
     unless this loader is the tuning target. Never raises: on any doubt the arguments pass as is."""
     cfg = _config()
-    if cfg is None or S.target_taken:
+    if cfg is None:
         return args, kwargs
     try:
         name = site or "?"
-        if len(S.seen) < MAX_SEEN:
-            S.seen.append(name)
-        wanted = cfg.get("loader")
-        if wanted and not _site_matches(name, str(wanted)):
-            S.status["seen"] = list(S.seen)
-            _write_status()
-            return args, kwargs
-        S.target_taken = True
+        if S.target_site is not None:
+            if name != S.target_site:
+                return args, kwargs
+        else:
+            if len(S.seen) < MAX_SEEN:
+                S.seen.append(name)
+            wanted = cfg.get("loader")
+            if wanted and not _site_matches(name, str(wanted)):
+                S.status["seen"] = list(S.seen)
+                _write_status()
+                return args, kwargs
+            S.target_site = name
         import inspect  # only when tuning: the agent's import stays cheap
 
         bound = inspect.signature(orig).bind(*args, **kwargs)
@@ -235,7 +239,7 @@ def _maybe_fake_cuda_oom(batch_size: Any) -> None:
         threshold = int(raw)
     except ValueError:
         return
-    if batch_size < threshold:
+    if batch_size < threshold or getattr(torch.Tensor.backward, "__wrapped__", None) is not None:
         return
     error = getattr(torch, "OutOfMemoryError", RuntimeError)
     original_backward = torch.Tensor.backward

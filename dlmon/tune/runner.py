@@ -147,15 +147,21 @@ def log_tail(path: str | None, lines: int = LOG_TAIL_LINES) -> str:
     return " | ".join(kept[-lines:])
 
 
-def _target_loader(snap: Snapshot, pid: int, name: object) -> LoaderSample | None:
+def _target_loaders(snap: Snapshot, name: object) -> list[LoaderSample]:
+    """The tuned loader in every process that built it (one per rank under torchrun), live first."""
     if not isinstance(name, str):
-        return None
+        return []
     want_file, _, want_line = name.rpartition(":")
+    found = []
     for ls in snap.loaders:
         file, _, line = ls.name.rpartition(":")
-        if ls.pid == pid and line == want_line and os.path.basename(file) == os.path.basename(want_file):
-            return ls
-    return None
+        if line == want_line and os.path.basename(file) == os.path.basename(want_file):
+            found.append(ls)
+    return sorted(found, key=lambda ls: not ls.alive)
+
+
+def _sum(values: list[int | None]) -> int | None:
+    return None if any(v is None for v in values) else sum(v or 0 for v in values)
 
 
 def _memory_limit(first: Snapshot | None) -> tuple[int | None, str | None]:
@@ -251,6 +257,7 @@ def _measure(
     waits: list[float] = []
     script_batch: int | None = None
     target: LoaderSample | None = None
+    tuned: list[LoaderSample] = []
 
     def result(outcome: str, detail: str = "", stop_s: float | None = None) -> Result:
         sps = spread = None
@@ -337,7 +344,8 @@ def _measure(
         if isinstance(status.get("error"), str):
             return stop(CRASHED, f"dlmon's agent could not apply the configuration: {status['error']}")
         if snap is not None:
-            target = _target_loader(snap, training.pid, status.get("loader")) or target
+            tuned = _target_loaders(snap, status.get("loader"))
+            target = tuned[0] if tuned else target
             if target is not None and target.batch_size:
                 script_batch = script_batch or target.batch_size
         if limit and mem_v and "loader" in status:  # not while it imports torch and builds the data
@@ -351,8 +359,9 @@ def _measure(
                     f"at ~{projected / GIB:.2f} GiB (stopped at {mem_v[-1] / GIB:.2f} GiB, growing "
                     f"toward the {limit / GIB:.2f} GiB {limit_source} limit)",
                 )
-        if snap is not None and target is not None and target.samples_total is not None:
-            batches_total = target.batches_total or 0
+        samples_total = _sum([ls.samples_total for ls in tuned]) if snap is not None and tuned else None
+        if snap is not None and target is not None and samples_total is not None:
+            batches_total = _sum([ls.batches_total for ls in tuned]) or 0
             if batches_total > 0 and first_batch_at is None:
                 first_batch_at = time.monotonic()
             if window_start is None:
@@ -363,15 +372,17 @@ def _measure(
                 )
                 if warm:
                     startup = _agent_startup(client, target)
-                    window_start = (snap.time, target.samples_total, batches_total)
+                    window_start = (snap.time, samples_total, batches_total)
                     window_end = window_start
                     deadline = time.monotonic() + 3 * (opts.seconds or 30.0) + opts.warmup_timeout_s
             else:
-                window_end = (snap.time, target.samples_total, batches_total)
-                if target.samples_per_s is not None:
-                    rates.append(target.samples_per_s)
-                if target.data_wait_fraction is not None:
-                    waits.append(target.data_wait_fraction)
+                window_end = (snap.time, samples_total, batches_total)
+                tick_rates = [ls.samples_per_s for ls in tuned if ls.samples_per_s is not None]
+                if tick_rates:
+                    rates.append(sum(tick_rates))  # the job's rate: all ranks together
+                tick_waits = [ls.data_wait_fraction for ls in tuned if ls.data_wait_fraction is not None]
+                if tick_waits:
+                    waits.append(statistics.fmean(tick_waits))
                 done_s = opts.seconds is not None and window_end[0] - window_start[0] >= opts.seconds
                 done_b = opts.batches is not None and window_end[2] - window_start[2] >= opts.batches
                 if done_s or done_b:
