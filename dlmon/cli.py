@@ -784,3 +784,102 @@ def diff(before: str, after: str, fail_on: tuple[str, ...]) -> None:
     result = compare(a, b, limits)
     click.echo(format_diff(a, b, result), nl=False)
     sys.exit(1 if result.verdict == "FAIL" else 0)
+
+
+TUNE_SETTINGS = {"ignore_unknown_options": True, "allow_interspersed_args": False}
+
+
+@main.command(context_settings=TUNE_SETTINGS)
+@click.option(
+    "--workers",
+    "workers_text",
+    metavar="LIST",
+    help="num_workers to try, e.g. 0,2,4,8 (default: 0 up to the usable cores).",
+)
+@click.option(
+    "--batch-sizes",
+    "batches_text",
+    metavar="LIST",
+    help="batch sizes, e.g. 32,64,128 (default: the script's own, x1/2 and x2).",
+)
+@click.option(
+    "--pin-memory",
+    "pin_text",
+    default="own",
+    metavar="on|off|both|own",
+    help="pin_memory to try (default: the script's own).",
+)
+@click.option("--prefetch-factor", "prefetch_text", metavar="LIST", help="prefetch factors, e.g. 2,4.")
+@click.option(
+    "--seconds-per-config",
+    "seconds_text",
+    default="10",
+    metavar="S",
+    help="Measuring window per configuration, after warm-up (default 10).",
+)
+@click.option("--batches", "batches_n", type=click.IntRange(1), help="Measure N batches instead.")
+@click.option(
+    "--loader",
+    metavar="FILE:LINE",
+    help="The DataLoader to tune, by where it is built (default: the first one built).",
+)
+@click.option(
+    "--warmup-timeout",
+    "warmup_text",
+    default="60",
+    metavar="S",
+    help="Give up on a configuration whose DataLoader has not started after S (default 60).",
+)
+@click.option(
+    "--loader-only", is_flag=True, help="Iterate the DataLoader without the training step: its ceiling."
+)
+@click.option("--force", is_flag=True, help="Run configurations the measurements say cannot fit.")
+@click.option("--json", "json_path", metavar="FILE", help="Write the sweep to FILE as it goes (JSON).")
+@click.option("--csv", "csv_path", metavar="FILE", help="Write the table to FILE (CSV) at the end.")
+@click.option("--resume", "resume_path", metavar="FILE", help="Continue the sweep saved in FILE.")
+@click.option("--no-plot", is_flag=True, help="No terminal plot after the table.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="-- CMD [ARGS]...")
+def tune(
+    workers_text: str | None,
+    batches_text: str | None,
+    pin_text: str,
+    prefetch_text: str | None,
+    seconds_text: str,
+    batches_n: int | None,
+    loader: str | None,
+    warmup_text: str,
+    loader_only: bool,
+    force: bool,
+    json_path: str | None,
+    csv_path: str | None,
+    resume_path: str | None,
+    no_plot: bool,
+    command: tuple[str, ...],
+) -> None:
+    """Measure num_workers x batch_size (x pin_memory, prefetch) on the unchanged training command.
+
+    \b
+      dlmon tune -- python train.py
+      dlmon tune --workers 0,2,4,8 --batch-sizes 32,64 --json sweep.json -- python train.py
+    """
+    from dlmon.tune.cli import run_tune
+
+    sys.exit(
+        run_tune(
+            list(command),
+            workers_text,
+            batches_text,
+            pin_text,
+            prefetch_text,
+            seconds_text,
+            batches_n,
+            loader,
+            warmup_text,
+            force,
+            json_path,
+            csv_path,
+            resume_path,
+            no_plot,
+            loader_only=loader_only,
+        )
+    )

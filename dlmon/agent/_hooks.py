@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import FrameType, ModuleType
 from typing import Any
 
-from dlmon.agent import _journal
+from dlmon.agent import _journal, _tune
 
 DATALOADER_MODULE = "torch.utils.data.dataloader"
 TORCH_SIGNAL_MODULE = "torch.utils.data._utils.signal_handling"
@@ -656,11 +656,23 @@ def _late_attach(it: Any, data: Any, t0: int, t1: int, first: bool) -> None:
 
 def _make_loader_init(orig: Callable[..., None]) -> Callable[..., None]:
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        orig(self, *args, **kwargs)
+        if _tune.active():  # dlmon tune: this loader's arguments may come from DLMON_TUNE
+            call_args, kwargs = _tune.rewrite(orig, _tune_site(self), (self, *args), kwargs)
+            orig(*call_args, **kwargs)
+        else:
+            orig(self, *args, **kwargs)
         with contextlib.suppress(Exception):
             _loader_constructed(self)
 
     return __init__
+
+
+def _tune_site(loader: Any) -> str | None:
+    try:
+        fn, line, _ = _user_site(loader)
+    except Exception:
+        return None
+    return f"{fn}:{line}" if fn is not None else None
 
 
 def _make_iter_init(orig: Callable[..., None]) -> Callable[..., None]:

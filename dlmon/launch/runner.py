@@ -146,8 +146,11 @@ def log_name(command: list[str]) -> str:
     return os.path.basename(command[0])
 
 
-def launch(command: list[str], *, to_log: bool, cwd: str | None = None) -> Training:
-    """Start ``command`` with the agent; raises FileNotFoundError/PermissionError for a bad command."""
+def launch(
+    command: list[str], *, to_log: bool, cwd: str | None = None, env: dict[str, str] | None = None
+) -> Training:
+    """Start ``command`` with the agent (in ``env``, default this process's environment); raises
+    FileNotFoundError/PermissionError for a bad command."""
     log_path: str | None = None
     if to_log:
         stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -163,7 +166,7 @@ def launch(command: list[str], *, to_log: bool, cwd: str | None = None) -> Train
             stdout=out,
             stderr=subprocess.STDOUT if to_log else None,
             start_new_session=True,
-            env=env_with_agent(),
+            env=env_with_agent(env),
             cwd=cwd,
             # dlmon's raised open-files limit is dlmon's: the training keeps the one it was given
             preexec_fn=restore_open_files_limit if limit_was_raised() else None,

@@ -1,0 +1,255 @@
+"""dlmon tune's pure parts (plan, memory model, knee, skip rules, recommendation, files) and the
+agent's override of a real DataLoader's arguments in a real Python process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dlmon.tune.model import (
+    CUDA_OOM,
+    GIB,
+    OK,
+    WOULD_OOM,
+    MemoryModel,
+    Result,
+    fit_memory,
+    knee,
+    projected_peak,
+    recommend,
+    skip_reason,
+)
+from dlmon.tune.plan import TIMES as X
+from dlmon.tune.plan import Config, Plan, PlanError, default_batch_sizes, default_workers, parse_int_list
+from dlmon.tune.report import (
+    ReportError,
+    atomic_write,
+    load_sweep,
+    paste_arguments,
+    recommendation_lines,
+    sweep_json,
+    table,
+)
+
+MIB = 2**20
+
+
+def ok(w: int, b: int, sps: float, peak: float = 1 * GIB, limit: int = 10 * GIB) -> Result:
+    return Result(Config(w, b), OK, samples_per_s=sps, peak_pss_bytes=int(peak), limit_bytes=limit)
+
+
+def test_lists_defaults_and_grid_order() -> None:
+    assert parse_int_list("4, 0,2,2", "--workers", 0) == (0, 2, 4)
+    with pytest.raises(PlanError, match="0 is not allowed"):
+        parse_int_list("0,16", "--batch-sizes", 1)
+    with pytest.raises(PlanError, match="not a whole number"):
+        parse_int_list("8,x", "--batch-sizes", 1)
+    assert default_workers(8) == (0, 1, 2, 4, 8)
+    assert default_workers(6) == (0, 1, 2, 4, 6)
+    assert default_batch_sizes(64) == (32, 64, 128)
+    grid = Plan(workers=(2, 0), batch_sizes=None).grid((64, 32))
+    assert [(c.workers, c.batch_size) for c in grid] == [(0, 32), (2, 32), (0, 64), (2, 64)]
+
+
+def test_memory_model_recovers_a_per_worker_and_per_sample_cost() -> None:
+    def peak(w: int, b: int) -> float:
+        return 0.5 * GIB + w * 300 * MIB + (w * 2 + 1) * b * 2 * MIB
+
+    points = [ok(w, b, 100.0, peak(w, b)) for w, b in ((0, 32), (2, 32), (4, 32), (2, 64))]
+    model = fit_memory(points)
+    assert model is not None
+    assert model.per_worker_bytes == pytest.approx(300 * MIB, rel=0.01)
+    assert model.per_sample_bytes == pytest.approx(2 * MIB, rel=0.01)
+    assert model.predict(Config(8, 128)) == pytest.approx(peak(8, 128), rel=0.01)
+    assert fit_memory(points[:2]) is None  # two points cannot fit three terms
+
+
+def test_projection_follows_growth_and_never_promises_shrinking() -> None:
+    assert projected_peak([0, 1, 2, 3], [100, 200, 300, 400], 5) == pytest.approx(900)
+    assert projected_peak([0, 1, 2, 3], [400, 300, 200, 100], 5) == pytest.approx(100)
+
+
+def test_knee_is_the_fewest_workers_near_the_best() -> None:
+    assert knee([(0, 100), (2, 280), (4, 300), (8, 310)]) == 4
+    assert knee([(0, 100), (1, 98), (2, 97)]) == 0
+
+
+def test_skip_rules_say_why() -> None:
+    oom = Result(Config(2, 64), WOULD_OOM, "at ~9 GiB")
+    assert f"2 workers {X} batch 64" in (skip_reason(Config(4, 128), [oom], None, None, False) or "")
+    assert skip_reason(Config(0, 128), [oom], None, None, False) is None  # fewer workers may fit
+    assert skip_reason(Config(4, 128), [oom], None, None, True) is None  # --force
+    cuda = Result(Config(0, 64), CUDA_OOM)
+    assert "batch 64 already ran out of GPU memory" in (
+        skip_reason(Config(8, 128), [cuda], None, None, False) or ""
+    )
+    model = MemoryModel(1 * GIB, 1 * GIB, 0.0, 4)
+    reason = skip_reason(Config(8, 32), [], 4 * GIB, model, False) or ""
+    assert "cannot fit by the memory model: ~9.00 GiB" in reason
+    flat = [ok(0, 32, 100), ok(1, 32, 101), ok(2, 32, 102)]
+    assert "past the knee" in (skip_reason(Config(4, 32), flat, None, None, False) or "")
+    rising = [ok(0, 32, 100), ok(1, 32, 180), ok(2, 32, 250)]
+    assert skip_reason(Config(4, 32), rising, None, None, False) is None
+
+
+def test_recommendation_trades_speed_for_memory_and_says_so() -> None:
+    results = [ok(0, 64, 100, 2 * GIB), ok(4, 64, 291, 5.9 * GIB), ok(8, 64, 300, 8 * GIB)]
+    rec = recommend(results)
+    assert rec is not None and rec.choice.config.workers == 4
+    assert rec.reason == (
+        f"4 workers {X} batch 64: 97% of the best speed, 41% memory headroom; "
+        f"8 workers {X} batch 64 adds 3% for +2.10 GiB"
+    )
+    lines = recommendation_lines(results)
+    assert "paste: DataLoader(dataset, batch_size=64, num_workers=4, persistent_workers=True)" in lines
+    assert any("learning rate" in line for line in lines)
+    assert paste_arguments(Config(0, 32)) == "DataLoader(dataset, batch_size=32, num_workers=0)"
+    assert "4 workers" not in table([]) and "samples/s" in table(results)
+
+
+def test_sweep_file_round_trips_and_a_failed_write_leaves_nothing(tmp_path: Path) -> None:
+    results = [ok(0, 64, 100), Result(Config(2, 64), WOULD_OOM, "at ~3 GiB", peak_pss_bytes=3 * GIB)]
+    path = tmp_path / "sweep.json"
+    atomic_write(str(path), sweep_json(["python", "t.py"], {"workers": [0, 2]}, results, False))
+    command, plan, back = load_sweep(str(path))
+    assert command == ["python", "t.py"] and plan == {"workers": [0, 2]} and back == results
+    with pytest.raises(ReportError, match="cannot write"):
+        atomic_write(str(tmp_path / "missing" / "x.json"), "{}")
+    assert sorted(os.listdir(tmp_path)) == ["sweep.json"]
+    (tmp_path / "bad.json").write_text('{"format": "other"}')
+    with pytest.raises(ReportError, match="cannot resume"):
+        load_sweep(str(tmp_path / "bad.json"))
+
+
+OVERRIDE_SCRIPT = """
+import torch
+from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, TensorDataset
+data = TensorDataset(torch.randn(64, 2))
+first = DataLoader(data, 4, num_workers=0)  # batch_size positionally
+second = DataLoader(data, batch_size=4)
+fixed = DataLoader(data, batch_sampler=BatchSampler(SequentialSampler(data), 5, False))
+import json
+print(json.dumps([[x.num_workers, x.batch_size, x.pin_memory, x.prefetch_factor]
+                  for x in (first, second, fixed)]))
+"""
+
+
+def run_with_tune(
+    tmp_path: Path, config: dict[str, object], script: str = OVERRIDE_SCRIPT
+) -> tuple[list, dict]:
+    from dlmon.agent.sitecustomize_hook import env_with_agent
+
+    path = tmp_path / "loaders.py"
+    path.write_text(script)
+    status = tmp_path / "status.json"
+    env = env_with_agent({**os.environ, "DLMON_TUNE": json.dumps(config), "DLMON_TUNE_STATUS": str(status)})
+    out = subprocess.run([sys.executable, str(path)], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1]), json.loads(status.read_text())
+
+
+def test_the_agent_overrides_the_first_loader_even_a_positional_batch_size(tmp_path: Path) -> None:
+    loaders, status = run_with_tune(
+        tmp_path, {"num_workers": 2, "batch_size": 8, "pin_memory": True, "prefetch_factor": 3}
+    )
+    assert loaders[0] == [2, 8, True, 3]
+    assert loaders[1] == [0, 4, False, None]  # only one loader is tuned
+    assert status["loader"].endswith("loaders.py:5")
+    assert status["original"]["batch_size"] == 4 and status["original"]["num_workers"] == 0
+    assert status["not_tunable"] is None
+
+
+def test_the_agent_picks_the_loader_by_file_and_line(tmp_path: Path) -> None:
+    loaders, status = run_with_tune(tmp_path, {"num_workers": 1, "batch_size": 16, "loader": "loaders.py:6"})
+    assert loaders[0] == [0, 4, False, None]
+    assert loaders[1][:2] == [1, 16]
+    assert status["loader"].endswith("loaders.py:6")
+
+
+def test_a_batch_sampler_loader_gets_its_workers_but_its_batch_size_is_not_tunable(tmp_path: Path) -> None:
+    loaders, status = run_with_tune(tmp_path, {"num_workers": 1, "batch_size": 16, "loader": "loaders.py:7"})
+    assert loaders[2][0] == 1 and loaders[2][1] is None
+    assert "not tunable" in status["not_tunable"]
+
+
+def test_a_loader_built_every_epoch_is_tuned_every_time(tmp_path: Path) -> None:
+    script = """
+import torch, json
+from torch.utils.data import DataLoader, TensorDataset
+data = TensorDataset(torch.randn(8, 2))
+other = DataLoader(data, batch_size=2)
+seen = []
+for epoch in range(3):
+    loader = DataLoader(data, batch_size=2)
+    seen.append([loader.num_workers, loader.batch_size])
+print(json.dumps(seen + [[other.num_workers, other.batch_size]]))
+"""
+    loaders, status = run_with_tune(
+        tmp_path, {"num_workers": 1, "batch_size": 4, "loader": "loaders.py:8"}, script
+    )
+    assert loaders == [[1, 4], [1, 4], [1, 4], [0, 2]]
+    assert status["loader"].endswith("loaders.py:8")
+
+
+def test_zero_workers_drops_the_options_torch_refuses_without_workers(tmp_path: Path) -> None:
+    script = """
+import torch, json
+from torch.utils.data import DataLoader, TensorDataset
+l = DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=2, num_workers=4, prefetch_factor=4,
+               persistent_workers=True)
+print(json.dumps([l.num_workers, l.prefetch_factor, l.persistent_workers]))
+"""
+    loaders, _ = run_with_tune(tmp_path, {"num_workers": 0}, script)
+    assert loaders == [0, None, False]
+
+
+def test_tune_keeps_the_layers_apart() -> None:
+    """dlmon.tune never loads plotext (only dlmon.ui.tune_plot does); the agent's part is stdlib only."""
+    code = (
+        "import json, sys\n"
+        "import dlmon.tune.cli, dlmon.tune.sweep, dlmon.tune.runner\n"
+        "before = set(sys.modules)\n"
+        "import dlmon.agent._tune\n"
+        "print(json.dumps([sorted(before), sorted(set(sys.modules) - before)]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    tune_modules, agent_new = json.loads(out.stdout)
+    assert "dlmon.tune.runner" in tune_modules
+    assert not [m for m in tune_modules if m.split(".")[0] in ("plotext", "textual", "rich", "torch")]
+    assert [m for m in agent_new if not m.startswith("dlmon")] == []
+
+
+CPU_V1 = Path("/sys/fs/cgroup/cpu")
+
+
+def usable_cores_in(shell: str) -> int:
+    code = "from dlmon.tune.plan import usable_cores; print(usable_cores())"
+    out = subprocess.run(
+        ["sh", "-c", shell, "sh", sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    return int(out.stdout)
+
+
+@pytest.mark.skipif(os.cpu_count() == 1, reason="one core: nothing to cap")
+def test_default_workers_follow_the_affinity_and_the_cgroup_cpu_quota() -> None:
+    assert usable_cores_in('exec taskset -c 0 "$@"') == 1
+    if os.geteuid() != 0 or not (CPU_V1 / "cpu.cfs_quota_us").exists():
+        pytest.skip("needs root and a cgroup v1 cpu hierarchy")
+    group = CPU_V1 / f"dlmon-tune-cpu-{os.getpid()}"
+    group.mkdir()
+    try:
+        (group / "cpu.cfs_period_us").write_text("100000")
+        (group / "cpu.cfs_quota_us").write_text("100000")  # one core
+        assert usable_cores_in(f'echo $$ > {group}/cgroup.procs && exec "$@"') == 1
+        assert usable_cores_in('exec "$@"') == len(os.sched_getaffinity(0))
+    finally:
+        group.rmdir()
