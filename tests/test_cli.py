@@ -74,6 +74,11 @@ def test_unwritable_record_path(spawn: Spawn, path: str) -> None:
     assert_one_line_error(dlmon("record", str(proc.pid), "-o", path), "cannot write")
 
 
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def test_attach_once_json_is_a_full_snapshot_with_rates(spawn: Spawn) -> None:
     proc = spawn(
         """
@@ -86,7 +91,10 @@ def test_attach_once_json_is_a_full_snapshot_with_rates(spawn: Spawn) -> None:
             pass
         """
     )
+    cpu_before, wall_before = _cpu_seconds(proc.pid), time.monotonic()
     result = dlmon("attach", str(proc.pid), "--once", "--json")
+    # the oracle: the busy loop's own CPU share over the whole call (the kernel's utime + stime)
+    oracle = 100 * (_cpu_seconds(proc.pid) - cpu_before) / (time.monotonic() - wall_before)
     assert result.returncode == 0, result.stderr
     snap = json.loads(result.stdout)
     assert snap["schema"] == 1 and snap["type"] == "snapshot"
@@ -94,7 +102,9 @@ def test_attach_once_json_is_a_full_snapshot_with_rates(spawn: Spawn) -> None:
     assert "-c" in snap["target"]["cmdline"]
     main, child = snap["processes"]
     assert main["role"] == "main" and child["role"] == "child"
-    assert main["cpu_percent"] > 50  # the busy loop, measured over the ~1 s between samples
+    # the busy loop, measured over the ~1 s between samples; on a loaded machine it gets less than
+    # a core, so it is compared with what the kernel says it got, not with a fixed share
+    assert main["cpu_percent"] > 0.5 * oracle > 2, (main["cpu_percent"], oracle)
     assert snap["interval_s"] == pytest.approx(1.0, abs=0.3)
     for proc_row in snap["processes"]:  # --once reads PSS of everything
         assert proc_row["pss_bytes"] > 0 and proc_row["pss_age_s"] < 0.5

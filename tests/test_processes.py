@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -184,6 +185,11 @@ def test_orphaned_children_stay_tracked_after_the_target_dies(spawn: Spawn) -> N
     assert all(s.ppid != proc.pid for s in samples)
 
 
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def test_cpu_and_io_rates_come_from_real_work(spawn: Spawn, tmp_path: object) -> None:
     proc = spawn(
         """
@@ -200,9 +206,13 @@ def test_cpu_and_io_rates_come_from_real_work(spawn: Spawn, tmp_path: object) ->
     tracker = ProcessTracker(proc.pid, SmapsBudget(unlimited=True), cadence=Cadence(fd_refresh_s=0.0))
     first = tracker.sample()[0]
     assert first.cpu_percent is None and first.write_bytes_per_s is None  # no interval yet
+    cpu_before, wall_before = _cpu_seconds(proc.pid), time.monotonic()
     time.sleep(1.0)
     second = tracker.sample()[0]
-    assert second.cpu_percent is not None and second.cpu_percent > 10
+    # compared with the kernel's own count over the same second, not with a fixed share: on a
+    # loaded machine the writer gets less CPU, and the figure must follow what it really got
+    oracle = 100 * (_cpu_seconds(proc.pid) - cpu_before) / (time.monotonic() - wall_before)
+    assert second.cpu_percent is not None and second.cpu_percent > 0.5 * oracle > 0.5, (second, oracle)
     assert second.write_bytes_per_s is not None and second.write_bytes_per_s > 0
     assert second.num_threads == 1 and second.num_fds is not None and second.num_fds >= 4
 
