@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from dlmon.analysis.startup import startup_of
 from dlmon.model import Alert, MemorySummary, ProcessSample, Snapshot
-from dlmon.model.format import fd_limit_note
+from dlmon.model.format import fd_limit_note, target_stopped
 from dlmon.ui.fmt import DASH, NA, cbytes, cpct, duration, human_bytes, mbps, ratio
 from dlmon.ui.state import SORT_NAMES, DashboardState, ProcessRow
 
@@ -162,6 +162,8 @@ def header_line(state: DashboardState, info: HeaderInfo, width: int) -> Line:
         elif info.boot_time is not None and t.start_time is not None:  # recordings made before it
             uptime = s.time - (info.boot_time + t.start_time / info.clock_ticks)
         right.append([("up ", "dim"), (duration(uptime), "")])
+        if target_stopped(s):  # SIGSTOP or ^Z: alive, but no progress until SIGCONT
+            right.insert(-1, [("target stopped", "warn")])
     right.append([(f"pid {t.pid}", "")])
     n = len(s.alerts)
     worst = min((_SEVERITY_ORDER.get(a.severity, 3) for a in s.alerts), default=3)
