@@ -76,7 +76,8 @@ class Job:
             del self.stderr[:-50]
 
     def wait_batches(self, n: int, timeout: float = 120.0) -> None:
-        wait_until(lambda: self.batches() >= n, timeout, f"{n} batches (stderr: {''.join(self.stderr)[-500:]})")
+        why = f"{n} batches (stderr: {''.join(self.stderr)[-500:]})"
+        wait_until(lambda: self.batches() >= n, timeout, why)
 
     def wait_epochs(self, n: int, timeout: float = 240.0) -> None:
         wait_until(lambda: self.epochs >= n or self.p.poll() is not None, timeout, f"epoch {n}")
@@ -141,7 +142,8 @@ def cpu_seconds(pid: int) -> float:
 def dlmon_record(pid: int, path: Path, interval: float = 0.2, *args: str) -> Iterator[subprocess.Popen[str]]:
     """``dlmon record PID -o PATH`` as a child; SIGINT at exit unless the test killed it already."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "dlmon", "record", str(pid), "-o", str(path), "--interval", str(interval), *args],
+        [sys.executable, "-m", "dlmon", "record", str(pid), "-o", str(path), "--interval", str(interval)]
+        + list(args),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
