@@ -141,9 +141,9 @@ def cpu_seconds(pid: int) -> float:
 @contextlib.contextmanager
 def dlmon_record(pid: int, path: Path, interval: float = 0.2, *args: str) -> Iterator[subprocess.Popen[str]]:
     """``dlmon record PID -o PATH`` as a child; SIGINT at exit unless the test killed it already."""
+    command = [sys.executable, "-m", "dlmon", "record", str(pid), "-o", str(path)]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "dlmon", "record", str(pid), "-o", str(path), "--interval", str(interval)]
-        + list(args),
+        [*command, "--interval", str(interval), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
