@@ -361,8 +361,9 @@ def gpu_lines(state: DashboardState, width: int, compact: bool, detailed: bool =
                 [
                     (f"{g.index}: ", "dim"),
                     (_of(g.memory_used_bytes, g.memory_total_bytes, True), _level(used)),
-                    (f" {cpct(g.utilization_percent, NA)}%", ""),
+                    (f" {_util(g.utilization_percent)}", ""),
                 ]
+                + ([(f" n/a: {g.unavailable_reason}", "warn")] if g.unavailable_reason else [])
             )
         return (fit(parts, width, BAR, lead=lead),)
     out: list[Line] = []
@@ -375,8 +376,10 @@ def gpu_lines(state: DashboardState, width: int, compact: bool, detailed: bool =
                 (_of(g.memory_used_bytes, g.memory_total_bytes, True), _level(used)),
             ]
             + ([(f" ({used * 100:.0f}%)", _level(used))] if used is not None else []),
-            [("util ", "dim"), (f"{cpct(g.utilization_percent, NA)}%", _util_style(g.utilization_percent))],
+            [("util ", "dim"), (_util(g.utilization_percent), _util_style(g.utilization_percent))],
         ]
+        if g.unavailable_reason:
+            head.append([("n/a: ", "warn"), (g.unavailable_reason, "warn")])
         if g.torch_allocated_bytes is not None and not detailed:
             head.append([("torch ", "dim"), (_of(g.torch_allocated_bytes, g.torch_reserved_bytes, True), "")])
         head.append([(g.name or "unknown device", "dim")])
@@ -403,6 +406,10 @@ def gpu_lines(state: DashboardState, width: int, compact: bool, detailed: bool =
     if detailed and s.gpu.process_memory_note:
         out.extend(wrap(s.gpu.process_memory_note, width, "dim"))
     return tuple(out)
+
+
+def _util(util: float | None) -> str:
+    return f"{cpct(util, NA)}%" if util is not None else NA
 
 
 def _who(p: ProcessSample) -> str:

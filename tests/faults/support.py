@@ -151,6 +151,8 @@ def dlmon_record(pid: int, path: Path, interval: float = 0.2, *args: str) -> Ite
     )
     try:
         yield proc
+        if proc.poll() not in (None, 0, -signal.SIGKILL):
+            raise AssertionError(f"dlmon record failed: {proc.stderr.read() if proc.stderr else ''}")
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
