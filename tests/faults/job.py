@@ -4,7 +4,8 @@ A tiny model trained on generated data through a real torch DataLoader with work
 Every ``report_s`` it prints ``@@ {"ev": "progress", "batches": N, "t": monotonic}`` so a test
 can compute the training's own batches/s over any window (with and without a fault). Options:
 workers, persistent, epochs (0: forever), batches (per epoch), batch, sample_sleep_s, dim,
-leak_mb_per_epoch (kept in the main process), io_burst_every (epochs) and io_burst_mb (written
+leak_mb_per_epoch (kept in the main process, from leak_from_s until leak_until_s seconds after
+the start when that is set, then freed), io_burst_every (epochs) and io_burst_mb (written
 and fsynced), agent (start dlmon.agent in the script).
 """
 
@@ -20,7 +21,7 @@ from typing import Any
 CFG: dict[str, Any] = {
     "workers": 2, "persistent": True, "epochs": 0, "batches": 40, "batch": 16, "sample_sleep_s": 0.0,
     "dim": 64, "leak_mb_per_epoch": 0, "io_burst_every": 0, "io_burst_mb": 32, "agent": False,
-    "report_s": 0.2,
+    "report_s": 0.2, "leak_from_s": 0.0, "leak_until_s": 0.0,
 }  # fmt: skip
 CFG.update(json.loads(sys.argv[1]) if len(sys.argv) > 1 else {})
 
@@ -70,6 +71,7 @@ def main() -> None:
     batches = 0
     last = time.monotonic()
     epoch = 0
+    started = time.monotonic()
     emit("start", pid=os.getpid())
     while CFG["epochs"] == 0 or epoch < int(CFG["epochs"]):
         emit("epoch", epoch=epoch)
@@ -84,7 +86,12 @@ def main() -> None:
                 emit("progress", batches=batches, epoch=epoch)
                 last = now
         epoch += 1
-        if CFG["leak_mb_per_epoch"]:
+        age = time.monotonic() - started
+        until = float(CFG["leak_until_s"])
+        if until and age >= until and leak:
+            leak.clear()  # the leak is fixed: memory comes back
+            emit("leak_freed", epoch=epoch)
+        if CFG["leak_mb_per_epoch"] and float(CFG["leak_from_s"]) <= age and (not until or age < until):
             chunk = bytearray(int(CFG["leak_mb_per_epoch"]) << 20)
             for i in range(0, len(chunk), 4096):
                 chunk[i] = 1
