@@ -67,8 +67,8 @@ ACCEPT_PAUSE_S = 1.0  # accept() failing for want of fds or memory: stop watchin
 # Connections are accepted at most ACCEPT_RATE a second on average (bursts of ACCEPT_BURST): each
 # costs the agent thread GIL time in the training process, so a client connecting in a loop (or 50
 # of them) would slow the training down; beyond the rate they wait in the listen backlog.
-ACCEPT_RATE = 100.0
-ACCEPT_BURST = 32.0
+ACCEPT_RATE = 200.0
+ACCEPT_BURST = 64.0
 REPLY_CACHE_S = 0.2
 REPLY_RATE = 5.0
 REPLY_BURST = 8.0
