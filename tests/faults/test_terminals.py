@@ -49,7 +49,7 @@ def test_a_resize_storm_keeps_the_dashboard_drawing_and_q_quits(spawn: Spawn) ->
 
     async def scenario(app: DlmonApp, pilot: Pilot[DashboardResult]) -> None:
         await wait_for_text(app, pilot, f"pid {tree.pid}")
-        for i in range(120):
+        for i in range(60):
             await pilot.resize_terminal(*sizes[i % len(sizes)])
             if i % 10 == 0:
                 await pilot.pause(0.02)
