@@ -373,7 +373,7 @@ def test_gpu_lost_mid_sample_blanks_that_device_only_and_recovers() -> None:
     collector = GpuCollector(fake)
     status, (d0, d1) = collector.sample()
     assert status.available is True
-    assert d0 == GpuDevice(0, None, None, None, None, None, ())
+    assert d0 == GpuDevice(0, None, None, None, None, None, (), unavailable_reason="NVML: GPU is lost")
     assert d1.uuid == "GPU-bbbb" and d1.memory_used_bytes == 3 * GiB
     assert d1.processes == (GpuProcess(4343, 2 * GiB),)
     assert fake.count("nvmlDeviceGetUtilizationRates") == 1  # device 0 was not read further

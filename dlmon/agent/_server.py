@@ -64,6 +64,11 @@ ACCEPT_PAUSE_S = 1.0  # accept() failing for want of fds or memory: stop watchin
 # Replies are rebuilt at most REPLY_RATE times a second on average (bursts of REPLY_BURST); between
 # rebuilds a client gets the previous reply if it is younger than REPLY_CACHE_S. A dashboard polling
 # once a second always gets a fresh reply; a client polling in a loop cannot slow the training down.
+# Connections are accepted at most ACCEPT_RATE a second on average (bursts of ACCEPT_BURST): each
+# costs the agent thread GIL time in the training process, so a client connecting in a loop (or 50
+# of them) would slow the training down; beyond the rate they wait in the listen backlog.
+ACCEPT_RATE = 200.0
+ACCEPT_BURST = 64.0
 REPLY_CACHE_S = 0.2
 REPLY_RATE = 5.0
 REPLY_BURST = 8.0
@@ -115,6 +120,8 @@ class Server:
         self.reply_cache: bytes | None = None
         self.reply_cache_t = 0.0
         self.reply_tokens = REPLY_BURST
+        self.accept_tokens = ACCEPT_BURST
+        self.accept_tokens_t = time.monotonic()
         self.reply_tokens_t = time.monotonic()
         self.builds = 0
         self.stacks_cache: bytes | None = None
@@ -271,6 +278,14 @@ class Server:
         if lst is None or self.sel is None:
             return
         for _ in range(64):
+            now = time.monotonic()
+            self.accept_tokens = min(
+                ACCEPT_BURST, self.accept_tokens + (now - self.accept_tokens_t) * ACCEPT_RATE
+            )
+            self.accept_tokens_t = now
+            if self.accept_tokens < 1.0:  # over the rate: stop watching the listener until a token
+                self._pause_accepting(None, (1.0 - self.accept_tokens) / ACCEPT_RATE)
+                return
             try:
                 sock, _addr = lst.accept()
             except (BlockingIOError, InterruptedError):
@@ -282,6 +297,7 @@ class Server:
                     self._pause_accepting(exc)
                 return
             self.accept_error = None
+            self.accept_tokens -= 1.0
             try:
                 uid = peer_uid(sock)
             except OSError:
@@ -297,9 +313,10 @@ class Server:
             self.conns[sock.fileno()] = conn
             self.sel.register(sock, selectors.EVENT_READ, conn)
 
-    def _pause_accepting(self, exc: OSError) -> None:
-        self.accept_error = f"accept: {errno.errorcode.get(exc.errno or 0, exc.errno)}: {exc.strerror}"
-        self.accept_paused_until = time.monotonic() + ACCEPT_PAUSE_S
+    def _pause_accepting(self, exc: OSError | None, seconds: float = ACCEPT_PAUSE_S) -> None:
+        if exc is not None:
+            self.accept_error = f"accept: {errno.errorcode.get(exc.errno or 0, exc.errno)}: {exc.strerror}"
+        self.accept_paused_until = time.monotonic() + seconds
         if self.sel is not None and self.listener is not None:
             with contextlib.suppress(KeyError, ValueError, OSError):
                 self.sel.unregister(self.listener)

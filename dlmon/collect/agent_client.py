@@ -311,7 +311,7 @@ class AgentClient:
             return None
         try:
             obj = json.loads(data)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nesting deeper than the stack
             return None
         if not isinstance(obj, dict) or "error" in obj or _int(obj.get("pid")) != pid:
             return None

@@ -524,15 +524,26 @@ def _quota_cores(version: int, directory: str) -> float | None:
         parts = text.split() if text else []
         if len(parts) == 2 and parts[0] != "max":
             try:
-                return int(parts[0]) / int(parts[1])
-            except (ValueError, ZeroDivisionError):
+                return _cores(int(parts[0]), int(parts[1]))
+            except ValueError:
                 return None
         return None
     quota = _read_int(f"{directory}/cpu.cfs_quota_us")
     period = _read_int(f"{directory}/cpu.cfs_period_us")
-    if quota is None or period is None or quota <= 0 or period <= 0:
-        return None  # -1: no quota
-    return quota / period
+    if quota is None or period is None:
+        return None
+    return _cores(quota, period)  # quota -1: no quota
+
+
+def _cores(quota: int, period: int) -> float | None:
+    """quota / period, or None for no quota (-1), a zero or negative period, or a quota no float
+    holds (OverflowError)."""
+    if quota <= 0 or period <= 0:
+        return None
+    try:
+        return quota / period
+    except OverflowError:
+        return None
 
 
 class UsableCores:

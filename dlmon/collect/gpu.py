@@ -216,6 +216,7 @@ class GpuCollector:
         # Function names found missing (in pynvml or in the driver): not tried again.
         self._missing: set[str] = set()
         self._memory_v2: bool | None = None  # None: not yet known
+        self._device_errors: list[NVMLErrorKind] = []  # NVML errors while reading one device
         #: Why the last query returned NA (None after a successful one). For diagnostics.
         self.last_error: NVMLErrorKind | None = None
         #: The exception behind :attr:`last_error`, if any.
@@ -373,6 +374,8 @@ class GpuCollector:
     def _device_query(self, index: int, name: str, *args: Any, **kwargs: Any) -> Any:
         """:meth:`_query` for one device: a lost GPU ends that device's reading."""
         result = self._query(name, *args, **kwargs)
+        if self.last_error is not None and self.last_error is not NVMLErrorKind.FUNCTION_NOT_FOUND:
+            self._device_errors.append(self.last_error)  # a fallback may still answer
         if self.last_error is NVMLErrorKind.GPU_IS_LOST:
             self._forget(index)
             raise _DeviceLost
@@ -385,6 +388,14 @@ class GpuCollector:
         self._static.pop(index, None)
 
     def _sample_device(self, index: int) -> GpuDevice:
+        self._device_errors = []
+        device = self._read_device(index)
+        missing = None in (device.name, device.memory_used_bytes, device.utilization_percent)
+        if missing and self._device_errors:
+            return dataclasses.replace(device, unavailable_reason=f"NVML: {self._device_errors[0].value}")
+        return device
+
+    def _read_device(self, index: int) -> GpuDevice:
         try:
             handle = self._handles.get(index)
             if handle is None:

@@ -66,6 +66,9 @@ def parse_stat(raw: bytes) -> StatFields:
     )
 
 
+MAX_COUNTER_DIGITS = 20  # 2**64 - 1 has 20 digits
+
+
 class FieldPicker:
     """Pulls only the named keys out of a ``Key: value [kB]`` file.
 
@@ -88,8 +91,8 @@ class FieldPicker:
                 start = skip - 1  # the first line has no newline before it
             end = find(b"\n", start)
             parts = raw[start:end].split() if end >= 0 else raw[start:].split()
-            if not parts or not parts[0].isdigit():
-                continue
+            if not parts or not parts[0].isdigit() or len(parts[0]) > MAX_COUNTER_DIGITS:
+                continue  # not a number, or one no kernel counter holds (int() refuses 4300+ digits)
             out[key] = int(parts[0]) * 1024 if parts[1:2] == [b"kB"] else int(parts[0])
         return out
 

@@ -6,6 +6,7 @@ unreadable file; the value that could not be read is ``None``.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
@@ -22,6 +23,15 @@ __all__ = [
     "read_shm",
     "read_text",
 ]
+
+
+def parse_count(token: str) -> int | None:
+    """A kernel counter: ASCII digits only (``int()`` also takes "-5", "1_000" and "٣"), at most
+    as many as 2**64 - 1 has; anything else is None."""
+    token = token.strip()
+    if not token.isascii() or not token.isdigit() or len(token) > 20:
+        return None
+    return int(token)
 
 
 def read_text(path: str) -> str | None:
@@ -70,9 +80,8 @@ def parse_meminfo(text: str) -> MeminfoReading:
         parts = rest.split()
         if not parts:
             continue
-        try:
-            number = int(parts[0])
-        except ValueError:
+        number = parse_count(parts[0])
+        if number is None:
             continue
         unit = parts[1].lower() if len(parts) > 1 else ""
         values[attr] = number * 1024 if unit == "kb" else number
@@ -99,10 +108,7 @@ def parse_vmstat_oom_kill(text: str) -> int | None:
             return None
         start = i + len("\noom_kill ")
     end = text.find("\n", start)
-    try:
-        return int(text[start : end if end >= 0 else len(text)])
-    except ValueError:
-        return None
+    return parse_count(text[start : end if end >= 0 else len(text)])
 
 
 def read_oom_kill_count(proc_root: str = "/proc") -> int | None:
@@ -125,9 +131,11 @@ def parse_pressure(text: str) -> tuple[float | None, float | None]:
             name, _, value = token.partition("=")
             if name == "avg10":
                 try:
-                    avg10 = float(value)
+                    avg10: float | None = float(value)
                 except ValueError:
                     break
+                if not (avg10 is not None and math.isfinite(avg10) and avg10 >= 0):
+                    avg10 = None  # "nan", "inf", "-1": no share of time a kernel writes
                 if kind == "some":
                     some = avg10
                 else:

@@ -33,6 +33,11 @@ def fd_limit_note(count: int) -> str:
     return f"fd limit: {count} process{'es' if count != 1 else ''} read without held fds"
 
 
+def target_stopped(s: Snapshot) -> bool:
+    """The target is alive but stopped (SIGSTOP, ^Z, a debugger): state T or t, not dead."""
+    return s.target.alive and any(p.pid == s.target.pid and p.state in ("T", "t") for p in s.processes)
+
+
 def one_line(s: Snapshot) -> str:
     """What ``dlmon attach`` prints per tick without the dashboard."""
     workers = s.workers()
@@ -44,7 +49,9 @@ def one_line(s: Snapshot) -> str:
         pss += f" (+{m.pss_missing} unread)"
     parts = [
         time.strftime("%H:%M:%S", time.localtime(s.time)),
-        f"pid {s.target.pid}" + ("" if s.target.alive else " EXITED"),
+        f"pid {s.target.pid}"
+        + ("" if s.target.alive else " EXITED")
+        + (" STOPPED" if target_stopped(s) else ""),
         f"procs {len(s.processes)} ({len(workers)} workers)",
         f"PSS {pss}",
         f"RSS sum {human_bytes(m.rss_sum_bytes)}",

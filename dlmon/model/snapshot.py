@@ -171,6 +171,7 @@ class GpuDevice:
     torch_allocated_bytes: int | None = None  # from the in-process agent
     torch_reserved_bytes: int | None = None
     torch_peak_allocated_bytes: int | None = None
+    unavailable_reason: str | None = None  # why figures of this device are missing, e.g. "NVML: GPU is lost"
 
 
 @dataclass(frozen=True, slots=True)

@@ -123,6 +123,7 @@ class DashboardState:
         self.oom_baseline: int | None = None  # the machine's OOM-kill count when we started
         self.first_time: float | None = None
         self._order = 0
+        self._worker_slots: dict[tuple[int, int], RowKey] = {}  # live workers' rows by identity
 
     # ---- ingest -------------------------------------------------------------------------
     def ingest(self, snapshot: Snapshot) -> None:
@@ -146,10 +147,14 @@ class DashboardState:
 
         shares, loader_of = _batch_shares(snapshot.loaders)
         seen: set[RowKey] = set()
-        for p in snapshot.processes:
-            key = row_key(p, loader_of)
+        slots: dict[tuple[int, int], RowKey] = {}
+        for p, key in self._row_keys(snapshot.processes, loader_of):
             if key in seen:  # two live processes claim one worker slot: keep both rows
                 key = ("p", str(p.pid), p.start_time)
+            elif key[0] == "w" or p.role == "worker":
+                slots[(p.pid, p.start_time)] = key
+                if key[0] == "w":  # seen before the agent listed it: one row, not two
+                    self.rows.pop(("p", str(p.pid), p.start_time), None)
             seen.add(key)
             row = self.rows.get(key)
             if row is None:
@@ -177,6 +182,7 @@ class DashboardState:
             row.cpu.add(t, p.cpu_percent)
             row.read.add(t, p.read_bytes_per_s)
 
+        self._worker_slots = slots
         for key, row in self.rows.items():
             if key not in seen:
                 row.gone = True
@@ -201,6 +207,46 @@ class DashboardState:
             hist.data_wait_percent.add(t, None if wait is None else wait * 100.0)
 
         self._prune(t, snapshot.interval_s)
+
+    def _row_keys(
+        self, processes: tuple[ProcessSample, ...], loader_of: dict[int, LoaderSample]
+    ) -> list[tuple[ProcessSample, RowKey]]:
+        """Each process's row. A worker respawned every epoch is seen before the agent lists it
+        (or after it stops listing it, or never, when it lives less than a poll): it keeps the
+        row it had, or takes over the gone row of an earlier unidentified worker of its parent,
+        so a respawning loader has a row per worker slot instead of a "gone" row per respawn."""
+        out: list[tuple[ProcessSample, RowKey]] = []
+        unplaced: list[int] = []
+        for p in processes:
+            key = row_key(p, loader_of)
+            identity = (p.pid, p.start_time)
+            if key[0] == "w":
+                old = self._worker_slots.get(identity)
+                if old is not None and old != key:
+                    self.rows.pop(old, None)
+            elif identity in self._worker_slots:
+                key = self._worker_slots[identity]
+            elif p.role == "worker":
+                unplaced.append(len(out))
+            out.append((p, key))
+        if not unplaced:
+            return out
+        taken = {key for _, key in out}
+        free = sorted(
+            (
+                row
+                for key, row in self.rows.items()
+                if key[0] == "p" and row.gone and row.process.role == "worker"
+            ),
+            key=lambda row: row.order,
+        )
+        for i in unplaced:
+            p = out[i][0]
+            reuse = next((r.key for r in free if r.process.ppid == p.ppid and r.key not in taken), None)
+            if reuse is not None:  # the gone row of an earlier unidentified worker of this loader
+                out[i] = (p, reuse)
+                taken.add(reuse)
+        return out
 
     def end(self, reason: str) -> None:
         self.end_reason = reason

@@ -18,7 +18,7 @@ from dlmon.analysis.kinds import MEMORY_GROWTH
 from dlmon.analysis.startup import startup_of
 from dlmon.analysis.verdict import exit_verdict
 from dlmon.model import Alert, GpuDevice, LoaderSample, MemorySummary, ProcessSample, Snapshot
-from dlmon.model.format import fd_limit_note
+from dlmon.model.format import fd_limit_note, target_stopped
 from dlmon.ui.fmt import DASH, NA, cbytes, cpct, duration, human_bytes, mbps, ratio
 from dlmon.ui.state import SORT_NAMES, DashboardState, ProcessRow, RankGroup
 
@@ -196,6 +196,8 @@ def header_line(state: DashboardState, info: HeaderInfo, width: int) -> Line:
         elif info.boot_time is not None and t.start_time is not None:  # recordings made before it
             uptime = s.time - (info.boot_time + t.start_time / info.clock_ticks)
         right.append([("up ", "dim"), (duration(uptime), "")])
+        if target_stopped(s):  # SIGSTOP or ^Z: alive, but no progress until SIGCONT
+            right.insert(-1, [("target stopped", "warn")])
     right.append([(f"pid {t.pid}", "")])
     n = len(s.alerts)
     worst = min((_SEVERITY_ORDER.get(a.severity, 3) for a in s.alerts), default=3)
@@ -430,8 +432,9 @@ def gpu_lines(
                 [
                     (f"{g.index}: ", "dim"),
                     (_of(g.memory_used_bytes, g.memory_total_bytes, True), _level(used)),
-                    (f" {cpct(g.utilization_percent, NA)}%", ""),
+                    (f" {_util(g.utilization_percent)}", ""),
                 ]
+                + ([(f" n/a: {g.unavailable_reason}", "warn")] if g.unavailable_reason else [])
             )
         return (fit_with_more(parts, width, BAR, lead, "GPUs"),)
     if not detailed and rows is not None and len(s.gpus) > rows:
@@ -439,7 +442,7 @@ def gpu_lines(
             [_gpu_head(g, width, detailed) for g in s.gpus],
             rows,
             [
-                [(f"{g.index} ", "b"), (f"{cpct(u, NA)}%", _util_style(u))]
+                [(f"{g.index} ", "b"), (_util(u), _util_style(u))]
                 for g, u in ((g, g.utilization_percent) for g in s.gpus)
             ],
             width,
@@ -480,12 +483,18 @@ def _gpu_head(g: GpuDevice, width: int, detailed: bool) -> Line:
             (_of(g.memory_used_bytes, g.memory_total_bytes, True), _level(used)),
         ]
         + ([(f" ({used * 100:.0f}%)", _level(used))] if used is not None else []),
-        [("util ", "dim"), (f"{cpct(g.utilization_percent, NA)}%", _util_style(g.utilization_percent))],
+        [("util ", "dim"), (_util(g.utilization_percent), _util_style(g.utilization_percent))],
     ]
+    if g.unavailable_reason:
+        head.append([("n/a: ", "warn"), (g.unavailable_reason, "warn")])
     if g.torch_allocated_bytes is not None and not detailed:
         head.append([("torch ", "dim"), (_of(g.torch_allocated_bytes, g.torch_reserved_bytes, True), "")])
     head.append([(g.name or "unknown device", "dim")])
     return fit(head, width, SEP)
+
+
+def _util(util: float | None) -> str:
+    return f"{cpct(util, NA)}%" if util is not None else NA
 
 
 def _who(p: ProcessSample) -> str:
