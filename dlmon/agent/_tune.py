@@ -51,8 +51,8 @@ def _config() -> dict[str, Any] | None:
         if raw:
             try:
                 value = json.loads(raw)
-            except ValueError as exc:
-                S.status = {"error": f"{ENV_CONFIG} is not JSON: {exc}"}
+            except Exception as exc:  # ValueError, and RecursionError for deeply nested JSON
+                S.status = {"error": f"{ENV_CONFIG} is not JSON: {exc}"[:300]}
                 _write_status()
                 return None
             S.config = value if isinstance(value, dict) else None
