@@ -26,9 +26,7 @@ def run_script(tmp_path: Path, tune: str) -> subprocess.CompletedProcess[str]:
     env = env_with_agent()
     env["DLMON_TUNE"] = tune
     env["DLMON_TUNE_STATUS"] = str(tmp_path / "status.json")
-    return subprocess.run(
-        [sys.executable, str(path)], capture_output=True, text=True, timeout=120, env=env
-    )
+    return subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=120, env=env)
 
 
 def test_a_well_formed_config_is_applied(tmp_path: Path) -> None:
@@ -41,8 +39,13 @@ def test_a_well_formed_config_is_applied(tmp_path: Path) -> None:
     "tune",
     [
         "[" * 100_000,  # json.loads raises RecursionError, not ValueError
+        json.dumps({"num_workers": "2"}),
+        json.dumps({"num_workers": -1}),
+        json.dumps({"batch_size": 0}),
+        json.dumps({"batch_size": "big"}),
+        json.dumps({"prefetch_factor": -2, "num_workers": 1}),
     ],
-    ids=["deep-json"],
+    ids=["deep-json", "workers-str", "workers-neg", "batch-zero", "batch-str", "prefetch-neg"],
 )
 def test_a_malformed_config_leaves_the_training_running(tmp_path: Path, tune: str) -> None:
     done = run_script(tmp_path, tune)
