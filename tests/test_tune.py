@@ -287,3 +287,42 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(
     assert "Traceback" not in done.stderr
     assert not out_json.exists()
     assert done.stdout == ""
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+def test_a_hangup_stops_the_training_in_progress(tmp_path: Path) -> None:
+    """The terminal closes (SIGHUP): the training, in a session of its own, must not run on forever."""
+    cmd = tune_cmd("--workers", "0", "--batch-sizes", "8", "--seconds-per-config", "60") + script(
+        "trivial.py"
+    )
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    read_until(proc.stderr.fileno(), f"[1/1] 0 workers {X} batch 8", 180)
+    deadline = time.monotonic() + 60
+    while not _children(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    trainings = _children(proc.pid)
+    assert trainings
+    proc.send_signal(signal.SIGHUP)
+    proc.communicate(timeout=60)
+    deadline = time.monotonic() + 60
+    while any(_alive(t) for t in trainings) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [t for t in trainings if _alive(t)]
+    for t in left:
+        os.kill(t, signal.SIGKILL)
+    assert not left, "the training outlived dlmon tune"

@@ -128,7 +128,7 @@ def run_tune(
     opts = RunOptions(
         seconds=seconds, batches=batches_n, loader=loader, warmup_timeout_s=warmup, loader_only=loader_only
     )
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         window = f"{seconds:g} s" if seconds else f"{batches_n} batches"
         batches = len(plan.batch_sizes) if plan.batch_sizes else 3
