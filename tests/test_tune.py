@@ -326,3 +326,38 @@ def test_a_hangup_stops_the_training_in_progress(tmp_path: Path) -> None:
     for t in left:
         os.kill(t, signal.SIGKILL)
     assert not left, "the training outlived dlmon tune"
+
+
+def test_a_cgroup_limit_above_the_machines_memory_is_not_the_limit_that_kills(tmp_path: Path) -> None:
+    """A container allowed more than the host has: the host's OOM killer acts first, so the safety
+    stop must use what the machine has, not the cgroup's larger figure."""
+    from dlmon.collect.sampler import Sampler
+    from dlmon.collect.system import read_meminfo
+    from dlmon.tune.runner import _memory_limit
+
+    if os.geteuid() != 0 or not (CGROUP_V1 / "memory.limit_in_bytes").exists():
+        pytest.skip("needs root and a cgroup v1 memory hierarchy")
+    total = read_meminfo().total_bytes
+    assert total
+    path = CGROUP_V1 / f"dlmon-tune-big-{os.getpid()}"
+    path.mkdir()
+    proc = subprocess.Popen(["sleep", "60"])
+    try:
+        (path / "memory.limit_in_bytes").write_text(str(4 * total))
+        (path / "cgroup.procs").write_text(str(proc.pid))
+        sampler = Sampler(proc.pid)
+        snap = sampler.sample()
+        sampler.close()
+        assert snap.cgroup is not None and snap.cgroup.limit_bytes is not None
+        assert snap.cgroup.limit_bytes > total  # the cgroup's own figure is above the machine's
+        limit, source = _memory_limit(snap)
+        assert limit is not None and limit <= total, (limit, source)
+    finally:
+        proc.kill()
+        proc.wait()
+        for _ in range(100):
+            try:
+                path.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
