@@ -361,3 +361,19 @@ def test_a_cgroup_limit_above_the_machines_memory_is_not_the_limit_that_kills(tm
                 break
             except OSError:
                 time.sleep(0.1)
+
+
+@pytest.mark.parametrize(
+    "plan", [{}, {"workers": ["a"], "batch_sizes": [8]}, {"workers": 3}], ids=["empty", "word", "number"]
+)
+def test_resume_from_a_file_with_a_broken_plan_is_one_line_exit_2(
+    tmp_path: Path, plan: dict[str, object]
+) -> None:
+    from dlmon.tune.report import FORMAT
+
+    saved = tmp_path / "sweep.json"
+    saved.write_text(json.dumps({"format": FORMAT, "command": ["true"], "plan": plan, "results": []}))
+    done = run_tune(*tune_cmd("--resume", str(saved)), timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stderr.startswith("dlmon: error: cannot resume from") and done.stderr.count("\n") == 1

@@ -103,7 +103,10 @@ def run_tune(
             saved_command, saved_plan, prior = load_sweep(resume_path)
             command = command or saved_command
             if not (workers_text or batches_text or prefetch_text or pin_text != "own"):
-                plan = plan_from_dict(saved_plan)
+                try:
+                    plan = plan_from_dict(saved_plan)
+                except (KeyError, ValueError, TypeError) as exc:
+                    raise ReportError(f"cannot resume from {resume_path}: bad plan: {exc}") from exc
             json_path = json_path or resume_path
         if not command:
             return error("no command to tune: dlmon tune [OPTIONS] -- CMD [ARGS]...")
