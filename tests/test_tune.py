@@ -364,7 +364,9 @@ def test_a_cgroup_limit_above_the_machines_memory_is_not_the_limit_that_kills(tm
 
 
 @pytest.mark.parametrize(
-    "plan", [{}, {"workers": ["a"], "batch_sizes": [8]}, {"workers": 3}], ids=["empty", "word", "number"]
+    "plan",
+    [{}, {"workers": ["a"], "batch_sizes": [8]}, {"workers": 3}, {"workers": [], "batch_sizes": None}],
+    ids=["empty", "word", "number", "no-workers"],
 )
 def test_resume_from_a_file_with_a_broken_plan_is_one_line_exit_2(
     tmp_path: Path, plan: dict[str, object]
