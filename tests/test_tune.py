@@ -287,3 +287,95 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(
     assert "Traceback" not in done.stderr
     assert not out_json.exists()
     assert done.stdout == ""
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+def test_a_hangup_stops_the_training_in_progress(tmp_path: Path) -> None:
+    """The terminal closes (SIGHUP): the training, in a session of its own, must not run on forever."""
+    cmd = tune_cmd("--workers", "0", "--batch-sizes", "8", "--seconds-per-config", "60") + script(
+        "trivial.py"
+    )
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    read_until(proc.stderr.fileno(), f"[1/1] 0 workers {X} batch 8", 180)
+    deadline = time.monotonic() + 60
+    while not _children(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    trainings = _children(proc.pid)
+    assert trainings
+    proc.send_signal(signal.SIGHUP)
+    proc.communicate(timeout=60)
+    deadline = time.monotonic() + 60
+    while any(_alive(t) for t in trainings) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [t for t in trainings if _alive(t)]
+    for t in left:
+        os.kill(t, signal.SIGKILL)
+    assert not left, "the training outlived dlmon tune"
+
+
+def test_a_cgroup_limit_above_the_machines_memory_is_not_the_limit_that_kills(tmp_path: Path) -> None:
+    """A container allowed more than the host has: the host's OOM killer acts first, so the safety
+    stop must use what the machine has, not the cgroup's larger figure."""
+    from dlmon.collect.sampler import Sampler
+    from dlmon.collect.system import read_meminfo
+    from dlmon.tune.runner import _memory_limit
+
+    if os.geteuid() != 0 or not (CGROUP_V1 / "memory.limit_in_bytes").exists():
+        pytest.skip("needs root and a cgroup v1 memory hierarchy")
+    total = read_meminfo().total_bytes
+    assert total
+    path = CGROUP_V1 / f"dlmon-tune-big-{os.getpid()}"
+    path.mkdir()
+    proc = subprocess.Popen(["sleep", "60"])
+    try:
+        (path / "memory.limit_in_bytes").write_text(str(4 * total))
+        (path / "cgroup.procs").write_text(str(proc.pid))
+        sampler = Sampler(proc.pid)
+        snap = sampler.sample()
+        sampler.close()
+        assert snap.cgroup is not None and snap.cgroup.limit_bytes is not None
+        assert snap.cgroup.limit_bytes > total  # the cgroup's own figure is above the machine's
+        limit, source = _memory_limit(snap)
+        assert limit is not None and limit <= total, (limit, source)
+    finally:
+        proc.kill()
+        proc.wait()
+        for _ in range(100):
+            try:
+                path.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
+@pytest.mark.parametrize(
+    "plan",
+    [{}, {"workers": ["a"], "batch_sizes": [8]}, {"workers": 3}, {"workers": [], "batch_sizes": None}],
+    ids=["empty", "word", "number", "no-workers"],
+)
+def test_resume_from_a_file_with_a_broken_plan_is_one_line_exit_2(
+    tmp_path: Path, plan: dict[str, object]
+) -> None:
+    from dlmon.tune.report import FORMAT
+
+    saved = tmp_path / "sweep.json"
+    saved.write_text(json.dumps({"format": FORMAT, "command": ["true"], "plan": plan, "results": []}))
+    done = run_tune(*tune_cmd("--resume", str(saved)), timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stderr.startswith("dlmon: error: cannot resume from") and done.stderr.count("\n") == 1

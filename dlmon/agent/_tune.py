@@ -51,8 +51,8 @@ def _config() -> dict[str, Any] | None:
         if raw:
             try:
                 value = json.loads(raw)
-            except ValueError as exc:
-                S.status = {"error": f"{ENV_CONFIG} is not JSON: {exc}"}
+            except Exception as exc:  # ValueError, and RecursionError for deeply nested JSON
+                S.status = {"error": f"{ENV_CONFIG} is not JSON: {exc}"[:300]}
                 _write_status()
                 return None
             S.config = value if isinstance(value, dict) else None
@@ -114,6 +114,9 @@ def rewrite(
             value = cfg.get(key)
             if value is None or (key == "batch_size" and not_tunable):
                 continue
+            if not _valid(key, value):  # torch would raise: the training keeps its own value
+                S.status["error"] = f"{ENV_CONFIG}: {key}={value!r} is not valid"[:300]
+                continue
             _set(a, extra, key, value)
             applied[key] = value
         workers = _get(a, extra, "num_workers", orig)
@@ -137,6 +140,14 @@ def rewrite(
         S.status["error"] = f"{type(exc).__name__}: {exc}"[:300]
         _write_status()
         return args, kwargs
+
+
+def _valid(key: str, value: Any) -> bool:
+    if key == "pin_memory":
+        return isinstance(value, bool)
+    if not isinstance(value, int) or isinstance(value, bool):
+        return False
+    return value >= 0 if key == "num_workers" else value > 0
 
 
 def _site_matches(name: str, wanted: str) -> bool:

@@ -103,7 +103,10 @@ def run_tune(
             saved_command, saved_plan, prior = load_sweep(resume_path)
             command = command or saved_command
             if not (workers_text or batches_text or prefetch_text or pin_text != "own"):
-                plan = plan_from_dict(saved_plan)
+                try:
+                    plan = plan_from_dict(saved_plan)
+                except (KeyError, ValueError, TypeError) as exc:
+                    raise ReportError(f"cannot resume from {resume_path}: bad plan: {exc}") from exc
             json_path = json_path or resume_path
         if not command:
             return error("no command to tune: dlmon tune [OPTIONS] -- CMD [ARGS]...")
@@ -128,7 +131,7 @@ def run_tune(
     opts = RunOptions(
         seconds=seconds, batches=batches_n, loader=loader, warmup_timeout_s=warmup, loader_only=loader_only
     )
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         window = f"{seconds:g} s" if seconds else f"{batches_n} batches"
         batches = len(plan.batch_sizes) if plan.batch_sizes else 3

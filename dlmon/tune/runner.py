@@ -165,10 +165,12 @@ def _sum(values: list[int | None]) -> int | None:
 
 
 def _memory_limit(first: Snapshot | None) -> tuple[int | None, str | None]:
-    """The limit that kills: the cgroup's, else what the machine had available at the start."""
-    if first is not None and first.cgroup is not None and first.cgroup.limit_bytes:
-        return first.cgroup.limit_bytes, "cgroup"
+    """The limit that kills first: the cgroup's, or what the machine had available at the start
+    when that is smaller (a container allowed more than the host has meets the host's OOM killer)."""
     avail = read_meminfo().available_bytes
+    cgroup = first.cgroup.limit_bytes if first is not None and first.cgroup is not None else None
+    if cgroup and (not avail or cgroup <= avail):
+        return cgroup, "cgroup"
     return (avail, "MemAvailable") if avail else (None, None)
 
 

@@ -37,8 +37,11 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
 
 
 def plan_from_dict(d: dict[str, Any]) -> Plan:
+    workers = tuple(int(w) for w in d["workers"])
+    if not workers or min(workers) < 0:
+        raise ValueError(f"workers must be counts of 0 or more, not {d['workers']!r}")
     return Plan(
-        workers=tuple(int(w) for w in d["workers"]),
+        workers=workers,
         batch_sizes=tuple(int(b) for b in d["batch_sizes"]) if d.get("batch_sizes") is not None else None,
         pin_memory=tuple(d.get("pin_memory") or (None,)),
         prefetch_factors=tuple(d.get("prefetch_factors") or (None,)),
