@@ -328,6 +328,35 @@ def test_a_hangup_stops_the_training_in_progress(tmp_path: Path) -> None:
     assert not left, "the training outlived dlmon tune"
 
 
+@pytest.mark.slow
+def test_a_second_ctrl_c_kills_a_training_whose_clean_up_is_slow(tmp_path: Path) -> None:
+    """Ctrl-C once asks the training to stop (SIGINT, its clean-up may take a minute); Ctrl-C again
+    must end it at once: a training in its own session would otherwise outlive dlmon tune."""
+    cmd = tune_cmd("--workers", "0", "--batch-sizes", "8", "--seconds-per-config", "60") + script(
+        "slow_cleanup.py"
+    )
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    read_until(proc.stderr.fileno(), f"[1/1] 0 workers {X} batch 8", 180)
+    deadline = time.monotonic() + 60
+    while not _children(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    trainings = _children(proc.pid)
+    assert trainings
+    time.sleep(3)  # past the import of torch: the training's KeyboardInterrupt handler is in place
+    for _ in range(3):  # an impatient user
+        proc.send_signal(signal.SIGINT)
+        time.sleep(1)
+    proc.communicate(timeout=60)
+    deadline = time.monotonic() + 20  # well under the clean-up's 60 s
+    while any(_alive(t) for t in trainings) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [t for t in trainings if _alive(t)]
+    for t in left:
+        os.kill(t, signal.SIGKILL)
+    assert not left, "the training outlived a second Ctrl-C"
+
+
 def test_a_cgroup_limit_above_the_machines_memory_is_not_the_limit_that_kills(tmp_path: Path) -> None:
     """A container allowed more than the host has: the host's OOM killer acts first, so the safety
     stop must use what the machine has, not the cgroup's larger figure."""

@@ -21,7 +21,7 @@ from dlmon.tune.report import (
     sweep_json,
     table,
 )
-from dlmon.tune.runner import CannotRun, RunOptions, run_config
+from dlmon.tune.runner import CannotRun, RunOptions, kill_live_trainings, run_config
 from dlmon.tune.sweep import SweepAborted, plan_from_dict, plan_to_dict, run_sweep
 
 EXIT_USAGE = 2
@@ -120,6 +120,7 @@ def run_tune(
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         if interrupted.is_set() and signum == signal.SIGINT:
+            kill_live_trainings()  # the user insists: no clean stop this time, and nothing left behind
             raise KeyboardInterrupt
         interrupted.set()
         say("stopping: the configuration in progress is dropped, what was measured is kept")

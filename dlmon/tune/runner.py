@@ -41,6 +41,17 @@ from dlmon.tune.model import (
 )
 from dlmon.tune.plan import Config
 
+# Process groups of the trainings running now: a second Ctrl-C kills them at once, so no third
+# Ctrl-C during a slow clean-up (a checkpoint on KeyboardInterrupt) can leave one running.
+LIVE: set[int] = set()
+
+
+def kill_live_trainings() -> None:
+    for pid in list(LIVE):
+        with contextlib.suppress(OSError):
+            os.killpg(pid, signal.SIGKILL)
+
+
 INTERRUPTED = "interrupted"  # Ctrl-C in dlmon: not a result, the configuration runs again on --resume
 WARM_BATCHES = 3  # batches of the tuned loader before the window opens
 WARM_SECONDS = 1.0  # and seconds after its first batch
@@ -215,11 +226,13 @@ def run_config(
         training = launch(command, to_log=True, env=env)
     except OSError as exc:
         raise CannotRun(f"cannot start {command[0]}: {exc.strerror or exc}") from exc
+    LIVE.add(training.pid)
     try:
         result = _measure(training, config, opts, interrupted, status_path, started, say)
     finally:
         if training.exit_code() is None:
             training.stop(opts.stop_grace_s)
+        LIVE.discard(training.pid)
         with contextlib.suppress(OSError):
             os.unlink(status_path)
     if result.outcome == OK and training.log_path:
