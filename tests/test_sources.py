@@ -100,3 +100,35 @@ def test_record_reader_stops_on_a_line_without_end(monkeypatch: pytest.MonkeyPat
     items = list(records.iter_records("/dev/zero"))
     assert len(items) == 1 and isinstance(items[0], records.RecordProblem)
     assert "never ends" in items[0].reason
+
+
+class _CountingReplay(ReplaySource):
+    """Counts how often the play thread looks for a request: a thread that waits looks twice a second."""
+
+    looks = 0
+
+    def _take_request(self) -> tuple[str, float] | None:
+        self.looks += 1
+        return super()._take_request()
+
+
+def test_replay_at_its_end_waits_instead_of_spinning_after_a_next_alert_with_none_left(
+    spawn: Spawn, tmp_path: Path
+) -> None:
+    """``]`` at the end of a recording without alerts used to leave the wake event set: the
+    thread then looped on it at full CPU for as long as the dashboard stayed open."""
+    proc = spawn('print("READY", flush=True)\nimport time; time.sleep(0.5)')
+    out = tmp_path / "rec.jsonl"
+    wait_for_end(LiveSource(proc.pid, interval=0.2, record_path=str(out)), lambda s: None, timeout=20)
+    source = _CountingReplay(str(out), speed=None)
+    ended = threading.Event()
+    source.start(lambda s: None, lambda reason: ended.set())
+    try:
+        assert ended.wait(20)
+        source.next_alert()  # nothing left to jump to: ignored
+        time.sleep(0.3)
+        before = source.looks
+        time.sleep(1.0)
+        assert source.looks - before < 50, "the replay thread spins at the end"
+    finally:
+        source.stop()

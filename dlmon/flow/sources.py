@@ -387,6 +387,7 @@ class ReplaySource:
                 # the end: stay ready for a seek back until stopped
                 while not self._stop.is_set():
                     self._wake.wait(0.5)
+                    self._wake.clear()  # left set, the wait returns at once: a spin at full CPU
                     request = self._take_request()
                     if request is not None:
                         kind, value = request
