@@ -132,3 +132,30 @@ def test_replay_at_its_end_waits_instead_of_spinning_after_a_next_alert_with_non
         assert source.looks - before < 50, "the replay thread spins at the end"
     finally:
         source.stop()
+
+
+def test_replay_jumps_at_once_when_asked_while_it_delivers_a_frame(spawn: Spawn, tmp_path: Path) -> None:
+    """A seek that lands while the thread is busy with a frame (the analyzer, the consumer) set
+    the wake event just before the thread cleared it: at a slow pace the jump then waited a whole
+    recorded gap (here: for ever)."""
+    proc = spawn('print("READY", flush=True)\nimport time; time.sleep(0.8)')
+    out = tmp_path / "rec.jsonl"
+    wait_for_end(LiveSource(proc.pid, interval=0.2, record_path=str(out)), lambda s: None, timeout=20)
+    source: ReplaySource
+
+    def analyzer(snapshot: Snapshot) -> Snapshot:
+        if source.position is not None and source.snapshots_read <= 2:
+            source.seek(snapshot.time)  # asked while this frame is being delivered
+        return snapshot
+
+    source = ReplaySource(str(out), speed=1e-9, analyzer=analyzer)  # the next frame: never, unless asked
+    seeks: list[float] = []
+    source.on_seek = seeks.append
+    source.start(lambda s: None, lambda reason: None)
+    try:
+        deadline = time.monotonic() + 20
+        while not seeks:
+            assert time.monotonic() < deadline, "the seek waited for the recorded gap"
+            time.sleep(0.01)
+    finally:
+        source.stop()

@@ -363,7 +363,8 @@ class ReplaySource:
                         delay = max(0.0, snapshot.time - previous) / self.speed
                         delay = min(delay, threading.TIMEOUT_MAX)  # a gap of 1e300 s must not kill the thread
                         self._wake.clear()
-                        if self._wait(delay) and self._stop.is_set():
+                        # a request that came while this frame was read kept no wake: look first
+                        if self._request is None and self._wait(delay) and self._stop.is_set():
                             return
                     request = self._take_request()
                     if request is not None:
