@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gzip
 import threading
 import time
+import zlib
 from pathlib import Path
 
 import pytest
@@ -159,3 +161,28 @@ def test_replay_jumps_at_once_when_asked_while_it_delivers_a_frame(spawn: Spawn,
             time.sleep(0.01)
     finally:
         source.stop()
+
+
+def test_replay_of_a_gzip_damaged_mid_file_plays_up_to_the_damage_and_ends(
+    spawn: Spawn, tmp_path: Path
+) -> None:
+    """Damaged deflate data raises zlib.error, not OSError: it killed the play thread, and the
+    dashboard waited for ever on the last frame with no end and no reason."""
+    proc = spawn('print("READY", flush=True)\nimport time; time.sleep(0.6)')
+    out = tmp_path / "rec.jsonl"
+    wait_for_end(LiveSource(proc.pid, interval=0.2, record_path=str(out)), lambda s: None, timeout=20)
+    snapshots = [line for line in out.read_bytes().splitlines(keepends=True) if b'"type": "end"' not in line]
+    body = b"".join(snapshots * 50)  # well past the reader's first buffer
+    deflate = zlib.compressobj(6, zlib.DEFLATED, -15)
+    damaged = tmp_path / "bad.jsonl.gz"
+    header = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"
+    # then a block of the reserved type 3: "invalid block type"
+    damaged.write_bytes(
+        header + deflate.compress(body) + deflate.flush(zlib.Z_FULL_FLUSH) + b"\x07" + bytes(64)
+    )
+    with pytest.raises(zlib.error), gzip.open(damaged) as fh:
+        fh.read()
+    source = ReplaySource(str(damaged), speed=None)
+    got: list[Snapshot] = []
+    assert wait_for_end(source, got.append, timeout=20) == REPLAY_FINISHED
+    assert got and any("unreadable" in p.reason for p in source.problems), source.problems

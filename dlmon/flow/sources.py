@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -201,7 +202,7 @@ def _read_from(path: str, offset: int, line: int) -> Iterator[_Line]:
             at = fh.tell()
             try:
                 raw = fh.readline(MAX_LINE_BYTES + 1)
-            except (OSError, EOFError) as exc:
+            except (OSError, EOFError, zlib.error) as exc:  # zlib.error: damaged deflate data in a .gz
                 yield _Line(at, number, RecordProblem(number, f"unreadable from here on: {exc}"))
                 return
             if not raw:
