@@ -507,3 +507,29 @@ def test_the_log_buffer_keeps_a_bounded_head_of_each_huge_line(tmp_path: Path) -
     assert isinstance(shown, list) and shown[-1].startswith("step 29 xxx") and shown[-1].endswith("…"), shown[
         -1:
     ]
+
+
+@pytest.mark.parametrize("size", [(160, 50), (120, 36)])
+def test_the_cursor_stays_on_screen_on_the_last_folded_rank(size: tuple[int, int]) -> None:
+    """8 folded ranks take two lines each (the rank and its sums): the table scrolled by rows,
+    not by lines, so ``end`` put the cursor below the table's bottom edge, out of sight."""
+    seen: dict[str, object] = {}
+
+    async def scenario(app: DlmonApp, pilot: Pilot[DashboardResult]) -> None:
+        await settle(pilot)
+        tbl = app.main_screen.query_one("#table", WorkerTable)
+        tbl.focus()
+        await pilot.press("end")
+        await settle(pilot)
+        seen["height"] = tbl.size.height
+        seen["cursor_line"] = next(
+            i for i, line in enumerate(tbl.lines) if line and line[0][1] in ("cursor", "cursor-blur")
+        )
+        seen["cursor"] = tbl.cursor_key
+        seen["text"] = tbl.text
+
+    drive(make(FakeSource([make_ddp_snapshot()])), scenario, size)
+    cursor = seen["cursor"]
+    assert isinstance(cursor, tuple) and cursor[:2] == ("p", "5007"), cursor
+    assert isinstance(seen["cursor_line"], int) and isinstance(seen["height"], int)
+    assert seen["cursor_line"] < seen["height"], seen
