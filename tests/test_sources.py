@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gzip
 import threading
 import time
+import zlib
 from pathlib import Path
 
 import pytest
@@ -100,3 +102,87 @@ def test_record_reader_stops_on_a_line_without_end(monkeypatch: pytest.MonkeyPat
     items = list(records.iter_records("/dev/zero"))
     assert len(items) == 1 and isinstance(items[0], records.RecordProblem)
     assert "never ends" in items[0].reason
+
+
+class _CountingReplay(ReplaySource):
+    """Counts how often the play thread looks for a request: a thread that waits looks twice a second."""
+
+    looks = 0
+
+    def _take_request(self) -> tuple[str, float] | None:
+        self.looks += 1
+        return super()._take_request()
+
+
+def test_replay_at_its_end_waits_instead_of_spinning_after_a_next_alert_with_none_left(
+    spawn: Spawn, tmp_path: Path
+) -> None:
+    """``]`` at the end of a recording without alerts used to leave the wake event set: the
+    thread then looped on it at full CPU for as long as the dashboard stayed open."""
+    proc = spawn('print("READY", flush=True)\nimport time; time.sleep(0.5)')
+    out = tmp_path / "rec.jsonl"
+    wait_for_end(LiveSource(proc.pid, interval=0.2, record_path=str(out)), lambda s: None, timeout=20)
+    source = _CountingReplay(str(out), speed=None)
+    ended = threading.Event()
+    source.start(lambda s: None, lambda reason: ended.set())
+    try:
+        assert ended.wait(20)
+        source.next_alert()  # nothing left to jump to: ignored
+        time.sleep(0.3)
+        before = source.looks
+        time.sleep(1.0)
+        assert source.looks - before < 50, "the replay thread spins at the end"
+    finally:
+        source.stop()
+
+
+def test_replay_jumps_at_once_when_asked_while_it_delivers_a_frame(spawn: Spawn, tmp_path: Path) -> None:
+    """A seek that lands while the thread is busy with a frame (the analyzer, the consumer) set
+    the wake event just before the thread cleared it: at a slow pace the jump then waited a whole
+    recorded gap (here: for ever)."""
+    proc = spawn('print("READY", flush=True)\nimport time; time.sleep(0.8)')
+    out = tmp_path / "rec.jsonl"
+    wait_for_end(LiveSource(proc.pid, interval=0.2, record_path=str(out)), lambda s: None, timeout=20)
+    source: ReplaySource
+
+    def analyzer(snapshot: Snapshot) -> Snapshot:
+        if source.position is not None and source.snapshots_read <= 2:
+            source.seek(snapshot.time)  # asked while this frame is being delivered
+        return snapshot
+
+    source = ReplaySource(str(out), speed=1e-9, analyzer=analyzer)  # the next frame: never, unless asked
+    seeks: list[float] = []
+    source.on_seek = seeks.append
+    source.start(lambda s: None, lambda reason: None)
+    try:
+        deadline = time.monotonic() + 20
+        while not seeks:
+            assert time.monotonic() < deadline, "the seek waited for the recorded gap"
+            time.sleep(0.01)
+    finally:
+        source.stop()
+
+
+def test_replay_of_a_gzip_damaged_mid_file_plays_up_to_the_damage_and_ends(
+    spawn: Spawn, tmp_path: Path
+) -> None:
+    """Damaged deflate data raises zlib.error, not OSError: it killed the play thread, and the
+    dashboard waited for ever on the last frame with no end and no reason."""
+    proc = spawn('print("READY", flush=True)\nimport time; time.sleep(0.6)')
+    out = tmp_path / "rec.jsonl"
+    wait_for_end(LiveSource(proc.pid, interval=0.2, record_path=str(out)), lambda s: None, timeout=20)
+    snapshots = [line for line in out.read_bytes().splitlines(keepends=True) if b'"type": "end"' not in line]
+    body = b"".join(snapshots * 50)  # well past the reader's first buffer
+    deflate = zlib.compressobj(6, zlib.DEFLATED, -15)
+    damaged = tmp_path / "bad.jsonl.gz"
+    header = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"
+    # then a block of the reserved type 3: "invalid block type"
+    damaged.write_bytes(
+        header + deflate.compress(body) + deflate.flush(zlib.Z_FULL_FLUSH) + b"\x07" + bytes(64)
+    )
+    with pytest.raises(zlib.error), gzip.open(damaged) as fh:
+        fh.read()
+    source = ReplaySource(str(damaged), speed=None)
+    got: list[Snapshot] = []
+    assert wait_for_end(source, got.append, timeout=20) == REPLAY_FINISHED
+    assert got and any("unreadable" in p.reason for p in source.problems), source.problems

@@ -480,3 +480,56 @@ def test_the_log_pane_fits_every_size_without_overlap(tmp_path: Path, size: tupl
         assert "line 49" in main.query_one("#log", LogView).text
 
     drive(make(FakeSource(run_of(60, gpus=2), log_path=str(log))), scenario, size)
+
+
+def test_the_log_buffer_keeps_a_bounded_head_of_each_huge_line(tmp_path: Path) -> None:
+    """A training that prints a 200 KB line per step (a JSON blob, a tensor on one line): the
+    buffer keeps 2,000 lines, but each used to be kept whole (up to 500 MB for the buffer); the
+    pane shows only a screen's width of each anyway."""
+    log = tmp_path / "train.log"
+    log.write_text("start\n")
+    seen: dict[str, object] = {}
+
+    async def scenario(app: DlmonApp, pilot: Pilot[DashboardResult]) -> None:
+        await settle(pilot)
+        for k in range(30):
+            with log.open("a") as fh:
+                fh.write(f"step {k} " + "x" * 200_000 + "\n")
+            app._poll_log()
+        await settle(pilot)
+        seen["longest"] = max(len(line) for line in app.log_lines)
+        seen["shown"] = app.main_screen.query_one("#log", LogView).text.splitlines()
+
+    drive(make(FakeSource([make_snapshot()], log_path=str(log))), scenario, (160, 50))
+    longest = seen["longest"]
+    assert isinstance(longest, int) and longest <= 4096, longest
+    shown = seen["shown"]
+    assert isinstance(shown, list) and shown[-1].startswith("step 29 xxx") and shown[-1].endswith("…"), shown[
+        -1:
+    ]
+
+
+@pytest.mark.parametrize("size", [(160, 50), (120, 36)])
+def test_the_cursor_stays_on_screen_on_the_last_folded_rank(size: tuple[int, int]) -> None:
+    """8 folded ranks take two lines each (the rank and its sums): the table scrolled by rows,
+    not by lines, so ``end`` put the cursor below the table's bottom edge, out of sight."""
+    seen: dict[str, object] = {}
+
+    async def scenario(app: DlmonApp, pilot: Pilot[DashboardResult]) -> None:
+        await settle(pilot)
+        tbl = app.main_screen.query_one("#table", WorkerTable)
+        tbl.focus()
+        await pilot.press("end")
+        await settle(pilot)
+        seen["height"] = tbl.size.height
+        seen["cursor_line"] = next(
+            i for i, line in enumerate(tbl.lines) if line and line[0][1] in ("cursor", "cursor-blur")
+        )
+        seen["cursor"] = tbl.cursor_key
+        seen["text"] = tbl.text
+
+    drive(make(FakeSource([make_ddp_snapshot()])), scenario, size)
+    cursor = seen["cursor"]
+    assert isinstance(cursor, tuple) and cursor[:2] == ("p", "5007"), cursor
+    assert isinstance(seen["cursor_line"], int) and isinstance(seen["height"], int)
+    assert seen["cursor_line"] < seen["height"], seen

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -201,7 +202,7 @@ def _read_from(path: str, offset: int, line: int) -> Iterator[_Line]:
             at = fh.tell()
             try:
                 raw = fh.readline(MAX_LINE_BYTES + 1)
-            except (OSError, EOFError) as exc:
+            except (OSError, EOFError, zlib.error) as exc:  # zlib.error: damaged deflate data in a .gz
                 yield _Line(at, number, RecordProblem(number, f"unreadable from here on: {exc}"))
                 return
             if not raw:
@@ -363,7 +364,8 @@ class ReplaySource:
                         delay = max(0.0, snapshot.time - previous) / self.speed
                         delay = min(delay, threading.TIMEOUT_MAX)  # a gap of 1e300 s must not kill the thread
                         self._wake.clear()
-                        if self._wait(delay) and self._stop.is_set():
+                        # a request that came while this frame was read kept no wake: look first
+                        if self._request is None and self._wait(delay) and self._stop.is_set():
                             return
                     request = self._take_request()
                     if request is not None:
@@ -387,6 +389,7 @@ class ReplaySource:
                 # the end: stay ready for a seek back until stopped
                 while not self._stop.is_set():
                     self._wake.wait(0.5)
+                    self._wake.clear()  # left set, the wait returns at once: a spin at full CPU
                     request = self._take_request()
                     if request is not None:
                         kind, value = request

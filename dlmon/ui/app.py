@@ -59,6 +59,7 @@ LOG_POLL_S = 1.0
 OVERVIEW_ROWS = 3  # GPUs, disks, loaders shown in full in the overview; more collapse to "+N more"
 MIN_RENDER_GAP_S = 0.25  # a fast interval (or a replay) repaints at most 4 times a second
 LOG_KEEP = 2000  # lines of the training's output kept in memory (shown or not)
+LOG_LINE_KEEP = 4096  # characters kept of each (wider than any terminal): 2,000 x 200 KB lines is 400 MB
 LOG_BIG = 1 << 30  # the log file's size turns to a warning past this (dlmon never truncates it)
 
 
@@ -559,7 +560,7 @@ class DlmonApp(App[DashboardResult]):
             self.log_size = None
         if not lines and progress == self.log_progress:
             return
-        self.log_lines.extend(lines[-LOG_KEEP:])
+        self.log_lines.extend(line[:LOG_LINE_KEEP] for line in lines[-LOG_KEEP:])
         self.log_progress = progress
         main = self.main_screen
         if main.has_logs and (main.zoomed is None or main.zoomed == "logs") and not self.paused:

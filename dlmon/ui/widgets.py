@@ -385,6 +385,12 @@ class WorkerTable(LinesView):
         elif cursor >= self._top + visible:
             self._top = cursor - visible + 1
         self._top = max(0, min(self._top, max(0, len(rows) - visible)))
+        if self.size.height > 1 and cursor < len(rows):
+            # a rank's sums and a stuck line take lines of their own: scroll by lines, not rows
+            taken = sum(self._lines_of(rows[i], width) for i in range(self._top, cursor + 1))
+            while self._top < cursor and taken > visible:
+                taken -= self._lines_of(rows[self._top], width)
+                self._top += 1
         focused = self.has_focus
         lines: list[Line] = [table_header(cols, self.sort, self.reverse)]
         self._extra_at = set()  # screen lines that are not rows (rank sums, stuck lines)
@@ -423,6 +429,14 @@ class WorkerTable(LinesView):
         self.sort, self.reverse = sort, reverse
         if self._state is not None:
             self.show(self._state, self._interval)
+
+    def _lines_of(self, row: ProcessRow, width: int) -> int:
+        """The screen lines ``row`` takes: itself, its rank's sums, its stuck line."""
+        group = self._groups.get(row.process.pid)
+        sums = 1 if group is not None and group.owner.key == row.key else 0
+        latest = self._state.latest if self._state is not None else None
+        stuck = 1 if latest is not None and stuck_line(row, latest.alerts, width) is not None else 0
+        return 1 + sums + stuck
 
     def _move_to(self, index: int) -> None:
         if not self._keys:
