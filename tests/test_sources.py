@@ -186,3 +186,22 @@ def test_replay_of_a_gzip_damaged_mid_file_plays_up_to_the_damage_and_ends(
     got: list[Snapshot] = []
     assert wait_for_end(source, got.append, timeout=20) == REPLAY_FINISHED
     assert got and any("unreadable" in p.reason for p in source.problems), source.problems
+
+
+def test_record_reader_ends_a_gzip_damaged_mid_file_with_a_problem(tmp_path: Path) -> None:
+    """Damaged deflate data raises zlib.error (not OSError): `dlmon replay damaged.gz` tracebacked."""
+    import gzip
+
+    from dlmon.flow import records
+
+    path = tmp_path / "damaged.jsonl.gz"
+    with gzip.open(path, "wb") as fh:
+        for i in range(2000):
+            fh.write(b'{"type": "end", "reason": "r%d"}\n' % i)
+    data = bytearray(path.read_bytes())
+    for i in range(len(data) // 2, len(data) // 2 + 64):
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+    items = list(records.iter_records(str(path)))
+    assert isinstance(items[-1], records.RecordProblem) and "unreadable" in items[-1].reason
+    assert any(isinstance(i, records.RecordEnd) for i in items)

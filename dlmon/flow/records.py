@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO, cast
@@ -55,7 +56,7 @@ def iter_records(path: str) -> Iterator[Record]:
             number += 1
             try:
                 raw = fh.readline(MAX_LINE_BYTES + 1)
-            except (OSError, EOFError) as exc:  # a truncated .gz, a read error mid-file
+            except (OSError, EOFError, zlib.error) as exc:  # a truncated or damaged .gz, a read error
                 yield RecordProblem(number, f"unreadable from here on: {exc}")
                 return
             if not raw:
