@@ -14,7 +14,15 @@ import pytest
 
 from dlmon.agent.sitecustomize_hook import env_with_agent
 from dlmon.export.jobs import REDISCOVER_S, discover_jobs
-from export_support import LOADER_JOB, dlmon_serving, http_get, kill_group, parse_exposition, wait_for
+from export_support import (
+    LOADER_JOB,
+    dlmon_cmd,
+    dlmon_serving,
+    http_get,
+    kill_group,
+    parse_exposition,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -109,3 +117,12 @@ def test_all_jobs_on_one_endpoint(two_jobs: list[subprocess.Popen[bytes]], tmp_p
             if any(labels.get("job") == first for labels, _ in samples)
         ]
         assert not gone, f"series of the killed job left: {gone}"
+
+
+@pytest.mark.parametrize("args", [[], ["1", "--all-jobs"]])
+def test_a_pid_or_all_jobs_one_line_and_exit_2(args: list[str]) -> None:
+    result = subprocess.run(
+        dlmon_cmd("export", *args, "--prometheus", "0"), capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip() == "dlmon: error: give a PID or --all-jobs (one of the two)"
