@@ -687,13 +687,20 @@ def speed_factor(text: str) -> float:
 
 
 @main.command("export")
-@click.argument("pid")
+@click.argument("pid", required=False)
 @click.option("--prometheus", metavar="[HOST:]PORT", required=True, help=PROMETHEUS_HELP)
 @click.option("--interval", default="1", metavar="S", help=INTERVAL_HELP)
-def export_command(pid: str, prometheus: str, interval: str) -> None:
-    """Serve PID's snapshots as Prometheus metrics, headless, until it exits or Ctrl-C."""
-    target = parse_pid(pid)
+@click.option("--all-jobs", is_flag=True, help="Every training job of this user (a `job` label each).")
+def export_command(pid: str | None, prometheus: str, interval: str, all_jobs: bool) -> None:
+    """Serve PID's snapshots (or, with --all-jobs, every job's) as Prometheus metrics, headless,
+    until PID exits or Ctrl-C."""
+    if all_jobs == (pid is not None):
+        fail("give a PID or --all-jobs (one of the two)")
     seconds = interval_seconds(interval)
+    if pid is None:
+        _export_all_jobs(prometheus, seconds)
+        return
+    target = parse_pid(pid)
     from dlmon.analysis import Analyzer
     from dlmon.flow.loop import Pipeline, sample_until_done, stop_on_signals
     from dlmon.launch.session import AlertLog
@@ -705,6 +712,30 @@ def export_command(pid: str, prometheus: str, interval: str) -> None:
         reason = sample_until_done(sampler, seconds, pipeline, stop)
     sampler.close()
     click.echo(f"dlmon: export stopped ({reason.replace('_', ' ')})", err=True)
+
+
+def _export_all_jobs(prometheus: str, seconds: float) -> None:
+    from dlmon.analysis import Analyzer
+    from dlmon.collect.sampler import Sampler
+    from dlmon.export.jobs import JobsExporter
+    from dlmon.export.prometheus import AddressError, parse_address, serve, start_line
+    from dlmon.flow.loop import stop_on_signals
+
+    try:
+        where = parse_address(prometheus)
+    except AddressError as exc:
+        fail(str(exc))
+    jobs = JobsExporter(Analyzer, Sampler)
+    try:
+        server = serve(jobs, where)
+    except OSError as exc:
+        fail(f"cannot serve Prometheus metrics on {prometheus}: {exc.strerror or exc}")
+    click.echo(start_line(server) + " (every job of this user)", err=True)
+    stop = threading.Event()
+    with stop_on_signals(stop):
+        jobs.run(seconds, stop)
+    server.close()
+    click.echo("dlmon: export stopped (interrupted)", err=True)
 
 
 def _summarize(path: str) -> Any:

@@ -32,6 +32,10 @@ DEATH_JOB = str(Path(LOADER_JOB).parent / "worker_death_job.py")  # worker 1 SIG
 LEAK_JOB = [LOADER_JOB, "--store", "list", "--items", "3000000", "--workers", "2", "--batch", "50"]
 LEAK_JOB += ["--rate", "20", "--shuffle", "--persistent"]
 
+STARTUP_SLEEP = 1.0
+STARTUP_JOB = [LOADER_JOB, "--store", "tensor", "--items", "640", "--workers", "2", "--rate", "40"]
+STARTUP_JOB += ["--init-sleep", str(STARTUP_SLEEP)]
+
 
 def record(path: Path, *job: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
@@ -52,6 +56,7 @@ def recordings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, P
         "leak": tmp / "leak.jsonl",
         "death": tmp / "death.jsonl",
         "slow": tmp / "slow.jsonl",
+        "startup": tmp / "startup.jsonl",
     }
     runs = [
         record(paths["healthy"], *JOB, "--seconds", "12"),
@@ -59,6 +64,8 @@ def recordings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, P
         record(paths["slow"], *JOB, "--seconds", "12", "--rate", "15"),  # the same job, throttled
         # one long epoch, persistent workers: no respawn sawtooth over the steady leak
         record(paths["leak"], *LEAK_JOB, "--seconds", str(LEAK_S)),
+        # short epochs, non-persistent workers that take STARTUP_SLEEP s to start each epoch
+        record(paths["startup"], *STARTUP_JOB, "--seconds", "14"),
     ]
     runs.append(record(paths["death"], DEATH_JOB, "16"))
     try:
@@ -363,3 +370,50 @@ def test_prometheus_with_once_is_refused() -> None:
         dlmon_cmd("attach", str(os.getpid()), "--once", "--prometheus", "0"), capture_output=True, text=True
     )
     assert result.returncode == 2 and "--once" in result.stderr and result.stderr.count("\n") == 1
+
+
+def startup_rows(text: str) -> list[list[str]]:
+    """The rows of the text report's start-up section, split on runs of spaces."""
+    section = text.split("Worker start-up per epoch\n", 1)[1].split("\n\n", 1)[0]
+    return [re.split(r"\s{2,}", line.strip()) for line in section.splitlines() if line.startswith("  ")]
+
+
+def test_worker_start_up_per_epoch_from_a_real_slow_start_up(recordings: dict[str, Path]) -> None:
+    """Non-persistent workers sleeping 1 s in worker_init_fn: each epoch pays >= 1 s of start-up,
+    which the report shows per loader (epochs started, total, per epoch, share of wall time)."""
+    path = recordings["startup"]
+    last = [s["loaders"][0] for s in read_snapshots(path) if s.get("loaders")][-1]  # the last with a loader
+    result = report(str(path), "--no-charts")
+    assert result.returncode == 0, result.stderr
+    assert "n/a: this recording holds no worker start-up" not in result.stdout
+    header, *rows, _note = startup_rows(result.stdout)
+    assert header[:3] == ["loader", "epochs started", "start-up total"], header
+    assert len(rows) == 1, rows
+    loader_id, epochs, total, per_epoch, share = rows[0][:5]
+    assert loader_id == last["id"]
+    assert int(epochs) == last["epochs_started"] >= 3
+    assert float(total.removesuffix(" s")) == pytest.approx(last["startup_s_total"], abs=0.05)
+    assert float(per_epoch.removesuffix(" s")) >= STARTUP_SLEEP * 0.95  # at least the init sleep
+    assert float(share.removesuffix("%")) > 5.0
+    assert "persistent_workers=True" in result.stdout
+    md = report(str(path), "--md")
+    assert "### Worker start-up per epoch" in md.stdout and f"| {loader_id} | {epochs} |" in md.stdout
+    html = path.with_suffix(".html")
+    assert report(str(path), "--html", str(html), "--no-charts").returncode == 0
+    assert f"<td>{loader_id}</td><td>{epochs}</td><td>{total}</td>" in html.read_text()
+
+
+def test_no_start_up_figures_stay_n_a(recordings: dict[str, Path], tmp_path: Path) -> None:
+    """Without the agent's start-up counter the section still says n/a, with the reason."""
+    lines = []
+    for line in recordings["healthy"].read_text().splitlines():
+        record = json.loads(line)
+        for loader in record.get("loaders", []) if isinstance(record, dict) else []:
+            loader.pop("startup_s_total", None)
+            loader.pop("epochs_started", None)
+        lines.append(json.dumps(record))
+    stripped = tmp_path / "no-startup.jsonl"
+    stripped.write_text("\n".join(lines) + "\n")
+    result = report(str(stripped), "--no-charts")
+    assert result.returncode == 0, result.stderr
+    assert "n/a: this recording holds no worker start-up figures" in result.stdout

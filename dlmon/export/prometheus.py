@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Protocol
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry
@@ -116,37 +116,63 @@ class Exporter:
         return analyze_and_publish
 
 
+# ``--all-jobs``: (job pid, its published state) per job; every series then gets a ``job`` label
+JobsPublished = tuple[tuple[str, Published], ...]
+Latest = Published | JobsPublished | None
+
+
+class Source(Protocol):
+    """An :class:`Exporter`, or ``dlmon.export.jobs.JobsExporter`` for every job of the user."""
+
+    @property
+    def latest(self) -> Latest: ...
+
+
 class SnapshotCollector(Collector):
     """Renders one published state (``exporter.latest`` unless told which)."""
 
-    def __init__(self, exporter: Exporter) -> None:
+    def __init__(self, exporter: Source) -> None:
         self._exporter = exporter
-        self.pinned: Published | None = None
+        self.pinned: Latest = None
 
     def collect(self) -> Iterator[Metric]:
         info = GaugeMetricFamily("dlmon_build_info", "dlmon's version.", labels=["version"])
         info.add_metric([__version__], 1)
         yield info
-        published = self.pinned or self._exporter.latest
-        if published is not None:
+        published = self.pinned if self.pinned is not None else self._exporter.latest
+        if isinstance(published, tuple):
+            yield from render_jobs(published)
+        elif published is not None:
             yield from render(published)
 
 
 def render(published: Published) -> Iterator[Metric]:
+    yield from _render(((None, published),))
+
+
+def render_jobs(jobs: JobsPublished) -> Iterator[Metric]:
+    """Several jobs in one exposition: each family once (one HELP/TYPE), a ``job`` label first."""
+    yield from _render(jobs)
+
+
+def _render(jobs: tuple[tuple[str | None, Published], ...]) -> Iterator[Metric]:
+    with_job = any(job is not None for job, _ in jobs)
     for group in GROUPS:
-        series = list(group.items(published))
+        series = [(job, list(group.items(published))) for job, published in jobs]
         for metric in group.metrics:
             family_type = CounterMetricFamily if metric.counter else GaugeMetricFamily
-            family: Any = family_type(metric.name, metric.help, labels=list(group.labels))
-            for labels, obj in series:
-                value = metric.read(obj)
-                if value is not None:
-                    family.add_metric(list(labels), value)
+            names = ["job", *group.labels] if with_job else list(group.labels)
+            family: Any = family_type(metric.name, metric.help, labels=names)
+            for job, items in series:
+                for labels, obj in items:
+                    value = metric.read(obj)
+                    if value is not None:
+                        family.add_metric([job, *labels] if with_job else list(labels), value)
             if family.samples:
                 yield family
 
 
-def registry_for(exporter: Exporter) -> CollectorRegistry:
+def registry_for(exporter: Source) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SnapshotCollector(exporter))
     return registry
@@ -160,14 +186,14 @@ def exposition(exporter: Exporter) -> bytes:
 WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], list[bytes]]
 
 
-def metrics_app(exporter: Exporter) -> WsgiApp:
+def metrics_app(exporter: Source) -> WsgiApp:
     """/metrics, rendered at most once per published snapshot and format: formatting ~700 series
     costs milliseconds (prometheus-client), so repeated scrapes (HA pairs, curl) get the cached
     bytes. The lock is only between HTTP threads; the sampler never takes it."""
     collector = SnapshotCollector(exporter)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
-    cache: dict[tuple[str, bool], tuple[Published | None, list[tuple[str, str]], bytes]] = {}
+    cache: dict[tuple[str, bool], tuple[Latest, list[tuple[str, str]], bytes]] = {}
     lock = threading.Lock()
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
@@ -214,7 +240,7 @@ class _QuietHandler(WSGIRequestHandler):
         """No access log on dlmon's stderr (it is the dashboard's or the alert log's)."""
 
 
-def serve(exporter: Exporter, address: Address) -> Server:
+def serve(exporter: Source, address: Address) -> Server:
     """Serve /metrics on a daemon thread; raises OSError when the address cannot be bound."""
     family = socket.AF_INET6 if ":" in address.host else socket.AF_INET
 
@@ -251,6 +277,7 @@ __all__ = [
     "exposition",
     "parse_address",
     "render",
+    "render_jobs",
     "serve",
     "start_line",
 ]

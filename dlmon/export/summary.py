@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from math import inf
 
 from dlmon.analysis.kinds import SEVERITY_RANK
+from dlmon.analysis.startup import Startup, startup_of
 from dlmon.export.metrics import Published, process_series
 from dlmon.flow.records import Record, RecordEnd, RecordProblem, iter_records
 from dlmon.model import Snapshot, WorkerDeath
@@ -226,6 +227,7 @@ class RunSummary:
     problems_total: int = 0
     oom_kills: int | None = None  # OOM kills (machine or the job's cgroup) during the recording
     left_out: Mapping[str, int] = field(default_factory=dict)  # what the caps dropped
+    startups: Mapping[str, Startup] = field(default_factory=dict)  # loader id -> its last start-up figures
 
     @property
     def duration_s(self) -> float | None:
@@ -260,6 +262,7 @@ class Summarizer:
         self.reservoirs = {key: Reservoir() for key in DISTRIBUTIONS}
         self.slots: dict[str, Peak] = {}
         self.loaders: dict[str, str] = {}
+        self.startups: dict[str, Startup] = {}  # keyed like self.loaders: bounded by MAX_SLOTS
         self.epochs: int | None = None
         self.deaths: dict[tuple[int, float | None], WorkerDeath] = {}
         self.open_alerts: dict[tuple[str, str], AlertWindow] = {}
@@ -306,6 +309,9 @@ class Summarizer:
                 self.loaders[lo.id] = f"{lo.id} {lo.name} ({lo.num_workers} workers, batch {lo.batch_size})"
             if lo.epochs is not None:
                 self.epochs = max(self.epochs or 0, lo.epochs)
+            startup = startup_of(s, lo) if lo.id in self.loaders else None
+            if startup is not None:
+                self.startups[lo.id] = startup  # cumulative counters: the latest reading is the run's
         for death in s.worker_deaths:
             key = (death.pid, death.time)
             if key not in self.deaths:
@@ -403,6 +409,7 @@ class Summarizer:
             if self.oom_first is None or self.oom_last is None
             else self.oom_last - self.oom_first,
             left_out=dict(self.left_out),
+            startups=dict(self.startups),
         )
 
 

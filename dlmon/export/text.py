@@ -7,6 +7,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from dlmon.analysis.startup import LARGE_SHARE
 from dlmon.export.summary import PEAKS, Distribution, RunSummary
 from dlmon.model import WorkerDeath
 from dlmon.model.format import human_bytes
@@ -79,6 +80,40 @@ def _distribution(name: str, d: Distribution | None, unit: str) -> tuple[str, ..
     return (name, figure(d.mean, unit), figure(d.p5, unit), figure(d.p95, unit), str(d.samples))
 
 
+def _startup_section(summary: RunSummary) -> Section:
+    """Per loader: epochs started, start-up seconds, seconds per epoch, share of wall time."""
+    rows = tuple(
+        (
+            loader_id,
+            str(s.epochs),
+            f"{s.seconds_total:.1f} s",
+            "n/a" if s.seconds_per_epoch is None else f"{s.seconds_per_epoch:.2f} s",
+            "n/a" if s.share is None else f"{s.share:.1%}",
+        )
+        for loader_id, s in summary.startups.items()
+    )
+    if not rows:
+        return Section(
+            "Worker start-up per epoch",
+            (),
+            (),
+            "n/a: this recording holds no worker start-up figures (no agent, or no loader with workers).",
+        )
+    large = [loader_id for loader_id, s in summary.startups.items() if s.large]
+    note = (
+        f"Start-up above {LARGE_SHARE:.0%} of wall time ({', '.join(large)}): workers restart every epoch; "
+        "persistent_workers=True keeps them."
+        if large
+        else None
+    )
+    return Section(
+        "Worker start-up per epoch",
+        ("loader", "epochs started", "start-up total", "per epoch", "share of wall time"),
+        rows,
+        note,
+    )
+
+
 def sections(summary: RunSummary) -> list[Section]:
     out: list[Section] = []
     overview: list[tuple[str, ...]] = [
@@ -129,14 +164,7 @@ def sections(summary: RunSummary) -> list[Section]:
             None if d else "n/a: no DataLoader figures in this recording (was the agent loaded?)",
         )
     )
-    out.append(
-        Section(
-            "Worker start-up per epoch",
-            (),
-            (),
-            "n/a: this recording holds no worker start-up figures.",
-        )
-    )
+    out.append(_startup_section(summary))
     deaths = tuple(
         (
             offset(summary, death.time),

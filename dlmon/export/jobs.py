@@ -1,0 +1,137 @@
+"""``dlmon export --all-jobs``: every training job of this user on one /metrics endpoint.
+
+A job is a process of this user whose agent serves a socket in the user's dlmon runtime directory,
+or one that has DataLoader workers (children named ``pt_data_worker``) without being a worker
+itself. Each job gets its own Sampler and Exporter; jobs are found again every ``REDISCOVER_S``
+seconds and a job that exited is dropped with its series. Scrapes render the published tuple of
+(job pid, Published): each series gets a ``job`` label, each metric family one HELP/TYPE.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Callable
+
+from dlmon.agent._paths import socket_dir
+from dlmon.collect.agent_client import AgentClient
+from dlmon.collect.processes import WORKER_COMMS
+from dlmon.collect.sampler import Sampler
+from dlmon.export.prometheus import Exporter, JobsPublished
+from dlmon.model import Snapshot
+
+REDISCOVER_S = 10.0
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read()
+    except OSError:
+        return None
+
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    """(comm, ppid) from /proc/PID/stat."""
+    text = _read(f"/proc/{pid}/stat")
+    if text is None or ")" not in text:
+        return None
+    comm = text[text.index("(") + 1 : text.rindex(")")]
+    fields = text[text.rindex(")") + 2 :].split()
+    return comm, int(fields[1])
+
+
+def _uid(pid: int) -> int | None:
+    text = _read(f"/proc/{pid}/status") or ""
+    for line in text.splitlines():
+        if line.startswith("Uid:"):
+            return int(line.split()[1])
+    return None
+
+
+def discover_jobs(uid: int | None = None) -> set[int]:
+    """The pids of this user's training jobs (see the module docstring)."""
+    uid = os.getuid() if uid is None else uid
+    stats: dict[int, tuple[str, int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit() and (st := _stat(int(name))) is not None:
+            stats[int(name)] = st
+    candidates = {ppid for comm, ppid in stats.values() if comm in WORKER_COMMS}
+    try:
+        sockets = os.listdir(socket_dir())
+    except OSError:
+        sockets = []
+    for entry in sockets:
+        pid_text = entry.removesuffix(".sock")
+        known = entry.endswith(".sock") and pid_text.isdigit() and int(pid_text) in stats
+        if known and AgentClient.find_socket(int(pid_text)) is not None:
+            candidates.add(int(pid_text))
+    return {
+        pid for pid in candidates if pid in stats and stats[pid][0] not in WORKER_COMMS and _uid(pid) == uid
+    }
+
+
+class JobsExporter:
+    """Samples every job on one thread; ``latest`` is what scrapes render (replaced whole)."""
+
+    def __init__(
+        self,
+        analyzer: Callable[[], Callable[[Snapshot], Snapshot]],
+        open_sampler: Callable[[int], Sampler],
+        discover: Callable[[], set[int]] = discover_jobs,
+        rediscover_s: float = REDISCOVER_S,
+    ) -> None:
+        self._new_analyzer = analyzer
+        self._open = open_sampler
+        self._discover = discover
+        self._rediscover_s = rediscover_s
+        self._jobs: dict[int, tuple[Sampler, Callable[[Snapshot], Snapshot], Exporter]] = {}
+        self._next_discovery = 0.0
+        self.latest: JobsPublished = ()
+
+    def _rediscover(self) -> None:
+        found = self._discover()
+        for pid in [p for p in self._jobs if p not in found]:
+            self._drop(pid)
+        for pid in sorted(found - self._jobs.keys()):
+            try:
+                sampler = self._open(pid)
+            except Exception:  # gone or unreadable since discovery: found again next time
+                continue
+            self._jobs[pid] = (sampler, self._new_analyzer(), Exporter())
+
+    def _drop(self, pid: int) -> None:
+        sampler, _, _ = self._jobs.pop(pid)
+        with contextlib.suppress(Exception):  # closing a gone job's readers must not end the export
+            sampler.close()
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        if now >= self._next_discovery:
+            self._rediscover()
+            self._next_discovery = now + self._rediscover_s
+        for pid in list(self._jobs):
+            sampler, analyze, exporter = self._jobs[pid]
+            try:
+                snapshot = sampler.sample()
+            except Exception:  # the job exited between ticks
+                self._drop(pid)
+                continue
+            if not snapshot.target.alive:
+                self._drop(pid)
+                continue
+            exporter(analyze(snapshot))
+        self.latest = tuple(
+            (str(pid), published)
+            for pid, (_, _, exporter) in sorted(self._jobs.items())
+            if (published := exporter.latest) is not None
+        )
+
+    def run(self, interval: float, stop: threading.Event) -> None:
+        while not stop.is_set():
+            self.tick()
+            stop.wait(interval)
+        for pid in list(self._jobs):
+            self._drop(pid)

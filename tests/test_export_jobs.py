@@ -1,0 +1,128 @@
+"""``dlmon export --all-jobs --prometheus``: two real jobs with the agent on one /metrics endpoint,
+each series labelled with its job's pid, valid for promtool; a killed job's series go at the next
+rediscovery."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dlmon.agent.sitecustomize_hook import env_with_agent
+from dlmon.export.jobs import REDISCOVER_S, discover_jobs
+from export_support import (
+    LOADER_JOB,
+    dlmon_cmd,
+    dlmon_serving,
+    http_get,
+    kill_group,
+    parse_exposition,
+    wait_for,
+)
+
+pytestmark = pytest.mark.slow
+
+JOB = [sys.executable, LOADER_JOB, "--store", "tensor", "--items", "2000", "--workers", "1"]
+JOB += ["--rate", "20", "--seconds", "120"]
+
+
+@pytest.fixture
+def two_jobs() -> Iterator[list[subprocess.Popen[bytes]]]:
+    jobs = [
+        subprocess.Popen(
+            JOB,
+            env=env_with_agent(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        for _ in range(2)
+    ]
+    try:
+        yield jobs
+    finally:
+        for job in jobs:
+            kill_group(job)
+
+
+def labelled(port: int, metric: str) -> set[str]:
+    """The jobs that have a ``metric`` series in a scrape."""
+    try:
+        text = http_get(f"http://127.0.0.1:{port}/metrics")
+    except OSError:
+        return set()
+    return {labels["job"] for labels, _ in parse_exposition(text).get(metric, [])}
+
+
+def pss_jobs(port: int) -> set[str]:
+    return labelled(port, "dlmon_job_pss_bytes")
+
+
+def test_discovery_finds_agent_jobs_and_not_their_workers(two_jobs: list[subprocess.Popen[bytes]]) -> None:
+    # no workers: found by its agent's socket alone
+    no_workers = [*JOB[:7], "0", *JOB[8:]]
+    solo = subprocess.Popen(
+        no_workers, env=env_with_agent(), stdout=subprocess.DEVNULL, start_new_session=True
+    )
+    try:
+        pids = {job.pid for job in two_jobs}
+        assert wait_for(lambda: pids <= discover_jobs(), timeout=90), discover_jobs()
+        assert wait_for(lambda: solo.pid in discover_jobs(), timeout=90), "the agent's socket was not found"
+        assert solo.poll() is None, "the job without workers exited"
+    finally:
+        kill_group(solo)
+    found = discover_jobs()
+    workers = {
+        int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _comm(p) == "pt_data_worker"
+    }
+    assert not found & workers
+
+
+def _comm(proc: Path) -> str:
+    try:
+        return (proc / "comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def test_all_jobs_on_one_endpoint(two_jobs: list[subprocess.Popen[bytes]], tmp_path: Path) -> None:
+    first, second = (str(job.pid) for job in two_jobs)
+    args = ["export", "--all-jobs", "--prometheus", "127.0.0.1:0", "--interval", "0.5"]
+    with dlmon_serving(args, tmp_path / "stderr") as (_, port):
+        # the jobs' agents start with them; a job found before its socket exists still counts by its workers
+        assert wait_for(lambda: {first, second} <= pss_jobs(port), timeout=90), pss_jobs(port)
+        assert wait_for(lambda: {first, second} <= labelled(port, "dlmon_worker_pid"), timeout=90)
+        text = http_get(f"http://127.0.0.1:{port}/metrics")
+        series = parse_exposition(text)
+        for name, samples in series.items():
+            if name != "dlmon_build_info":
+                assert all("job" in labels for labels, _ in samples), name
+        helps = [line.split()[2] for line in text.splitlines() if line.startswith("# HELP")]
+        assert len(helps) == len(set(helps)), "a metric family is announced twice"
+        if shutil.which("promtool"):
+            check = subprocess.run(
+                ["promtool", "check", "metrics"], input=text, capture_output=True, text=True
+            )
+            assert check.returncode == 0, check.stdout + check.stderr
+        kill_group(two_jobs[0])
+        assert wait_for(lambda: first not in pss_jobs(port), timeout=REDISCOVER_S + 60), pss_jobs(port)
+        assert second in pss_jobs(port)
+        gone = [
+            n
+            for n, samples in parse_exposition(http_get(f"http://127.0.0.1:{port}/metrics")).items()
+            if any(labels.get("job") == first for labels, _ in samples)
+        ]
+        assert not gone, f"series of the killed job left: {gone}"
+
+
+@pytest.mark.parametrize("args", [[], ["1", "--all-jobs"]])
+def test_a_pid_or_all_jobs_one_line_and_exit_2(args: list[str]) -> None:
+    result = subprocess.run(
+        dlmon_cmd("export", *args, "--prometheus", "0"), capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip() == "dlmon: error: give a PID or --all-jobs (one of the two)"
