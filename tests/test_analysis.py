@@ -15,6 +15,7 @@ from scenarios.synth import (
     MAIN_PID,
     MIB,
     T0,
+    copy_on_read_history,
     disk,
     gpu,
     loader,
@@ -779,3 +780,50 @@ def test_subject_stays_when_the_worker_id_becomes_known_and_nan_evidence_is_drop
 
     out = Analyzer(cores=2, detectors={"odd": odd}, strict=True)(snap(0, []))
     assert dict(out.alerts[0].evidence) == {"x": None, "y": 1}
+
+
+# -- the copy-on-read ceiling (issue 8) --------------------------------------------------------
+
+_COR_LEVEL = 300 * MIB + 4 * 50 * MIB + 1 * GIB + 5 * 2 * GIB  # copy_on_read_history's true level
+
+
+def _first_growth(outs: Sequence[Snapshot]) -> Alert:
+    found = next((a for s in outs for a in of_kind(s, "memory_growth")), None)
+    assert found is not None, "copy-on-read was not caught"
+    return found
+
+
+def test_copy_on_read_that_levels_off_under_the_limit_says_so_and_predicts_no_oom() -> None:
+    """4 workers copying a 2 GiB Python-object store on read (1 GiB of torch's heap never
+    touched): the job's anonymous PSS levels off at ~11.5 GiB, and the machine has 20 GiB
+    free. The alert says where it stops and that it fits, gives no ETA, and is only info."""
+    outs = analyze(copy_on_read_history(240.0, total=64 * GIB, available=40 * GIB))
+    alert = _first_growth(outs)
+    ev = alert.evidence
+    assert ev["cause"] == "copy_on_read", alert.message
+    first = ev["ceiling_bytes"]
+    assert isinstance(first, int) and first >= 0.95 * _COR_LEVEL, alert.message  # never below
+    later = [a for s in outs for a in of_kind(s, "memory_growth") if s.time - T0 >= 100.0]
+    assert later, "the alert should last while the job still grows"
+    ceiling = later[0].evidence["ceiling_bytes"]
+    assert isinstance(ceiling, int)
+    assert abs(ceiling - _COR_LEVEL) <= 0.1 * _COR_LEVEL, (ceiling / GIB, later[0].message)
+    assert ev["fits"] is True and ev["eta_s"] is None, alert.message
+    assert alert.severity == "info", alert.message
+    assert "levels off at ≈" in alert.message and "no OOM" in alert.message, alert.message
+    assert "each worker ≤" in alert.message and isinstance(ev["worker_ceiling_bytes"], int)
+
+
+def test_copy_on_read_whose_ceiling_is_over_the_limit_gives_the_eta_to_crossing_it() -> None:
+    """The same job in a cgroup with 3 GiB left: the copying still to come (GiBs) does not fit.
+    The ETA is to the slowing curve crossing the limit: later than room / rate, which the
+    straight line gave (and which warned 18 s early on the real job in benchmarks)."""
+    outs = analyze(copy_on_read_history(240.0, cgroup_room=3 * GIB))
+    alert = _first_growth(outs)
+    ev = alert.evidence
+    assert ev["fits"] is False, alert.message
+    eta, room, rate = ev["eta_s"], ev["headroom_bytes"], ev["rate_bytes_per_s"]
+    assert isinstance(eta, float) and isinstance(room, int) and isinstance(rate, float)
+    assert eta > room / rate, (eta, room / rate)
+    assert "would need" in alert.message and "OOM in about" in alert.message, alert.message
+    assert alert.severity in ("warning", "critical")

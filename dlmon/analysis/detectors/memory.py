@@ -9,6 +9,7 @@ from dlmon.analysis.detectors._base import (
     Candidate,
     Context,
     GrowthWindow,
+    Headroom,
     Thresholds,
     describe_headroom,
     duration,
@@ -19,8 +20,8 @@ from dlmon.analysis.detectors._base import (
 )
 from dlmon.analysis.digest import DEAD, Digest, Series
 from dlmon.analysis.kinds import CRITICAL, INFO, MEMORY_GROWTH, SWAP_ACTIVITY, WARNING
-from dlmon.analysis.stats import Trend, median, subsample, theil_sen, trend
-from dlmon.model import Snapshot
+from dlmon.analysis.stats import Trend, median, saturation_rest, subsample, theil_sen, trend
+from dlmon.model import ProcessSample, Snapshot
 
 COPY_ON_READ = "copy_on_read"
 MAIN_PROCESS = "main_process"
@@ -195,6 +196,49 @@ _ADVICE = {
 }
 
 
+@dataclass(frozen=True, slots=True)
+class Ceiling:
+    """Where copy-on-read growth stops (docs/detectors.md, "The copy-on-read ceiling"). All in
+    the job's anonymous PSS (Σ Pss_Anon): what a copied page adds to."""
+
+    level_bytes: float  # the job's anonymous PSS once the copying is over
+    rest_bytes: float  # still to come: level - now
+    bound_bytes: float  # the most that can still come: every shared anonymous page copied
+    worker_bytes: float  # the largest worker's ceiling: all its resident anonymous pages its own
+    basis: str  # "trend" (the slowing rise levels off first) or "pages" (the bound)
+
+
+def copy_ceiling(
+    processes: list[ProcessSample], job_series: Series, now: float, span_s: float
+) -> Ceiling | None:
+    """A page shared by m processes counts once in their PSS and m times in their ``Anonymous``;
+    copied by all, it counts m times in PSS too. So Σ (Anonymous - Pss_Anon) over the job is
+    all the copying can still add (pages shared with the trainer that a worker never touches
+    are in it: the bound), and a rise that slows geometrically says where it levels off before
+    that (``saturation_rest`` over ``span_s`` of the job's anonymous PSS). None without the
+    smaps_rollup split (Linux < 5.7) or when a process lacks it."""
+    if not processes or any(p.pss_anon_bytes is None or p.anonymous_bytes is None for p in processes):
+        return None
+    anon_now = float(sum(p.pss_anon_bytes or 0 for p in processes))
+    bound = float(sum(max(0, (p.anonymous_bytes or 0) - (p.pss_anon_bytes or 0)) for p in processes))
+    workers = [p for p in processes if p.role == "worker"]
+    worker = float(max((p.anonymous_bytes or 0 for p in workers), default=0))
+    rest = saturation_rest(job_series.between(now - span_s, now))
+    if rest is not None and rest < bound:
+        return Ceiling(anon_now + rest, rest, bound, worker, "trend")
+    return Ceiling(anon_now + bound, bound, bound, worker, "pages")
+
+
+def eta_to(room_bytes: float, rest_bytes: float, rate: float) -> float | None:
+    """Seconds until the job has grown by ``room_bytes`` when the growth still to come is
+    ``rest_bytes`` and slows as the untouched pages run out (each second copies the same share
+    of what is left: rest·(1 - exp(-t/τ)), τ = rest / rate); None when it never gets there."""
+    if rate <= 0 or room_bytes >= rest_bytes:
+        return None
+    tau = rest_bytes / rate
+    return -tau * math.log(1.0 - room_bytes / rest_bytes)
+
+
 def growth(ctx: Context) -> tuple[GrowthWindow, str, Trend] | None:
     """The shortest window in which one of three views of the job's memory passes the growth
     rule: the PSS total (the truth, but on a shared machine it moves when unrelated processes map
@@ -252,10 +296,21 @@ def detect_memory_growth(ctx: Context) -> list[Candidate]:
     room = headroom(s)
     eta = None if room is None or rate <= 0 else room.bytes / rate
     attribution = attribute(digest, now, window.window_s, rate, cfg, anon=signal == JOB_ANON)
+    ceiling = (
+        copy_ceiling(list(ctx.tree().attached), digest.job_pss, now, window.window_s)
+        if attribution.cause == COPY_ON_READ
+        else None
+    )
+    fits: bool | None = None
+    if ceiling is not None and room is not None:
+        fits = ceiling.rest_bytes <= room.bytes
+        eta = None if fits else eta_to(room.bytes, ceiling.rest_bytes, rate)
     rss = digest.job_rss.since(now - window.window_s)
     rss_change = rss[-1][1] - rss[0][1] if len(rss) >= 2 else None
     rss_flat = rss_change is not None and abs(rss_change) < 0.25 * max(t.rise, 1.0)
-    if eta is None:
+    if fits:
+        severity = INFO  # it levels off below the limit: worth knowing, no OOM coming
+    elif eta is None:
         severity = WARNING
     elif eta <= cfg.growth_critical_eta_s:
         severity = CRITICAL
@@ -271,7 +326,9 @@ def detect_memory_growth(ctx: Context) -> list[Candidate]:
     )
     if rss_flat and signal != JOB_ANON:
         message += ", while RSS stayed flat"
-    if room is not None and eta is not None:
+    if ceiling is not None and room is not None and room.limit_bytes is not None:
+        message += "; " + describe_ceiling(ceiling, room, eta) + "."
+    elif room is not None and eta is not None:
         message += f"; at this rate it reaches {describe_headroom(room)} in about {duration(eta)}."
     else:
         message += "."
@@ -299,6 +356,12 @@ def detect_memory_growth(ctx: Context) -> list[Candidate]:
         "top_process_rate_bytes_per_s": round(attribution.growing[0].slope, 1)
         if attribution.growing
         else None,
+        "ceiling_bytes": None if ceiling is None else round(ceiling.level_bytes),
+        "ceiling_rest_bytes": None if ceiling is None else round(ceiling.rest_bytes),
+        "ceiling_bound_bytes": None if ceiling is None else round(ceiling.bound_bytes),
+        "worker_ceiling_bytes": None if ceiling is None else round(ceiling.worker_bytes),
+        "ceiling_basis": None if ceiling is None else ceiling.basis,
+        "fits": fits,
     }
     advice = _ADVICE[attribution.cause]
     restarting = s.loaders and all(x.persistent_workers is False for x in s.loaders)
@@ -315,6 +378,21 @@ def detect_memory_growth(ctx: Context) -> list[Candidate]:
             evidence,
         )
     ]
+
+
+def describe_ceiling(ceiling: Ceiling, room: Headroom, eta: float | None) -> str:
+    """ "levels off at ≈ 9.8 GiB, fits in 22 GiB — no OOM" or "would need 41 GiB of 32 GiB: OOM
+    in about 25 min" (the limit's use now plus what the copying can still add)."""
+    limit = room.limit_bytes or 0
+    need = limit - room.bytes + ceiling.rest_bytes
+    where = "the cgroup limit" if room.source == "cgroup" else "the machine's memory"
+    basis = "as its rise slows" if ceiling.basis == "trend" else "once every shared page is copied"
+    each = f"each worker ≤ {size(ceiling.worker_bytes)}"
+    head = f"copy-on-read levels off at ≈ {size(ceiling.level_bytes)} {basis} ({each})"
+    if ceiling.rest_bytes <= room.bytes:
+        return f"{head}, fits in {size(limit)} ({where}, {size(need)} needed) — no OOM"
+    when = f": OOM in about {duration(eta)}" if eta is not None else ": OOM"
+    return f"{head}; it would need {size(need)} of {size(limit)} ({where}){when}"
 
 
 # -- swap_activity ---------------------------------------------------------------------------
