@@ -13,7 +13,8 @@ from test_analysis_scenarios import Start, Watch, job, start  # noqa: F401  (sta
 
 from dlmon.analysis import Analyzer
 from dlmon.analysis.detectors import DEFAULT_THRESHOLDS, GrowthWindow
-from dlmon.model import Snapshot
+from dlmon.analysis.stats import median
+from dlmon.model import Alert, Snapshot
 from dlmon.ui.fmt import DASH
 from dlmon.ui.state import DashboardState
 from dlmon.ui.views import memory_lines, table_cells, table_columns, text_of
@@ -438,3 +439,56 @@ def test_vram_pressure_still_fires_when_nvml_cannot_list_the_jobs_processes() ->
     analyzer = Analyzer(cores=2, strict=True)
     last = [analyzer(snap(float(t), [proc(1001)], gpus=gpus)) for t in range(8)][-1]
     assert [a.subject for a in last.alerts if a.kind == "vram_pressure"] == ["GPU 0"]
+
+
+def _job_anon(s: Snapshot) -> float | None:
+    procs = [p for p in s.processes if p.state not in ("Z", "X")]
+    if not procs or any(p.pss_anon_bytes is None for p in procs):
+        return None
+    return float(sum(p.pss_anon_bytes or 0 for p in procs))
+
+
+@pytest.mark.slow
+def test_copy_on_read_ceiling_predicts_where_a_real_job_levels_off(start: Start) -> None:  # noqa: F811
+    """1M Python strings read at random by 2 workers (1000 samples/s): each worker copies the
+    store's pages as it touches them, ever fewer untouched ones left, until every page is its
+    own. The ceiling the alert predicts (job anonymous PSS) must be within 25% of where the
+    real job levels off; it fits in this machine's memory, so the alert is info with no ETA."""
+    common = ["--items", "1000000", "--workers", "2", "--batch", "50", "--rate", "20"]
+    proc = start(job("--store", "list", *common, "--shuffle", "--persistent"))
+    w = Watch(proc.pid)
+    predicted: list[tuple[float, int, Alert]] = []
+    try:
+        first = w.until("memory_growth", 120.0)
+        assert first is not None, "copy-on-read was not caught"
+        levels: list[tuple[float, float]] = []
+        while w.elapsed() < 420.0:
+            s = w.tick()
+            level = _job_anon(s)
+            if level is not None:
+                levels.append((s.time, level))
+            for a in s.alerts:
+                ceiling = a.evidence.get("ceiling_bytes") if a.kind == "memory_growth" else None
+                if isinstance(ceiling, int):
+                    predicted.append((s.time, ceiling, a))
+            recent = [v for t, v in levels if t >= s.time - 45.0]
+            if levels[0][0] < s.time - 120.0 and recent and max(recent) - min(recent) < 0.02 * recent[-1]:
+                break  # levelled off: under 2% over the last 45 s
+    finally:
+        w.close()
+    assert first.evidence["cause"] == "copy_on_read", first.message
+    final = median([v for t, v in levels if t >= levels[-1][0] - 20.0])
+    start_level = levels[0][1]
+    assert final - start_level > 64 * MIB, "the workers should have copied the store"
+    assert predicted, "no ceiling was given"
+    # the prediction once the rise has shown its shape (30 s after the first alert)
+    t_first = predicted[0][0]
+    later = [(t, c, a) for t, c, a in predicted if t >= t_first + 30.0] or predicted[-1:]
+    _, ceiling, alert = later[0]
+    assert abs(ceiling - final) <= 0.25 * final, (ceiling / MIB, final / MIB, alert.message)
+    assert alert.evidence["fits"] is True and alert.evidence["eta_s"] is None, alert.message
+    assert "levels off at ≈" in alert.message and "no OOM" in alert.message, alert.message
+    print(
+        f"ceiling at first alert {predicted[0][1] / MIB:.0f} MiB, 30 s later {ceiling / MIB:.0f} MiB, "
+        f"real level {final / MIB:.0f} MiB (from {start_level / MIB:.0f} MiB)"
+    )

@@ -282,6 +282,7 @@ def copy_on_read_history(
     refresh_s: float = 10.0,
     cgroup_room: float | None = None,
     generations_s: float | None = None,
+    kept_per_generation: float = 0.0,
     **snap_kwargs: object,
 ) -> list[Snapshot]:
     """A trainer whose Python-object ``store`` its workers copy on read, page by page: a share
@@ -291,7 +292,8 @@ def copy_on_read_history(
     stops is main_private + workers * worker_private + untouched + (workers + 1) * store.
     ``cgroup_room``: a v1 cgroup whose limit is the job's first working set plus this.
     ``generations_s``: persistent_workers=False: new workers (new pids) every that many seconds,
-    which start copying from nothing again."""
+    which start copying from nothing again; ``kept_per_generation``: the trainer keeps that much
+    more at each restart (a staircase under the sawtooth)."""
     n = workers + 1
     out: list[Snapshot] = []
     limit: float | None = None
@@ -307,7 +309,8 @@ def copy_on_read_history(
                 read_at = born  # a new worker is read at its start
             copied = 1.0 - math.exp(-max(0.0, read_at - born) / tau_s)
             shared = untouched / n + (1.0 - copied) * store / n
-            private = (main_private if i == 0 else worker_private) + copied * store
+            kept = gen * kept_per_generation if i == 0 else 0.0
+            private = (main_private + kept if i == 0 else worker_private) + copied * store
             pss_anon = private + shared
             anonymous = private + untouched + (1.0 - copied) * store
             base = proc(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -229,6 +230,43 @@ def copy_ceiling(
     return Ceiling(anon_now + bound, bound, bound, worker, "pages")
 
 
+@dataclass(frozen=True, slots=True)
+class Generations:
+    """Workers restarted at every epoch (persistent_workers=False, validation passes): what each
+    generation of them did to the job's memory."""
+
+    epoch_s: float  # the median time between restarts
+    since_s: float  # since the newest restart
+    peaks: tuple[float, ...]  # the signal's highest reading in each complete generation, oldest first
+    starts: tuple[float, ...]  # its lowest in each: the level each generation started from
+
+
+def generations(digest: Digest, series: Series, now: float) -> Generations | None:
+    """None until two restarts are known (the epoch's length between them)."""
+    restarts = digest.restarts
+    if len(restarts) < 2:
+        return None
+    gaps = [b - a for a, b in itertools.pairwise(restarts)]
+    peaks: list[float] = []
+    starts: list[float] = []
+    first = series.first()
+    bounds = [first[0], *restarts] if first is not None and first[0] < restarts[0] else restarts
+    for a, b in itertools.pairwise(bounds):  # the one before the first restart counts (partly seen)
+        values = [v for _, v in series.between(a, b)]
+        if values:
+            peaks.append(max(values))
+            starts.append(min(values))
+    if not peaks:
+        return None
+    return Generations(median(gaps), now - restarts[-1], tuple(peaks), tuple(starts))
+
+
+def generations_climb(g: Generations, tolerance: float) -> bool:
+    """Each generation starts higher than the first did: memory kept across epochs (a staircase
+    under the sawtooth), which the restarts do not give back."""
+    return len(g.starts) >= 2 and g.starts[-1] > g.starts[0] + tolerance
+
+
 def eta_to(room_bytes: float, rest_bytes: float, rate: float) -> float | None:
     """Seconds until the job has grown by ``room_bytes`` when the growth still to come is
     ``rest_bytes`` and slows as the untouched pages run out (each second copies the same share
@@ -236,7 +274,7 @@ def eta_to(room_bytes: float, rest_bytes: float, rate: float) -> float | None:
     if rate <= 0 or room_bytes >= rest_bytes:
         return None
     tau = rest_bytes / rate
-    return -tau * math.log(1.0 - room_bytes / rest_bytes)
+    return max(0.0, -tau * math.log(1.0 - max(0.0, room_bytes) / rest_bytes))
 
 
 def growth(ctx: Context) -> tuple[GrowthWindow, str, Trend] | None:
@@ -308,6 +346,19 @@ def detect_memory_growth(ctx: Context) -> list[Candidate]:
     rss = digest.job_rss.since(now - window.window_s)
     rss_change = rss[-1][1] - rss[0][1] if len(rss) >= 2 else None
     rss_flat = rss_change is not None and abs(rss_change) < 0.25 * max(t.rise, 1.0)
+    gens = generations(digest, _series(digest, signal), now)
+    climbing = gens is not None and generations_climb(gens, max(t.tolerance, 0.05 * t.end_level))
+    epoch_peak: float | None = None
+    if climbing:
+        fits = None  # a staircase under the sawtooth: no ceiling bounds what is kept across epochs
+        eta = None if room is None or rate <= 0 else room.bytes / rate
+    elif gens is not None and room is not None:
+        # the workers' memory goes with them at the next restart: only this epoch's peak counts
+        left = max(0.0, gens.epoch_s - gens.since_s)
+        still = rate * left if ceiling is None else min(rate * left, ceiling.rest_bytes)
+        epoch_peak = max(t.end_level + still, max(gens.peaks))
+        fits = epoch_peak - t.end_level <= room.bytes
+        eta = None if fits else max(0.0, room.bytes) / rate
     if fits:
         severity = INFO  # it levels off below the limit: worth knowing, no OOM coming
     elif eta is None:
@@ -326,7 +377,16 @@ def detect_memory_growth(ctx: Context) -> list[Candidate]:
     )
     if rss_flat and signal != JOB_ANON:
         message += ", while RSS stayed flat"
-    if ceiling is not None and room is not None and room.limit_bytes is not None:
+    if gens is not None and epoch_peak is not None and room is not None:
+        message += "; " + describe_epochs(gens, epoch_peak, t.end_level, room, eta) + "."
+    elif gens is not None and climbing and room is not None and eta is not None:
+        kept = f"{size(gens.starts[0])} → {size(gens.starts[-1])}"
+        message += (
+            f"; the workers restart every {duration(gens.epoch_s)} but each generation starts higher "
+            f"({kept}): memory is kept across epochs; it reaches {describe_headroom(room)} in about "
+            f"{duration(eta)}."
+        )
+    elif ceiling is not None and room is not None and room.limit_bytes is not None:
         message += "; " + describe_ceiling(ceiling, room, eta) + "."
     elif room is not None and eta is not None:
         message += f"; at this rate it reaches {describe_headroom(room)} in about {duration(eta)}."
@@ -362,6 +422,9 @@ def detect_memory_growth(ctx: Context) -> list[Candidate]:
         "worker_ceiling_bytes": None if ceiling is None else round(ceiling.worker_bytes),
         "ceiling_basis": None if ceiling is None else ceiling.basis,
         "fits": fits,
+        "epoch_s": None if gens is None else round(gens.epoch_s, 1),
+        "generations": None if gens is None else len(gens.peaks) + 1,
+        "epoch_peak_bytes": None if epoch_peak is None else round(epoch_peak),
     }
     advice = _ADVICE[attribution.cause]
     restarting = s.loaders and all(x.persistent_workers is False for x in s.loaders)
@@ -393,6 +456,18 @@ def describe_ceiling(ceiling: Ceiling, room: Headroom, eta: float | None) -> str
         return f"{head}, fits in {size(limit)} ({where}, {size(need)} needed) — no OOM"
     when = f": OOM in about {duration(eta)}" if eta is not None else ": OOM"
     return f"{head}; it would need {size(need)} of {size(limit)} ({where}){when}"
+
+
+def describe_epochs(g: Generations, peak: float, level: float, room: Headroom, eta: float | None) -> str:
+    """ "the workers restart every ...: this generation peaks at ≈ X, which fits — no OOM", or
+    the ETA within this epoch."""
+    head = (
+        f"the workers restart every {duration(g.epoch_s)} (persistent_workers=False) and their memory "
+        f"goes with them: this generation peaks at ≈ {size(peak)} ({size(peak - level)} more)"
+    )
+    if eta is None:
+        return f"{head}, which fits ({size(room.bytes)} left) — no OOM"
+    return f"{head}, more than the {size(room.bytes)} left: OOM in about {duration(eta)}, within this epoch"
 
 
 # -- swap_activity ---------------------------------------------------------------------------
