@@ -869,3 +869,49 @@ def test_memory_kept_across_restarted_generations_still_heads_for_oom() -> None:
     assert late
     assert all(a.evidence["fits"] is not True and a.severity != "info" for a in late), late[-1].message
     assert any("starts higher" in a.message for a in late), late[-1].message
+
+
+# -- input_bound names IO only with a witness on the disk its workers read -----------------------
+
+
+def _waiting(
+    t: float, *, psi: float | None, util: float, queue: float, read_bps: float, state: str
+) -> Snapshot:
+    workers = [proc(1001, cpu=8.0, read_bps=read_bps, state=state), proc(1002, cpu=8.0, read_bps=read_bps)]
+    return snap(
+        t,
+        workers,
+        disks=[disk("vda", util=util, queue=queue, r_await=0.3, read_bps=100e6)],
+        pressure=Pressure(io_some_avg10=psi, cpu_some_avg10=0.0),
+        loaders=[loader(wait=0.6, num_workers=2, worker_pids=[1001, 1002])],
+    )
+
+
+@pytest.mark.parametrize(
+    ("psi", "util", "queue"),
+    [
+        (60.0, 2.0, 0.1),  # machine-wide IO pressure alone (another job's IO)
+        (60.0, 95.0, 20.0),  # a disk saturated by someone else: the workers read nothing from it
+    ],
+)
+def test_input_bound_does_not_name_io_without_the_workers_reading_a_saturated_disk(
+    psi: float, util: float, queue: float
+) -> None:
+    """Workers idle at 8% CPU, reading 0 B/s and never in D state, while the machine's IO
+    pressure is 60% (and a disk is saturated by another job): the wait is not IO (today it was,
+    with a message saying the workers were in D state 0% of the time)."""
+    history = [_waiting(t, psi=psi, util=util, queue=queue, read_bps=0.0, state="S") for t in range(30)]
+    ib = of_kind(analyze(history)[-1], "input_bound")[0]
+    assert ib.evidence["cause"] == "too_few_workers", ib.message
+    assert "IO" not in ib.message and "D state 0%" not in ib.message, ib.message
+
+
+def test_input_bound_names_the_disk_its_workers_read_and_wait_on() -> None:
+    history = [
+        _waiting(t, psi=40.0, util=97.0, queue=24.0, read_bps=30e6, state="D" if t % 2 else "S")
+        for t in range(30)
+    ]
+    ib = of_kind(analyze(history)[-1], "input_bound")[0]
+    assert ib.evidence["cause"] == "io" and ib.evidence["saturated_disk"] == "vda", ib.message
+    assert "disk vda is saturated" in ib.message and "workers read 57.2 MiB/s" in ib.message, ib.message
+    assert "D state" in ib.message and "0%" not in ib.message.split("D state")[1][:6], ib.message
