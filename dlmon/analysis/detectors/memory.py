@@ -267,6 +267,16 @@ def generations_climb(g: Generations, tolerance: float) -> bool:
     return len(g.starts) >= 2 and g.starts[-1] > g.starts[0] + tolerance
 
 
+TREND_MARGIN = 1.25  # a ceiling extrapolated from the slowing rise fits only with 25% to spare
+
+
+def ceiling_fits(ceiling: Ceiling, room_bytes: float) -> bool:
+    """What the copying can still add fits in the headroom: the bound as it is (it is the most),
+    the trend's level with a margin (an extrapolation must not promise "no OOM" too early)."""
+    margin = TREND_MARGIN if ceiling.basis == "trend" else 1.0
+    return ceiling.rest_bytes * margin <= room_bytes
+
+
 def eta_to(room_bytes: float, rest_bytes: float, rate: float) -> float | None:
     """Seconds until the job has grown by ``room_bytes`` when the growth still to come is
     ``rest_bytes`` and slows as the untouched pages run out (each second copies the same share
@@ -341,8 +351,9 @@ def detect_memory_growth(ctx: Context) -> list[Candidate]:
     )
     fits: bool | None = None
     if ceiling is not None and room is not None:
-        fits = ceiling.rest_bytes <= room.bytes
-        eta = None if fits else eta_to(room.bytes, ceiling.rest_bytes, rate)
+        fits = ceiling_fits(ceiling, room.bytes)
+        # the ETA on the bound's curve: the earliest the slowing growth can reach the limit
+        eta = None if fits else eta_to(room.bytes, ceiling.bound_bytes, rate)
     rss = digest.job_rss.since(now - window.window_s)
     rss_change = rss[-1][1] - rss[0][1] if len(rss) >= 2 else None
     rss_flat = rss_change is not None and abs(rss_change) < 0.25 * max(t.rise, 1.0)
@@ -452,9 +463,13 @@ def describe_ceiling(ceiling: Ceiling, room: Headroom, eta: float | None) -> str
     basis = "as its rise slows" if ceiling.basis == "trend" else "once every shared page is copied"
     each = f"each worker ≤ {size(ceiling.worker_bytes)}"
     head = f"copy-on-read levels off at ≈ {size(ceiling.level_bytes)} {basis} ({each})"
-    if ceiling.rest_bytes <= room.bytes:
+    if ceiling_fits(ceiling, room.bytes):
         return f"{head}, fits in {size(limit)} ({where}, {size(need)} needed) — no OOM"
     when = f": OOM in about {duration(eta)}" if eta is not None else ": OOM"
+    if ceiling.rest_bytes <= room.bytes:  # an extrapolated level, too close to the limit to promise
+        return (
+            f"{head}; it would need {size(need)} of {size(limit)} ({where}), too close to call{when} at worst"
+        )
     return f"{head}; it would need {size(need)} of {size(limit)} ({where}){when}"
 
 
