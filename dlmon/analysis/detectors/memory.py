@@ -358,6 +358,10 @@ def detect_memory_growth(ctx: Context) -> list[Candidate]:
     rss_change = rss[-1][1] - rss[0][1] if len(rss) >= 2 else None
     rss_flat = rss_change is not None and abs(rss_change) < 0.25 * max(t.rise, 1.0)
     gens = generations(digest, _series(digest, signal), now)
+    if gens is not None and (
+        gens.since_s > 1.5 * gens.epoch_s or attribution.cause not in (COPY_ON_READ, SOME_WORKERS)
+    ):
+        gens = None  # the restarts stopped, or what grows is not the workers' (it stays at a restart)
     climbing = gens is not None and generations_climb(gens, max(t.tolerance, 0.05 * t.end_level))
     epoch_peak: float | None = None
     if climbing:
