@@ -15,6 +15,7 @@ from scenarios.synth import (
     MAIN_PID,
     MIB,
     T0,
+    copy_on_read_history,
     disk,
     gpu,
     loader,
@@ -779,3 +780,138 @@ def test_subject_stays_when_the_worker_id_becomes_known_and_nan_evidence_is_drop
 
     out = Analyzer(cores=2, detectors={"odd": odd}, strict=True)(snap(0, []))
     assert dict(out.alerts[0].evidence) == {"x": None, "y": 1}
+
+
+# -- the copy-on-read ceiling (issue 8) --------------------------------------------------------
+
+_COR_LEVEL = 300 * MIB + 4 * 50 * MIB + 1 * GIB + 5 * 2 * GIB  # copy_on_read_history's true level
+
+
+def _first_growth(outs: Sequence[Snapshot]) -> Alert:
+    found = next((a for s in outs for a in of_kind(s, "memory_growth")), None)
+    assert found is not None, "copy-on-read was not caught"
+    return found
+
+
+def test_copy_on_read_that_levels_off_under_the_limit_says_so_and_predicts_no_oom() -> None:
+    """4 workers copying a 2 GiB Python-object store on read (1 GiB of torch's heap never
+    touched): the job's anonymous PSS levels off at ~11.5 GiB, and the machine has 20 GiB
+    free. The alert says where it stops and that it fits, gives no ETA, and is only info."""
+    outs = analyze(copy_on_read_history(240.0, total=64 * GIB, available=40 * GIB))
+    alert = _first_growth(outs)
+    ev = alert.evidence
+    assert ev["cause"] == "copy_on_read", alert.message
+    first = ev["ceiling_bytes"]
+    assert isinstance(first, int) and first >= 0.95 * _COR_LEVEL, alert.message  # never below
+    later = [a for s in outs for a in of_kind(s, "memory_growth") if s.time - T0 >= 100.0]
+    assert later, "the alert should last while the job still grows"
+    ceiling = later[0].evidence["ceiling_bytes"]
+    assert isinstance(ceiling, int)
+    assert abs(ceiling - _COR_LEVEL) <= 0.1 * _COR_LEVEL, (ceiling / GIB, later[0].message)
+    assert ev["fits"] is True and ev["eta_s"] is None, alert.message
+    assert alert.severity == "info", alert.message
+    assert "levels off at ≈" in alert.message and "no OOM" in alert.message, alert.message
+    assert "each worker ≤" in alert.message and isinstance(ev["worker_ceiling_bytes"], int)
+
+
+def test_copy_on_read_whose_ceiling_is_over_the_limit_gives_the_eta_to_crossing_it() -> None:
+    """The same job in a cgroup with 3 GiB left: the copying still to come (GiBs) does not fit.
+    The ETA is to the slowing curve crossing the limit: later than room / rate, which the
+    straight line gave (and which warned 18 s early on the real job in benchmarks)."""
+    outs = analyze(copy_on_read_history(240.0, cgroup_room=3 * GIB))
+    alert = _first_growth(outs)
+    ev = alert.evidence
+    assert ev["fits"] is False, alert.message
+    eta, room, rate = ev["eta_s"], ev["headroom_bytes"], ev["rate_bytes_per_s"]
+    assert isinstance(eta, float) and isinstance(room, int) and isinstance(rate, float)
+    assert eta > room / rate, (eta, room / rate)
+    assert "would need" in alert.message and "OOM in about" in alert.message, alert.message
+    assert alert.severity in ("warning", "critical")
+
+
+# -- persistent_workers=False: growth that each epoch's restart gives back ------------------------
+
+
+def _restarting(**kwargs: object) -> list[Snapshot]:
+    """4 workers copying pages at ~16 MiB/min each, restarted every 3 min (new pids), in a
+    cgroup with 1 GiB left: at the rate the straight line reaches the limit in ~12 min, but each
+    generation adds only ~200 MiB before the next restart takes it back."""
+    return copy_on_read_history(
+        900.0,
+        tau_s=3000.0,
+        store=1 * GIB,
+        generations_s=180.0,
+        cgroup_room=1 * GIB,
+        loaders=[loader(persistent_workers=False)],
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def test_workers_restarted_each_epoch_are_judged_by_one_epochs_peak() -> None:
+    """Once two restarts give the epoch's length (and the alert held from before them has had its
+    60 s clear hold), the growth is judged by where this generation peaks: it fits, no ETA."""
+    outs = analyze(_restarting())
+    late = [a for s in outs if s.time - T0 >= 2 * 180.0 + 65.0 for a in of_kind(s, "memory_growth")]
+    assert late, "the growth within an epoch is still shown"
+    for alert in late:
+        ev = alert.evidence
+        assert ev["fits"] is True and ev["eta_s"] is None, alert.message
+        assert alert.severity == "info", alert.message
+        assert isinstance(ev["epoch_s"], float) and abs(ev["epoch_s"] - 180.0) < 5.0, ev["epoch_s"]
+        assert "restart every 3.0 min" in alert.message and "no OOM" in alert.message, alert.message
+
+
+def test_memory_kept_across_restarted_generations_still_heads_for_oom() -> None:
+    """The same sawtooth over a trainer that keeps 300 MiB at each restart: every generation
+    starts higher, so the restarts give back nothing of that and the ETA stays."""
+    outs = analyze(_restarting(kept_per_generation=300 * MIB))
+    late = [a for s in outs if s.time - T0 >= 2 * 180.0 + 65.0 for a in of_kind(s, "memory_growth")]
+    assert late
+    assert all(a.evidence["fits"] is not True and a.severity != "info" for a in late), late[-1].message
+    assert any("starts higher" in a.message for a in late), late[-1].message
+
+
+# -- input_bound names IO only with a witness on the disk its workers read -----------------------
+
+
+def _waiting(
+    t: float, *, psi: float | None, util: float, queue: float, read_bps: float, state: str
+) -> Snapshot:
+    workers = [proc(1001, cpu=8.0, read_bps=read_bps, state=state), proc(1002, cpu=8.0, read_bps=read_bps)]
+    return snap(
+        t,
+        workers,
+        disks=[disk("vda", util=util, queue=queue, r_await=0.3, read_bps=100e6)],
+        pressure=Pressure(io_some_avg10=psi, cpu_some_avg10=0.0),
+        loaders=[loader(wait=0.6, num_workers=2, worker_pids=[1001, 1002])],
+    )
+
+
+@pytest.mark.parametrize(
+    ("psi", "util", "queue"),
+    [
+        (60.0, 2.0, 0.1),  # machine-wide IO pressure alone (another job's IO)
+        (60.0, 95.0, 20.0),  # a disk saturated by someone else: the workers read nothing from it
+    ],
+)
+def test_input_bound_does_not_name_io_without_the_workers_reading_a_saturated_disk(
+    psi: float, util: float, queue: float
+) -> None:
+    """Workers idle at 8% CPU, reading 0 B/s and never in D state, while the machine's IO
+    pressure is 60% (and a disk is saturated by another job): the wait is not IO (today it was,
+    with a message saying the workers were in D state 0% of the time)."""
+    history = [_waiting(t, psi=psi, util=util, queue=queue, read_bps=0.0, state="S") for t in range(30)]
+    ib = of_kind(analyze(history)[-1], "input_bound")[0]
+    assert ib.evidence["cause"] == "too_few_workers", ib.message
+    assert "IO" not in ib.message and "D state 0%" not in ib.message, ib.message
+
+
+def test_input_bound_names_the_disk_its_workers_read_and_wait_on() -> None:
+    history = [
+        _waiting(t, psi=40.0, util=97.0, queue=24.0, read_bps=30e6, state="D" if t % 2 else "S")
+        for t in range(30)
+    ]
+    ib = of_kind(analyze(history)[-1], "input_bound")[0]
+    assert ib.evidence["cause"] == "io" and ib.evidence["saturated_disk"] == "vda", ib.message
+    assert "disk vda is saturated" in ib.message and "workers read 57.2 MiB/s" in ib.message, ib.message
+    assert "D state" in ib.message and "0%" not in ib.message.split("D state")[1][:6], ib.message

@@ -13,7 +13,8 @@ from test_analysis_scenarios import Start, Watch, job, start  # noqa: F401  (sta
 
 from dlmon.analysis import Analyzer
 from dlmon.analysis.detectors import DEFAULT_THRESHOLDS, GrowthWindow
-from dlmon.model import Snapshot
+from dlmon.analysis.stats import median
+from dlmon.model import Alert, Snapshot
 from dlmon.ui.fmt import DASH
 from dlmon.ui.state import DashboardState
 from dlmon.ui.views import memory_lines, table_cells, table_columns, text_of
@@ -438,3 +439,89 @@ def test_vram_pressure_still_fires_when_nvml_cannot_list_the_jobs_processes() ->
     analyzer = Analyzer(cores=2, strict=True)
     last = [analyzer(snap(float(t), [proc(1001)], gpus=gpus)) for t in range(8)][-1]
     assert [a.subject for a in last.alerts if a.kind == "vram_pressure"] == ["GPU 0"]
+
+
+def _job_anon(s: Snapshot) -> float | None:
+    procs = [p for p in s.processes if p.state not in ("Z", "X")]
+    if not procs or any(p.pss_anon_bytes is None for p in procs):
+        return None
+    return float(sum(p.pss_anon_bytes or 0 for p in procs))
+
+
+@pytest.mark.slow
+def test_copy_on_read_ceiling_predicts_where_a_real_job_levels_off(start: Start) -> None:  # noqa: F811
+    """1M Python strings read at random by 2 workers (1000 samples/s): each worker copies the
+    store's pages as it touches them, ever fewer untouched ones left, until every page is its
+    own. The ceiling the alert predicts (job anonymous PSS) must be within 25% of where the
+    real job levels off; it fits in this machine's memory, so the alert is info with no ETA."""
+    common = ["--items", "1000000", "--workers", "2", "--batch", "50", "--rate", "20"]
+    proc = start(job("--store", "list", *common, "--shuffle", "--persistent"))
+    w = Watch(proc.pid)
+    predicted: list[tuple[float, int, Alert]] = []
+    levels: list[tuple[float, float]] = []
+    first: Alert | None = None
+    try:
+        while w.elapsed() < 480.0:
+            s = w.tick()
+            level = _job_anon(s)
+            if level is not None:
+                levels.append((s.time, level))
+            for a in s.alerts:
+                if a.kind != "memory_growth":
+                    continue
+                first = first or a
+                ceiling = a.evidence.get("ceiling_bytes")
+                if isinstance(ceiling, int):
+                    predicted.append((s.time, ceiling, a))
+            recent = [v for t, v in levels if t >= s.time - 45.0]
+            if first and w.elapsed() > 150.0 and recent and max(recent) - min(recent) < 0.02 * recent[-1]:
+                break  # levelled off: under 2% over the last 45 s
+    finally:
+        w.close()
+    assert first is not None, "copy-on-read was not caught"
+    assert first.evidence["cause"] == "copy_on_read", first.message
+    final = median([v for t, v in levels if t >= levels[-1][0] - 20.0])
+    start_level = levels[0][1]
+    assert final - start_level > 64 * MIB, "the workers should have copied the store"
+    assert predicted, "no ceiling was given"
+    # the prediction once the rise has shown its shape (from 30 s after the first alert on; the
+    # median of what the alert said over that time: one tick's fit is noisy on a loaded machine)
+    t_first = predicted[0][0]
+    later = [(t, c, a) for t, c, a in predicted if t >= t_first + 30.0] or predicted[-1:]
+    ceiling = median([float(c) for _, c, _ in later])
+    alert = later[0][2]
+    bases = sorted({str(a.evidence["ceiling_basis"]) for _, _, a in later})
+    assert abs(ceiling - final) <= 0.25 * final, (ceiling / MIB, final / MIB, bases, alert.message)
+    assert alert.evidence["fits"] is True and alert.evidence["eta_s"] is None, alert.message
+    assert "levels off at ≈" in alert.message and "no OOM" in alert.message, alert.message
+    print(
+        f"ceiling at first alert {predicted[0][1] / MIB:.0f} MiB, median from 30 s later "
+        f"{ceiling / MIB:.0f} MiB ({bases}), real level {final / MIB:.0f} MiB "
+        f"(from {start_level / MIB:.0f} MiB)"
+    )
+
+
+def test_advise_sizes_num_workers_per_rank_on_an_8_rank_node() -> None:
+    """8 torchrun ranks x 4 workers (200 MiB each) on 56 cores and 400 GiB free, every loader
+    waiting: each rank gets 7 cores and 50 GiB, so "raise from 4 to 6" (before: "to 55" per rank,
+    8 x 55 workers on 56 cores)."""
+    from dlmon.analysis import advise, format_advice
+
+    history = []
+    for k in range(6):
+        procs, loaders = [], []
+        for r in range(8):
+            rank_pid = MAIN_PID + 100 * r
+            if r:
+                procs.append(proc(rank_pid, "child", cpu=50.0, uss=2 * GIB, pss=2 * GIB))
+            pids = [rank_pid + 1 + i for i in range(4)]
+            procs.extend(proc(p, ppid=rank_pid, cpu=97.0, uss=200 * MIB, pss=250 * MIB) for p in pids)
+            loaders.append(
+                loader(id=f"{rank_pid}:1", pid=rank_pid, num_workers=4, wait=0.6, worker_pids=pids)
+            )
+        history.append(snap(float(k), procs, loaders=loaders, total=512 * GIB, available=400 * GIB))
+    advice = advise(history, cores=56)
+    text = format_advice(advice)
+    assert advice.ranks == 8 and advice.recommended_num_workers == 6, text
+    assert "Raise num_workers from 4 to 6" in text and "to 55" not in text, text
+    assert "56 cores / 8 ranks - 1 = 6" in text and "50.0 GiB per rank" in text, text

@@ -73,6 +73,15 @@ class Advice:
     lines: tuple[AdviceLine, ...]
     findings: tuple[str, ...]  # what the detectors see in this history (no hysteresis)
     notes: tuple[str, ...]
+    ranks: int = 1  # DDP / torchrun: processes on the node iterating a loader; cores and memory per rank
+
+
+def _rank_workers(loader: LoaderSample | None, workers: Sequence[ProcessSample], ranks: int) -> int:
+    """The live workers of the advised loader (its worker_pids), else an even share of all."""
+    if loader is not None and loader.worker_pids:
+        listed = set(loader.worker_pids)
+        return sum(1 for w in workers if w.pid in listed)
+    return len(workers) // ranks if ranks > 1 else len(workers)
 
 
 def _pick_loader(s: Snapshot) -> LoaderSample | None:
@@ -174,24 +183,35 @@ def advise(history: Sequence[Snapshot], *, cores: int | None = None) -> Advice:
         )
 
     # -- num_workers -------------------------------------------------------------------------
+    # DDP / torchrun: each rank on the node sizes its own loader, so it gets its share of the
+    # node's cores and free memory (as input_bound does), not all of them
+    ranks = len({x.pid for x in s.loaders if x.alive}) or 1
+    rank_cores = max(1, n_cores // ranks)
+    rank_workers = _rank_workers(loader, workers, ranks)
     by_memory: int | None = None
     recommended: int | None = None
-    cpu_cap = max(0, n_cores - 1)
+    cpu_cap = max(0, rank_cores - 1)
+    cap_text = f"cores - 1 = {cpu_cap}" if ranks == 1 else f"{n_cores} cores / {ranks} ranks - 1 = {cpu_cap}"
     if uss_max is not None and room is not None and uss_max > 0:
-        usable = (1.0 - RESERVE) * (room.bytes + len(workers) * uss_max)
+        room_share = room.bytes / ranks
+        usable = (1.0 - RESERVE) * (room_share + rank_workers * uss_max)
         by_memory = max(0, int(usable // uss_max))
         recommended = min(by_memory, cpu_cap)
+        free = (
+            f"{size(room.bytes)} free under the {room.source} limit"
+            if ranks == 1
+            else f"{size(room_share)} per rank of {size(room.bytes)} free under the {room.source} limit"
+        )
         because = (
-            f"{1 - RESERVE:.0%} of ({size(room.bytes)} free under the {room.source} limit + "
-            f"{len(workers)} workers x {size(uss_max)}) / {size(uss_max)} per worker = {by_memory}; "
-            f"cores - 1 = {cpu_cap}"
+            f"{1 - RESERVE:.0%} of ({free} + {rank_workers} workers x {size(uss_max)}) / "
+            f"{size(uss_max)} per worker = {by_memory}; {cap_text}"
         )
         busy_median = _worker_cpu(history, workers)
         if by_memory < nw:
             text = f"Lower num_workers from {nw} to {recommended}: memory does not hold {nw} workers."
         elif recommended < nw and busy_median is not None and busy_median < 50:
             text = (
-                f"num_workers={nw} is above the write-up's cap of cores - 1 = {cpu_cap}, but the workers "
+                f"num_workers={nw} is above the write-up's cap of {cap_text}, but the workers "
                 f"are mostly idle ({busy_median:.0f}% CPU each): keep them while loading waits on IO, "
                 f"lower to {recommended} if they become busy."
             )
@@ -448,6 +468,7 @@ def advise(history: Sequence[Snapshot], *, cores: int | None = None) -> Advice:
         lines=tuple(lines),
         findings=findings,
         notes=tuple(notes),
+        ranks=ranks,
     )
 
 
@@ -492,7 +513,13 @@ def format_advice(advice: Advice) -> str:
     if advice.recommended_num_workers is not None:
         out.append(
             f"  largest safe num_workers: {advice.recommended_num_workers} "
-            f"(memory allows {advice.max_workers_by_memory}, cores - 1 = {max(0, advice.cores - 1)})"
+            f"(memory allows {advice.max_workers_by_memory}, "
+            + (
+                f"cores - 1 = {max(0, advice.cores - 1)})"
+                if advice.ranks == 1
+                else f"{advice.cores} cores / {advice.ranks} ranks - 1 = "
+                f"{max(0, advice.cores // advice.ranks - 1)} per rank)"
+            )
         )
     if advice.lines:
         out.append("advice:")

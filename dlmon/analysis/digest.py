@@ -177,6 +177,8 @@ class Digest:
     readings: int = 0  # fresh PSS readings taken in so far: a cheap change marker for caches
     memo: dict[tuple[object, ...], object] = field(default_factory=dict)  # detectors' pure caches
     split: bool = False  # readings come without file-backed pages (smaps_rollup has Pss_File)
+    worker_slots: dict[int, Identity] = field(default_factory=dict)  # worker id -> its newest process
+    restarts: list[float] = field(default_factory=list)  # when a new generation of workers started
 
     def __post_init__(self) -> None:
         self.job_pss = Series(self.limits.min_gap_s, self.limits.job_points)
@@ -227,6 +229,8 @@ class Digest:
                     now,
                 )
                 self.processes[identity] = track
+                if p.role == "worker" and p.worker_id is not None:
+                    self._note_worker(p.worker_id, identity, now)
             track.last_seen = now
             track.alive = True
             if p.rss_anon_bytes is not None:
@@ -286,6 +290,21 @@ class Digest:
             dead = sorted((t.last_seen, k) for k, t in self.processes.items() if not t.alive)
             for _, key in dead[: len(self.processes) - self.limits.max_processes]:
                 del self.processes[key]
+
+    def _note_worker(self, worker_id: int, identity: Identity, now: float) -> None:
+        """A new process in a worker slot that had another one: the workers were restarted (an
+        epoch or a validation pass without persistent_workers). One restart per 2 s."""
+        before = self.worker_slots.get(worker_id)
+        self.worker_slots[worker_id] = identity
+        if len(self.worker_slots) > self.limits.max_processes:
+            self.worker_slots.pop(next(iter(self.worker_slots)))
+        if before is None or before == identity:
+            return
+        if self.restarts and now - self.restarts[-1] < self.limits.min_gap_s:
+            return
+        self.restarts.append(now)
+        if len(self.restarts) > self.limits.oom_records:
+            del self.restarts[0]
 
     def _note_oom(self, s: Snapshot) -> None:
         machine = s.memory.oom_kill_count

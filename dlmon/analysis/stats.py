@@ -240,3 +240,32 @@ def trend(
         steps=steps(pts, tolerance, span),
         tolerance=tolerance,
     )
+
+
+def saturation_rest(points: Sequence[Point], min_points: int = 6) -> float | None:
+    """What is left to come of a rise that slows geometrically (y = L - R·exp(-t/τ)), from the
+    last reading: with the medians m0, m1, m2 of three equal spans of time, each span adds
+    q = (m1 - m0) / (m2 - m1) times less than the one before, so what follows the last span is
+    (m2 - m1) / (q - 1), counted from its middle. None when the rise does not slow (q ≤ 1.05:
+    a steady or accelerating rise has no level in sight) or there are too few points."""
+    if len(points) < min_points:
+        return None
+    t0, t3 = points[0][0], points[-1][0]
+    span = (t3 - t0) / 3.0
+    if span <= 0:
+        return None
+    thirds: list[list[float]] = [[], [], []]
+    for t, v in points:
+        thirds[min(2, int((t - t0) / span))].append(v)
+    if any(len(part) < 2 for part in thirds):
+        return None
+    m0, m1, m2 = (median(part) for part in thirds)
+    d1, d2 = m1 - m0, m2 - m1
+    if d1 <= 0:
+        return None
+    if d2 <= 0:
+        return max(0.0, m2 - points[-1][1])  # it has levelled off already
+    q = d1 / d2
+    if q <= 1.05:
+        return None
+    return max(0.0, m2 + d2 / (q - 1.0) - points[-1][1])

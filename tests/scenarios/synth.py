@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
@@ -266,3 +267,76 @@ def memory_snapshots(
                     )
                 )
         yield snap(t, procs, interval=interval if k else None, **snap_kwargs)  # type: ignore[arg-type]
+
+
+def copy_on_read_history(
+    duration_s: float,
+    *,
+    workers: int = 4,
+    store: float = 2 * GIB,
+    untouched: float = 1 * GIB,
+    tau_s: float = 120.0,
+    main_private: float = 300 * MIB,
+    worker_private: float = 50 * MIB,
+    libraries: float = 100 * MIB,
+    refresh_s: float = 10.0,
+    cgroup_room: float | None = None,
+    generations_s: float | None = None,
+    kept_per_generation: float = 0.0,
+    **snap_kwargs: object,
+) -> list[Snapshot]:
+    """A trainer whose Python-object ``store`` its workers copy on read, page by page: a share
+    1 - exp(-t/τ) of it is copied by every worker at time t (since their fork); ``untouched``
+    anonymous pages (torch's own heap) stay shared for good. Every figure is what smaps_rollup
+    would give: Pss_Anon, Pss_File, Anonymous, USS. The true level where the job's anonymous PSS
+    stops is main_private + workers * worker_private + untouched + (workers + 1) * store.
+    ``cgroup_room``: a v1 cgroup whose limit is the job's first working set plus this.
+    ``generations_s``: persistent_workers=False: new workers (new pids) every that many seconds,
+    which start copying from nothing again; ``kept_per_generation``: the trainer keeps that much
+    more at each restart (a staircase under the sawtooth)."""
+    n = workers + 1
+    out: list[Snapshot] = []
+    limit: float | None = None
+    for k in range(int(duration_s) + 1):
+        t = float(k)
+        gen = int(t // generations_s) if generations_s else 0
+        born = gen * generations_s if generations_s else 0.0
+        procs: list[ProcessSample] = []
+        for i in range(n):
+            offset = (i * refresh_s / n) % refresh_s
+            read_at = max(0.0, math.floor((t - offset) / refresh_s) * refresh_s + offset)
+            if generations_s and i and read_at < born:
+                read_at = born  # a new worker is read at its start
+            copied = 1.0 - math.exp(-max(0.0, read_at - born) / tau_s)
+            shared = untouched / n + (1.0 - copied) * store / n
+            kept = gen * kept_per_generation if i == 0 else 0.0
+            private = (main_private + kept if i == 0 else worker_private) + copied * store
+            pss_anon = private + shared
+            anonymous = private + untouched + (1.0 - copied) * store
+            base = proc(
+                MAIN_PID + (i + gen * 100 if i else 0),
+                "main" if i == 0 else "worker",
+                uss=private,
+                pss=pss_anon + libraries / n,
+                rss=anonymous + libraries,
+                age=t - read_at,
+                worker_id=None if i == 0 else i - 1,
+            )
+            procs.append(
+                dataclasses.replace(
+                    base,
+                    start_time=base.pid,
+                    rss_anon_bytes=int(anonymous),
+                    pss_anon_bytes=int(pss_anon),
+                    pss_file_bytes=int(libraries / n),
+                    anonymous_bytes=int(anonymous),
+                )
+            )
+        used = float(sum(p.pss_bytes or 0 for p in procs))
+        if cgroup_room is not None and limit is None:
+            limit = used + cgroup_room
+        extra: dict[str, object] = dict(snap_kwargs)
+        if limit is not None:
+            extra.update(cgroup_limit=limit, cgroup_current=used)
+        out.append(snap(t, procs, interval=1.0 if k else None, **extra))  # type: ignore[arg-type]
+    return out

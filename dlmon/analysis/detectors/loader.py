@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from dlmon.analysis.detectors._base import Candidate, Context, duration, size
-from dlmon.analysis.detectors.io import saturated_disks
+from dlmon.analysis.detectors.io import DiskLoad, disk_loads, saturated_disks
 from dlmon.analysis.kinds import CRITICAL, INPUT_BOUND, OVERSUBSCRIPTION, SHM_EXHAUSTION, WARNING
 from dlmon.analysis.stats import mean, median
 from dlmon.model import LoaderSample, Snapshot
@@ -18,13 +19,22 @@ LATENCY = "too_few_workers"
 UNCLEAR = "unclear"
 
 
-def _worker_stats(window: Sequence[Snapshot], pids: set[int] | None) -> tuple[float | None, float, int]:
-    """(mean over ticks of the median worker CPU %, share of worker-ticks in D state, workers now)."""
+@dataclass(frozen=True, slots=True)
+class WorkerStats:
+    cpu: float | None  # mean over ticks of the median worker CPU %
+    dstate: float  # share of worker-ticks in D state
+    count: int  # workers now
+    read_bytes_per_s: float | None  # mean over ticks of the workers' summed disk reads
+
+
+def _worker_stats(window: Sequence[Snapshot], pids: set[int] | None) -> WorkerStats:
     cpus: list[float] = []
+    reads: list[float] = []
     in_d = total = 0
     count = 0
     for s in window:
         tick: list[float] = []
+        read: float | None = None
         count = 0
         for p in s.processes:
             if p.role != "worker" or p.state in ("Z", "X") or (pids is not None and p.pid not in pids):
@@ -35,9 +45,37 @@ def _worker_stats(window: Sequence[Snapshot], pids: set[int] | None) -> tuple[fl
                 in_d += 1
             if p.cpu_percent is not None:
                 tick.append(p.cpu_percent)
+            if p.read_bytes_per_s is not None:
+                read = (read or 0.0) + p.read_bytes_per_s
         if tick:
             cpus.append(median(tick))
-    return (mean(cpus) if cpus else None), (in_d / total if total else 0.0), count
+        if read is not None:
+            reads.append(read)
+    return WorkerStats(
+        mean(cpus) if cpus else None,
+        in_d / total if total else 0.0,
+        count,
+        mean(reads) if reads else None,
+    )
+
+
+def _read_disk(ctx: Context, workers: WorkerStats) -> DiskLoad | None:
+    """The disk the workers wait on, named only with a witness on that device: the workers read
+    from disk and sleep in D state, while a disk is ≥ 80% busy with requests queueing on it
+    (aqu-sz, await above its baseline) or, without those, while the workers are in D state ≥ 30%
+    of the time. Which disk a worker reads is not mapped (no cheap /proc view of it): the busiest
+    one that qualifies. The machine's IO pressure and other processes' D states are no proof."""
+    cfg = ctx.config
+    if not workers.read_bytes_per_s or workers.dstate <= 0:
+        return None
+    candidates = []
+    for load in disk_loads(ctx):
+        if load.util_percent < cfg.io_util_percent:
+            continue
+        on_device = any(w in ("queue", "await") for w in load.witnesses)
+        if on_device or workers.dstate >= cfg.io_dstate_fraction:
+            candidates.append(load)
+    return max(candidates, key=lambda d: d.util_percent, default=None)
 
 
 def _main_cpu(window: Sequence[Snapshot], pid: int) -> float | None:
@@ -83,10 +121,12 @@ def _input_bound(
     pids: set[int] | None = set(loader.worker_pids) if loader.worker_pids else None
     if pids is None and len(with_workers) > 1:
         pids = set()  # several loaders and no pid lists: cannot tell whose workers are whose
-    worker_cpu, dstate, n_workers = _worker_stats(window, pids)
+    stats = _worker_stats(window, pids)
+    worker_cpu, dstate = stats.cpu, stats.dstate
     main_cpu = _main_cpu(window, loader.pid)
-    nw = loader.num_workers if loader.num_workers is not None else n_workers
-    disks = saturated_disks(ctx)
+    nw = loader.num_workers if loader.num_workers is not None else stats.count
+    read_disk = _read_disk(ctx, stats)
+    busy_disks = saturated_disks(ctx)  # context only: someone else's IO is no cause
     pressure = ctx.latest.pressure.io_some_avg10 if ctx.latest.pressure is not None else None
     # DDP / torchrun: every rank on the node iterates its own loader, and its workers share the
     # cores with the other ranks' (a rank without workers yet counts: it is the one told to add some)
@@ -102,18 +142,20 @@ def _input_bound(
         cause = NO_WORKERS
         why = "with num_workers=0 the main process loads every batch itself"
         advice = f"Set num_workers (start at {min(8, suggested)}: {on_cores})."
-    elif (
-        disks
-        or dstate >= cfg.io_dstate_fraction
-        or (pressure is not None and pressure >= 2 * cfg.io_pressure_percent)
-    ):
+    elif read_disk is not None:
         cause = IO
-        where = (
-            f"disk {disks[0].name} is saturated"
-            if disks
-            else f"workers are in D state {dstate:.0%} of the time"
+        on_disk = [f"{read_disk.util_percent:.0f}% busy"]
+        if read_disk.queue_depth is not None:
+            on_disk.append(f"{read_disk.queue_depth:.1f} requests queued")
+        if read_disk.await_ms is not None:
+            on_disk.append(f"{read_disk.await_ms:.1f} ms await")
+        why = (
+            f"it is input-bound because of IO: disk {read_disk.name} is saturated ({', '.join(on_disk)}) "
+            f"while its workers read {size(stats.read_bytes_per_s)}/s and wait on IO (D state) "
+            f"{dstate:.0%} of the time"
         )
-        why = f"it is input-bound because of IO: {where}"
+        if pressure is not None:
+            why += f", IO pressure {pressure:.0f}%"
         advice = (
             "More workers will not help a saturated disk: cache the data in RAM or on faster "
             "storage, read large sequential shards instead of many small files, store smaller "
@@ -141,8 +183,8 @@ def _input_bound(
     elif worker_cpu is not None and worker_cpu < cfg.idle_cpu_percent:
         cause = LATENCY
         why = (
-            f"its {nw} workers are mostly idle ({worker_cpu:.0f}% CPU each) and no disk is saturated: "
-            "too few workers to hide per-sample latency"
+            f"its {nw} workers are mostly idle ({worker_cpu:.0f}% CPU each) and wait on no saturated "
+            "disk: too few workers to hide per-sample latency"
         )
         # idle workers waiting on latency cost no CPU: they may outnumber the cores
         more = max(suggested, 2 * nw)
@@ -155,7 +197,7 @@ def _input_bound(
     else:
         cause = UNCLEAR
         cpu_text = "unknown" if worker_cpu is None else f"{worker_cpu:.0f}%"
-        why = f"its workers run at {cpu_text} CPU and no disk is saturated"
+        why = f"its workers run at {cpu_text} CPU and wait on no saturated disk"
         advice = "Profile a worker's __getitem__ (py-spy dump --pid) to see where the time goes."
     return Candidate(
         INPUT_BOUND,
@@ -172,7 +214,13 @@ def _input_bound(
             "worker_cpu_percent": None if worker_cpu is None else round(worker_cpu, 1),
             "main_cpu_percent": None if main_cpu is None else round(main_cpu, 1),
             "worker_dstate_fraction": round(dstate, 2),
-            "saturated_disk": disks[0].name if disks else None,
+            "saturated_disk": read_disk.name if read_disk is not None else None,
+            "busy_disk_not_read": None
+            if read_disk is not None or not busy_disks
+            else busy_disks[0].name,  # saturated by someone else, or not the workers' disk
+            "worker_read_bytes_per_s": None
+            if stats.read_bytes_per_s is None
+            else round(stats.read_bytes_per_s),
             "io_pressure_some_avg10": pressure,
             "cores": cores,
             "ranks": ranks,

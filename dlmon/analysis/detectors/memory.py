@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -9,6 +10,7 @@ from dlmon.analysis.detectors._base import (
     Candidate,
     Context,
     GrowthWindow,
+    Headroom,
     Thresholds,
     describe_headroom,
     duration,
@@ -19,8 +21,8 @@ from dlmon.analysis.detectors._base import (
 )
 from dlmon.analysis.digest import DEAD, Digest, Series
 from dlmon.analysis.kinds import CRITICAL, INFO, MEMORY_GROWTH, SWAP_ACTIVITY, WARNING
-from dlmon.analysis.stats import Trend, median, subsample, theil_sen, trend
-from dlmon.model import Snapshot
+from dlmon.analysis.stats import Trend, median, saturation_rest, subsample, theil_sen, trend
+from dlmon.model import ProcessSample, Snapshot
 
 COPY_ON_READ = "copy_on_read"
 MAIN_PROCESS = "main_process"
@@ -195,6 +197,96 @@ _ADVICE = {
 }
 
 
+@dataclass(frozen=True, slots=True)
+class Ceiling:
+    """Where copy-on-read growth stops (docs/detectors.md, "The copy-on-read ceiling"). All in
+    the job's anonymous PSS (Σ Pss_Anon): what a copied page adds to."""
+
+    level_bytes: float  # the job's anonymous PSS once the copying is over
+    rest_bytes: float  # still to come: level - now
+    bound_bytes: float  # the most that can still come: every shared anonymous page copied
+    worker_bytes: float  # the largest worker's ceiling: all its resident anonymous pages its own
+    basis: str  # "trend" (the slowing rise levels off first) or "pages" (the bound)
+
+
+def copy_ceiling(
+    processes: list[ProcessSample], job_series: Series, now: float, span_s: float
+) -> Ceiling | None:
+    """A page shared by m processes counts once in their PSS and m times in their ``Anonymous``;
+    copied by all, it counts m times in PSS too. So Σ (Anonymous - Pss_Anon) over the job is
+    all the copying can still add (pages shared with the trainer that a worker never touches
+    are in it: the bound), and a rise that slows geometrically says where it levels off before
+    that (``saturation_rest`` over ``span_s`` of the job's anonymous PSS). None without the
+    smaps_rollup split (Linux < 5.7) or when a process lacks it."""
+    if not processes or any(p.pss_anon_bytes is None or p.anonymous_bytes is None for p in processes):
+        return None
+    anon_now = float(sum(p.pss_anon_bytes or 0 for p in processes))
+    bound = float(sum(max(0, (p.anonymous_bytes or 0) - (p.pss_anon_bytes or 0)) for p in processes))
+    workers = [p for p in processes if p.role == "worker"]
+    worker = float(max((p.anonymous_bytes or 0 for p in workers), default=0))
+    rest = saturation_rest(job_series.between(now - span_s, now))
+    if rest is not None and rest < bound:
+        return Ceiling(anon_now + rest, rest, bound, worker, "trend")
+    return Ceiling(anon_now + bound, bound, bound, worker, "pages")
+
+
+@dataclass(frozen=True, slots=True)
+class Generations:
+    """Workers restarted at every epoch (persistent_workers=False, validation passes): what each
+    generation of them did to the job's memory."""
+
+    epoch_s: float  # the median time between restarts
+    since_s: float  # since the newest restart
+    peaks: tuple[float, ...]  # the signal's highest reading in each complete generation, oldest first
+    starts: tuple[float, ...]  # its lowest in each: the level each generation started from
+
+
+def generations(digest: Digest, series: Series, now: float) -> Generations | None:
+    """None until two restarts are known (the epoch's length between them)."""
+    restarts = digest.restarts
+    if len(restarts) < 2:
+        return None
+    gaps = [b - a for a, b in itertools.pairwise(restarts)]
+    peaks: list[float] = []
+    starts: list[float] = []
+    first = series.first()
+    bounds = [first[0], *restarts] if first is not None and first[0] < restarts[0] else restarts
+    for a, b in itertools.pairwise(bounds):  # the one before the first restart counts (partly seen)
+        values = [v for _, v in series.between(a, b)]
+        if values:
+            peaks.append(max(values))
+            starts.append(min(values))
+    if not peaks:
+        return None
+    return Generations(median(gaps), now - restarts[-1], tuple(peaks), tuple(starts))
+
+
+def generations_climb(g: Generations, tolerance: float) -> bool:
+    """Each generation starts higher than the first did: memory kept across epochs (a staircase
+    under the sawtooth), which the restarts do not give back."""
+    return len(g.starts) >= 2 and g.starts[-1] > g.starts[0] + tolerance
+
+
+TREND_MARGIN = 1.25  # a ceiling extrapolated from the slowing rise fits only with 25% to spare
+
+
+def ceiling_fits(ceiling: Ceiling, room_bytes: float) -> bool:
+    """What the copying can still add fits in the headroom: the bound as it is (it is the most),
+    the trend's level with a margin (an extrapolation must not promise "no OOM" too early)."""
+    margin = TREND_MARGIN if ceiling.basis == "trend" else 1.0
+    return ceiling.rest_bytes * margin <= room_bytes
+
+
+def eta_to(room_bytes: float, rest_bytes: float, rate: float) -> float | None:
+    """Seconds until the job has grown by ``room_bytes`` when the growth still to come is
+    ``rest_bytes`` and slows as the untouched pages run out (each second copies the same share
+    of what is left: rest·(1 - exp(-t/τ)), τ = rest / rate); None when it never gets there."""
+    if rate <= 0 or room_bytes >= rest_bytes:
+        return None
+    tau = rest_bytes / rate
+    return max(0.0, -tau * math.log(1.0 - max(0.0, room_bytes) / rest_bytes))
+
+
 def growth(ctx: Context) -> tuple[GrowthWindow, str, Trend] | None:
     """The shortest window in which one of three views of the job's memory passes the growth
     rule: the PSS total (the truth, but on a shared machine it moves when unrelated processes map
@@ -252,10 +344,39 @@ def detect_memory_growth(ctx: Context) -> list[Candidate]:
     room = headroom(s)
     eta = None if room is None or rate <= 0 else room.bytes / rate
     attribution = attribute(digest, now, window.window_s, rate, cfg, anon=signal == JOB_ANON)
+    ceiling = (
+        copy_ceiling(list(ctx.tree().attached), digest.job_pss, now, window.window_s)
+        if attribution.cause == COPY_ON_READ
+        else None
+    )
+    fits: bool | None = None
+    if ceiling is not None and room is not None:
+        fits = ceiling_fits(ceiling, room.bytes)
+        # the ETA on the bound's curve: the earliest the slowing growth can reach the limit
+        eta = None if fits else eta_to(room.bytes, ceiling.bound_bytes, rate)
     rss = digest.job_rss.since(now - window.window_s)
     rss_change = rss[-1][1] - rss[0][1] if len(rss) >= 2 else None
     rss_flat = rss_change is not None and abs(rss_change) < 0.25 * max(t.rise, 1.0)
-    if eta is None:
+    gens = generations(digest, _series(digest, signal), now)
+    if gens is not None and (
+        gens.since_s > 1.5 * gens.epoch_s or attribution.cause not in (COPY_ON_READ, SOME_WORKERS)
+    ):
+        gens = None  # the restarts stopped, or what grows is not the workers' (it stays at a restart)
+    climbing = gens is not None and generations_climb(gens, max(t.tolerance, 0.05 * t.end_level))
+    epoch_peak: float | None = None
+    if climbing:
+        fits = None  # a staircase under the sawtooth: no ceiling bounds what is kept across epochs
+        eta = None if room is None or rate <= 0 else room.bytes / rate
+    elif gens is not None and room is not None:
+        # the workers' memory goes with them at the next restart: only this epoch's peak counts
+        left = max(0.0, gens.epoch_s - gens.since_s)
+        still = rate * left if ceiling is None else min(rate * left, ceiling.rest_bytes)
+        epoch_peak = max(t.end_level + still, max(gens.peaks))
+        fits = epoch_peak - t.end_level <= room.bytes
+        eta = None if fits else max(0.0, room.bytes) / rate
+    if fits:
+        severity = INFO  # it levels off below the limit: worth knowing, no OOM coming
+    elif eta is None:
         severity = WARNING
     elif eta <= cfg.growth_critical_eta_s:
         severity = CRITICAL
@@ -271,7 +392,18 @@ def detect_memory_growth(ctx: Context) -> list[Candidate]:
     )
     if rss_flat and signal != JOB_ANON:
         message += ", while RSS stayed flat"
-    if room is not None and eta is not None:
+    if gens is not None and epoch_peak is not None and room is not None:
+        message += "; " + describe_epochs(gens, epoch_peak, t.end_level, room, eta) + "."
+    elif gens is not None and climbing and room is not None and eta is not None:
+        kept = f"{size(gens.starts[0])} → {size(gens.starts[-1])}"
+        message += (
+            f"; the workers restart every {duration(gens.epoch_s)} but each generation starts higher "
+            f"({kept}): memory is kept across epochs; it reaches {describe_headroom(room)} in about "
+            f"{duration(eta)}."
+        )
+    elif ceiling is not None and room is not None and room.limit_bytes is not None:
+        message += "; " + describe_ceiling(ceiling, room, eta) + "."
+    elif room is not None and eta is not None:
         message += f"; at this rate it reaches {describe_headroom(room)} in about {duration(eta)}."
     else:
         message += "."
@@ -299,6 +431,15 @@ def detect_memory_growth(ctx: Context) -> list[Candidate]:
         "top_process_rate_bytes_per_s": round(attribution.growing[0].slope, 1)
         if attribution.growing
         else None,
+        "ceiling_bytes": None if ceiling is None else round(ceiling.level_bytes),
+        "ceiling_rest_bytes": None if ceiling is None else round(ceiling.rest_bytes),
+        "ceiling_bound_bytes": None if ceiling is None else round(ceiling.bound_bytes),
+        "worker_ceiling_bytes": None if ceiling is None else round(ceiling.worker_bytes),
+        "ceiling_basis": None if ceiling is None else ceiling.basis,
+        "fits": fits,
+        "epoch_s": None if gens is None else round(gens.epoch_s, 1),
+        "generations": None if gens is None else len(gens.peaks) + 1,
+        "epoch_peak_bytes": None if epoch_peak is None else round(epoch_peak),
     }
     advice = _ADVICE[attribution.cause]
     restarting = s.loaders and all(x.persistent_workers is False for x in s.loaders)
@@ -315,6 +456,37 @@ def detect_memory_growth(ctx: Context) -> list[Candidate]:
             evidence,
         )
     ]
+
+
+def describe_ceiling(ceiling: Ceiling, room: Headroom, eta: float | None) -> str:
+    """ "levels off at ≈ 9.8 GiB, fits in 22 GiB — no OOM" or "would need 41 GiB of 32 GiB: OOM
+    in about 25 min" (the limit's use now plus what the copying can still add)."""
+    limit = room.limit_bytes or 0
+    need = limit - room.bytes + ceiling.rest_bytes
+    where = "the cgroup limit" if room.source == "cgroup" else "the machine's memory"
+    basis = "as its rise slows" if ceiling.basis == "trend" else "once every shared page is copied"
+    each = f"each worker ≤ {size(ceiling.worker_bytes)}"
+    head = f"copy-on-read levels off at ≈ {size(ceiling.level_bytes)} {basis} ({each})"
+    if ceiling_fits(ceiling, room.bytes):
+        return f"{head}, fits in {size(limit)} ({where}, {size(need)} needed) — no OOM"
+    when = f": OOM in about {duration(eta)}" if eta is not None else ": OOM"
+    if ceiling.rest_bytes <= room.bytes:  # an extrapolated level, too close to the limit to promise
+        return (
+            f"{head}; it would need {size(need)} of {size(limit)} ({where}), too close to call{when} at worst"
+        )
+    return f"{head}; it would need {size(need)} of {size(limit)} ({where}){when}"
+
+
+def describe_epochs(g: Generations, peak: float, level: float, room: Headroom, eta: float | None) -> str:
+    """ "the workers restart every ...: this generation peaks at ≈ X, which fits — no OOM", or
+    the ETA within this epoch."""
+    head = (
+        f"the workers restart every {duration(g.epoch_s)} (persistent_workers=False) and their memory "
+        f"goes with them: this generation peaks at ≈ {size(peak)} ({size(peak - level)} more)"
+    )
+    if eta is None:
+        return f"{head}, which fits ({size(room.bytes)} left) — no OOM"
+    return f"{head}, more than the {size(room.bytes)} left: OOM in about {duration(eta)}, within this epoch"
 
 
 # -- swap_activity ---------------------------------------------------------------------------
