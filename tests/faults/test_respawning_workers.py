@@ -79,7 +79,7 @@ def test_fifty_epochs_of_respawned_workers_keep_worker_rows_and_bounded_state(
                     worker_ids.add(p.worker_id)
                     worker_pids.add(p.pid)
 
-    cfg = {"workers": 2, "persistent": False, "epochs": EPOCHS + 5, "batches": 6, "batch": 8, "agent": True}
+    cfg = {"workers": 2, "persistent": False, "epochs": EPOCHS + 5, "batches": 20, "batch": 8, "agent": True}
     with Job(cfg, env=agent_env) as job:
         job.wait_batches(1)
         source = LiveSource(job.pid, interval=0.1, analyzer=analyzer)
