@@ -126,3 +126,40 @@ def test_a_pid_or_all_jobs_one_line_and_exit_2(args: list[str]) -> None:
     )
     assert result.returncode == 2
     assert result.stderr.strip() == "dlmon: error: give a PID or --all-jobs (one of the two)"
+
+
+def test_an_orphaned_worker_makes_no_job_of_init() -> None:
+    """A DataLoader worker whose trainer died is reparented to pid 1 (or a subreaper): init is no
+    training job, and sampling it would walk every process of the machine."""
+    import os
+    import time
+
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # the "trainer": forks the worker and dies at once
+        os.close(read_end)
+        if os.fork() == 0:
+            with open("/proc/self/comm", "w") as fh:
+                fh.write("pt_data_worker")
+            os.write(write_end, str(os.getpid()).encode())
+            os.close(write_end)
+            time.sleep(60)
+        os._exit(0)
+    os.close(write_end)
+    worker = int(os.read(read_end, 32))
+    os.close(read_end)
+    os.waitpid(child, 0)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with open(f"/proc/{worker}/stat") as fh:
+                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+            if ppid != child or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        assert ppid != child
+        assert ppid not in discover_jobs(), f"the orphan's new parent {ppid} taken for a job"
+    finally:
+        os.kill(worker, 9)
+        with __import__("contextlib").suppress(ChildProcessError):
+            os.waitpid(worker, 0)

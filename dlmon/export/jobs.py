@@ -51,6 +51,13 @@ def _uid(pid: int) -> int | None:
     return None
 
 
+def _exe(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return None
+
+
 def discover_jobs(uid: int | None = None) -> set[int]:
     """The pids of this user's training jobs (see the module docstring)."""
     uid = os.getuid() if uid is None else uid
@@ -58,7 +65,13 @@ def discover_jobs(uid: int | None = None) -> set[int]:
     for name in os.listdir("/proc"):
         if name.isdigit() and (st := _stat(int(name))) is not None:
             stats[int(name)] = st
-    candidates = {ppid for comm, ppid in stats.values() if comm in WORKER_COMMS}
+    # A worker's parent is its trainer, which forked it from the same executable; an orphaned
+    # worker's parent is init or a subreaper (no training job, and sampling it walks their trees).
+    candidates = {
+        ppid
+        for pid, (comm, ppid) in stats.items()
+        if comm in WORKER_COMMS and ppid > 1 and _exe(ppid) == _exe(pid) is not None
+    }
     try:
         sockets = os.listdir(socket_dir())
     except OSError:
