@@ -915,3 +915,16 @@ def test_input_bound_names_the_disk_its_workers_read_and_wait_on() -> None:
     assert ib.evidence["cause"] == "io" and ib.evidence["saturated_disk"] == "vda", ib.message
     assert "disk vda is saturated" in ib.message and "workers read 57.2 MiB/s" in ib.message, ib.message
     assert "D state" in ib.message and "0%" not in ib.message.split("D state")[1][:6], ib.message
+
+
+# -- second reading of verdicts2 ----------------------------------------------------------------
+
+
+def test_a_trend_ceiling_whose_page_bound_fits_is_no_oom() -> None:
+    """The bound (every shared page copied) is the most copy-on-read can add: when it fits the
+    headroom, the 25% margin on the trend's extrapolation must not turn it into "too close"."""
+    from dlmon.analysis.detectors.memory import Ceiling, ceiling_fits
+
+    ceiling = Ceiling(10 * GIB, rest_bytes=1.0 * GIB, bound_bytes=1.1 * GIB, worker_bytes=GIB, basis="trend")
+    assert ceiling_fits(ceiling, room_bytes=1.2 * GIB)
+
