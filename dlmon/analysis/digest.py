@@ -296,9 +296,12 @@ class Digest:
         epoch or a validation pass without persistent_workers). One restart per 2 s. A slot whose
         process still lives keeps it: the newcomer is another loader's worker with the same id."""
         before = self.worker_slots.get(worker_id)
-        if before is not None and before != identity:
-            if any((p.pid, p.start_time) == before and p.state not in DEAD for p in s.processes):
-                return
+        if (
+            before is not None
+            and before != identity
+            and any((p.pid, p.start_time) == before and p.state not in DEAD for p in s.processes)
+        ):
+            return
         self.worker_slots[worker_id] = identity
         if len(self.worker_slots) > self.limits.max_processes:
             self.worker_slots.pop(next(iter(self.worker_slots)))
