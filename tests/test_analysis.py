@@ -40,7 +40,7 @@ from dlmon.analysis import (
     format_event,
 )
 from dlmon.analysis.detectors import DETECTORS, detect_memory_growth, detect_worker_died
-from dlmon.analysis.digest import Digest, Series
+from dlmon.analysis.digest import Digest, DigestLimits, Series
 from dlmon.analysis.stats import median, theil_sen, trend, trend_score
 from dlmon.model import Alert, Pressure, Snapshot, WorkerDeath
 
@@ -915,3 +915,28 @@ def test_input_bound_names_the_disk_its_workers_read_and_wait_on() -> None:
     assert ib.evidence["cause"] == "io" and ib.evidence["saturated_disk"] == "vda", ib.message
     assert "disk vda is saturated" in ib.message and "workers read 57.2 MiB/s" in ib.message, ib.message
     assert "D state" in ib.message and "0%" not in ib.message.split("D state")[1][:6], ib.message
+
+
+# -- second reading of verdicts2 ----------------------------------------------------------------
+
+
+def test_a_trend_ceiling_whose_page_bound_fits_is_no_oom() -> None:
+    """The bound (every shared page copied) is the most copy-on-read can add: when it fits the
+    headroom, the 25% margin on the trend's extrapolation must not turn it into "too close"."""
+    from dlmon.analysis.detectors.memory import Ceiling, ceiling_fits
+
+    ceiling = Ceiling(10 * GIB, rest_bytes=1.0 * GIB, bound_bytes=1.1 * GIB, worker_bytes=GIB, basis="trend")
+    assert ceiling_fits(ceiling, room_bytes=1.2 * GIB)
+
+
+def test_a_second_loader_reusing_worker_ids_is_no_restart() -> None:
+    """Persistent training workers 0..1 stay alive while a validation loader's workers 0..1
+    come and go: the training workers were not restarted, their memory does not go away."""
+    digest = Digest(DigestLimits())
+    for k in range(600):
+        procs = [proc(MAIN_PID, "main"), *(proc(MAIN_PID + 1 + i, worker_id=i) for i in range(2))]
+        cycle = k // 100
+        if k % 100 >= 80:  # validation: a new generation of its workers each time
+            procs += [proc(MAIN_PID + 10 * (cycle + 1) + i, worker_id=i) for i in range(2)]
+        digest.ingest(snap(k, procs))
+    assert len(digest.restarts) < 2, digest.restarts

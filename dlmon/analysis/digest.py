@@ -230,7 +230,7 @@ class Digest:
                 )
                 self.processes[identity] = track
                 if p.role == "worker" and p.worker_id is not None:
-                    self._note_worker(p.worker_id, identity, now)
+                    self._note_worker(p.worker_id, identity, now, s)
             track.last_seen = now
             track.alive = True
             if p.rss_anon_bytes is not None:
@@ -291,10 +291,17 @@ class Digest:
             for _, key in dead[: len(self.processes) - self.limits.max_processes]:
                 del self.processes[key]
 
-    def _note_worker(self, worker_id: int, identity: Identity, now: float) -> None:
+    def _note_worker(self, worker_id: int, identity: Identity, now: float, s: Snapshot) -> None:
         """A new process in a worker slot that had another one: the workers were restarted (an
-        epoch or a validation pass without persistent_workers). One restart per 2 s."""
+        epoch or a validation pass without persistent_workers). One restart per 2 s. A slot whose
+        process still lives keeps it: the newcomer is another loader's worker with the same id."""
         before = self.worker_slots.get(worker_id)
+        if (
+            before is not None
+            and before != identity
+            and any((p.pid, p.start_time) == before and p.state not in DEAD for p in s.processes)
+        ):
+            return
         self.worker_slots[worker_id] = identity
         if len(self.worker_slots) > self.limits.max_processes:
             self.worker_slots.pop(next(iter(self.worker_slots)))

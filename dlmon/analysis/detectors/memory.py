@@ -274,7 +274,7 @@ def ceiling_fits(ceiling: Ceiling, room_bytes: float) -> bool:
     """What the copying can still add fits in the headroom: the bound as it is (it is the most),
     the trend's level with a margin (an extrapolation must not promise "no OOM" too early)."""
     margin = TREND_MARGIN if ceiling.basis == "trend" else 1.0
-    return ceiling.rest_bytes * margin <= room_bytes
+    return ceiling.rest_bytes * margin <= room_bytes or ceiling.bound_bytes <= room_bytes
 
 
 def eta_to(room_bytes: float, rest_bytes: float, rate: float) -> float | None:
