@@ -547,3 +547,26 @@ def test_a_time_no_clock_can_show_is_a_record_problem_not_a_dashboard_crash(
 
     asyncio.run(main())
     assert app.state.latest == good
+
+
+def test_an_alert_whose_evidence_holds_a_bool_replays() -> None:
+    """memory_growth's evidence says whether the copy-on-read ceiling fits (True/False): a record
+    dlmon itself wrote must read back (the type check rejected it: 78 lines of a real recording)."""
+    import dataclasses
+    import json
+    from types import MappingProxyType
+
+    from test_ui_support import make_snapshot
+
+    from dlmon.flow.records import parse_line
+    from dlmon.model import Alert
+    from dlmon.model.serialize import snapshot_to_dict
+
+    alert = Alert(
+        "memory_growth", "info", "job", "levels off", "", 1.7e9, MappingProxyType({"fits": True, "n": 3})
+    )
+    snap = dataclasses.replace(make_snapshot(), alerts=(alert,))
+    line = json.dumps(snapshot_to_dict(snap)).encode()
+    back = parse_line(1, line)
+    assert not hasattr(back, "reason"), back
+    assert back.alerts[0].evidence["fits"] is True  # type: ignore[union-attr]

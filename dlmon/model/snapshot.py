@@ -287,7 +287,7 @@ class Alert:
     message: str  # one plain sentence with the numbers
     advice: str  # what to change
     since: float  # Unix time the condition was first raised
-    evidence: Mapping[str, float | int | str | None] = field(default_factory=lambda: _EMPTY)
+    evidence: Mapping[str, float | int | str | bool | None] = field(default_factory=lambda: _EMPTY)
 
 
 @dataclass(frozen=True, slots=True)
