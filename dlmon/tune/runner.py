@@ -265,6 +265,7 @@ def _measure(
     oom_before: int | None = None
     mem_t: list[float] = []
     mem_v: list[int] = []
+    loader_from: int | None = None  # the first memory reading after the agent reported the loader
     first_batch_at: float | None = None
     window_start: tuple[float, int, int] | None = None  # snapshot time, samples, batches
     window_end: tuple[float, int, int] | None = None
@@ -363,11 +364,16 @@ def _measure(
             target = tuned[0] if tuned else target
             if target is not None and target.batch_size:
                 script_batch = script_batch or target.batch_size
-        if limit and mem_v and "loader" in status:  # not while it imports torch and builds the data
+        if "loader" in status and loader_from is None:
+            loader_from = max(0, len(mem_v) - 1)
+        if limit and mem_v and loader_from is not None:  # not while it imports torch and builds the data
             remaining = opts.seconds or 5.0
             if window_start is not None and opts.seconds:
                 remaining = max(0.0, opts.seconds - (mem_t[-1] - window_start[0]))
-            projected = projected_peak(mem_t, mem_v, remaining + 2 * opts.interval_s)
+            # the growth since the loader was built: the import of torch before it is no trend
+            projected = projected_peak(
+                mem_t[loader_from:], mem_v[loader_from:], remaining + 2 * opts.interval_s
+            )
             if projected is not None and projected > SAFETY * limit:
                 return stop(
                     WOULD_OOM,
