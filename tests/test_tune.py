@@ -303,12 +303,9 @@ def _alive(pid: int) -> bool:
         return False
 
 
-@pytest.mark.slow
-def test_a_hangup_stops_the_training_in_progress(tmp_path: Path) -> None:
-    """The terminal closes (SIGHUP): the training, in a session of its own, must not run on forever."""
-    cmd = tune_cmd("--workers", "0", "--batch-sizes", "8", "--seconds-per-config", "60") + script(
-        "trivial.py"
-    )
+def _tune_one_long_config(name: str) -> tuple[subprocess.Popen[str], list[int]]:
+    """dlmon tune on one 60-s configuration of tune_scripts/NAME: its process and the training's pids."""
+    cmd = tune_cmd("--workers", "0", "--batch-sizes", "8", "--seconds-per-config", "60") + script(name)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
     read_until(proc.stderr.fileno(), f"[1/1] 0 workers {X} batch 8", 180)
@@ -317,44 +314,40 @@ def test_a_hangup_stops_the_training_in_progress(tmp_path: Path) -> None:
         time.sleep(0.1)
     trainings = _children(proc.pid)
     assert trainings
-    proc.send_signal(signal.SIGHUP)
-    proc.communicate(timeout=60)
-    deadline = time.monotonic() + 60
+    return proc, trainings
+
+
+def _left_alive(trainings: list[int], within_s: float) -> list[int]:
+    """The trainings still alive after ``within_s`` (killed then, so no test leaves one behind)."""
+    deadline = time.monotonic() + within_s
     while any(_alive(t) for t in trainings) and time.monotonic() < deadline:
         time.sleep(0.1)
     left = [t for t in trainings if _alive(t)]
     for t in left:
         os.kill(t, signal.SIGKILL)
-    assert not left, "the training outlived dlmon tune"
+    return left
+
+
+@pytest.mark.slow
+def test_a_hangup_stops_the_training_in_progress(tmp_path: Path) -> None:
+    """The terminal closes (SIGHUP): the training, in a session of its own, must not run on forever."""
+    proc, trainings = _tune_one_long_config("trivial.py")
+    proc.send_signal(signal.SIGHUP)
+    proc.communicate(timeout=60)
+    assert not _left_alive(trainings, 60), "the training outlived dlmon tune"
 
 
 @pytest.mark.slow
 def test_a_second_ctrl_c_kills_a_training_whose_clean_up_is_slow(tmp_path: Path) -> None:
     """Ctrl-C once asks the training to stop (SIGINT, its clean-up may take a minute); Ctrl-C again
     must end it at once: a training in its own session would otherwise outlive dlmon tune."""
-    cmd = tune_cmd("--workers", "0", "--batch-sizes", "8", "--seconds-per-config", "60") + script(
-        "slow_cleanup.py"
-    )
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert proc.stderr is not None
-    read_until(proc.stderr.fileno(), f"[1/1] 0 workers {X} batch 8", 180)
-    deadline = time.monotonic() + 60
-    while not _children(proc.pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    trainings = _children(proc.pid)
-    assert trainings
+    proc, trainings = _tune_one_long_config("slow_cleanup.py")
     time.sleep(3)  # past the import of torch: the training's KeyboardInterrupt handler is in place
     for _ in range(3):  # an impatient user
         proc.send_signal(signal.SIGINT)
         time.sleep(1)
     proc.communicate(timeout=60)
-    deadline = time.monotonic() + 20  # well under the clean-up's 60 s
-    while any(_alive(t) for t in trainings) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    left = [t for t in trainings if _alive(t)]
-    for t in left:
-        os.kill(t, signal.SIGKILL)
-    assert not left, "the training outlived a second Ctrl-C"
+    assert not _left_alive(trainings, 20), "the training outlived a second Ctrl-C"  # well under its 60 s
 
 
 def test_a_cgroup_limit_above_the_machines_memory_is_not_the_limit_that_kills(tmp_path: Path) -> None:
