@@ -36,9 +36,11 @@ from export_support import (
 
 pytestmark = pytest.mark.slow
 
-# Small epochs without persistent workers: the workers are respawned about every second.
+# Small epochs without persistent workers: the workers are respawned about every second. The job
+# outlives the module's tests on a slow machine (a 90 s job ended before the last one ran, and the
+# worker series went stale); the fixture kills it at the end.
 JOB = [LOADER_JOB, "--store", "tensor", "--items", "512", "--batch", "16", "--workers", "2"]
-JOB += ["--rate", "40", "--seconds", "90"]
+JOB += ["--rate", "40", "--seconds", "900"]
 
 
 @pytest.fixture(scope="module")
