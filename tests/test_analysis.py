@@ -940,3 +940,24 @@ def test_a_second_loader_reusing_worker_ids_is_no_restart() -> None:
             procs += [proc(MAIN_PID + 10 * (cycle + 1) + i, worker_id=i) for i in range(2)]
         digest.ingest(snap(k, procs))
     assert len(digest.restarts) < 2, digest.restarts
+
+
+def test_copy_on_read_is_named_when_a_worker_has_few_readings_in_the_window() -> None:
+    # On a loaded machine a large worker's PSS is read every 25-30 s (the budget and the stall
+    # limit): one worker then has 2 readings in the window that fires. Both grow alike; the verdict
+    # must not become "some workers" (seen in CI: "in worker (pid …)" alone).
+    for refresh_s in (25.0, 30.0):
+        history = memory_history(200, linear_from(20.0, 1 * MIB), workers=2, refresh_s=refresh_s)
+        alert = next((a for s in analyze(history) for a in s.alerts if a.kind == "memory_growth"), None)
+        assert alert is not None
+        assert alert.evidence["cause"] == "copy_on_read", alert.message
+        assert "2 of 2 workers in step" in alert.message
+
+
+def test_a_worker_not_read_enough_is_not_called_quiet() -> None:
+    # 2 readings of the second worker so far: "some workers" may be named, never as if it were all
+    history = memory_history(60, linear_from(0.0, 1 * MIB), workers=2, refresh_s=40.0)
+    alert = next((a for s in analyze(history) for a in s.alerts if a.kind == "memory_growth"), None)
+    assert alert is not None
+    if alert.evidence["cause"] == "some_workers":
+        assert "1 other worker(s) not read often enough yet to tell" in alert.message, alert.message

@@ -67,14 +67,19 @@ def grid_end(t: float, window_s: float) -> float:
 
 def process_slopes(digest: Digest, now: float, window_s: float, anon: bool = False) -> list[ProcessGrowth]:
     """The USS (or with ``anon`` the RssAnon) slope of every live process with at least 3
-    readings in the window."""
+    readings in the window (or, failing that, its last 3 within twice the window)."""
     out: list[ProcessGrowth] = []
     end = grid_end(now, window_s)
     for track in digest.live():
         series = track.anon if anon else track.uss if len(track.uss) else track.pss
         points = series.between(end - window_s, end)
         if len(points) < 3:
-            continue
+            # PSS is read on a budget: a large worker on a busy machine is read every 20 s or
+            # more, so a short window may hold 2 of its readings. Its last 3 within twice the
+            # window still give its slope; leaving it out would name only the others as growing.
+            points = series.between(end - 2 * window_s, end)[-3:]
+            if len(points) < 3:
+                continue
         key = ("anon" if anon else "uss", track.pid, track.start_time, window_s, end, len(points))
         cached = digest.memo.get(key)
         if isinstance(cached, float):
@@ -162,11 +167,15 @@ def attribute(
     if growing_workers:
         names = ", ".join(g.label for g in growing_workers[:3])
         more = f" and {len(growing_workers) - 3} more" if len(growing_workers) > 3 else ""
+        measured = {g.pid for g in slopes}
+        unread = [t for t in digest.live() if t.role == "worker" and t.pid not in measured]
+        # "some workers" claims the others do not grow: say when they were not read enough to tell
+        untold = f"; {len(unread)} other worker(s) not read often enough yet to tell" if unread else ""
         return Attribution(
             SOME_WORKERS,
             growing,
             n_workers,
-            f"in {names}{more} ({label} +{per_min(growing_workers[0].slope)})",
+            f"in {names}{more} ({label} +{per_min(growing_workers[0].slope)}){untold}",
         )
     if main:
         return Attribution(
