@@ -114,8 +114,11 @@ class Floor:
 
     def tick(self, sampler: Sampler) -> None:
         tracker = sampler.processes
-        for fd in self.fds.values():
-            os.pread(fd, 8192, 0)
+        for pid in tracker.read_last_tick:  # in rotation on a big tree: not every pid
+            for name in self.PER_TICK:
+                fd = self.fds.get((pid, name))
+                if fd is not None:
+                    os.pread(fd, 8192, 0)
         for pid in tracker.fd_counts_last_tick:
             os.listdir(f"{self.proc_root}/{pid}/fd")
         for pid, tids in tracker.children_reads_last_tick:
@@ -189,6 +192,8 @@ def run_size(args: argparse.Namespace, gib: float) -> dict[str, float]:
     idle_ages: list[float] = []
     oldest_ages: list[float] = []
     smaps_wall: list[float] = []
+    rotations: list[int] = []
+    shown_again: list[int] = []
     try:
         sampler = Sampler(main_pid)
         floor: Floor | None = None
@@ -201,6 +206,8 @@ def run_size(args: argparse.Namespace, gib: float) -> dict[str, float]:
             assert sampler.last_cost is not None
             costs.append(sampler.last_cost)
             smaps_reads += len(sampler.processes.smaps_reads_last_tick)
+            rotations.append(snapshot.rotation_ticks)
+            shown_again.append(snapshot.processes_in_rotation)
             if floor is None:
                 pids = [pid for pid, _ in sampler.processes.roles()]
                 floor = Floor(pids, sampler)
@@ -262,6 +269,10 @@ def run_size(args: argparse.Namespace, gib: float) -> dict[str, float]:
     print(f"dlmon / floor = {ours / floor_mean:.2f} (target <= 1.3)")
     print(f"dlmon = {ours * 100:.2f}% of one core at 1 Hz (target <= 1%)")
     print(f"psutil / dlmon = {psutil_mean / ours:.0f}x")
+    print(
+        f"rotation: workers read every {rotations[-1]} tick(s) at the end (most {max(rotations)});"
+        f" rows shown again without a read: {statistics.fmean(shown_again):.1f} per tick"
+    )
     print(
         f"PSS age, steady: moving worker max {max(moving_ages, default=float('nan')):.1f} s"
         f" (median {statistics.median(moving_ages) if moving_ages else float('nan'):.1f} s);"

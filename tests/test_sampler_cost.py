@@ -466,3 +466,76 @@ def test_a_transient_error_on_the_target_stat_at_the_first_tick_does_not_report_
     monkeypatch.setattr(ProcHandle, "stat", flaky_stat)
     assert sampler.sample().target.alive
     assert not failures  # the error did happen on that tick
+
+
+MANY_WORKERS = """
+    import ctypes, os, signal, time
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # reap at once: a killed worker vanishes
+    r, w = os.pipe()
+    for _ in range(40):
+        if os.fork() == 0:
+            ctypes.CDLL(None).prctl(15, b"pt_data_worker", 0, 0, 0)
+            os.write(w, b"x")
+            time.sleep(300); os._exit(0)
+    for _ in range(40):
+        os.read(r, 1)
+    print("READY", flush=True)
+    time.sleep(300)
+"""
+
+
+def test_a_tree_too_big_for_the_budget_is_read_in_rotation_and_loses_no_row(spawn: Spawn) -> None:
+    """Issue 14, step 3 of the degradation order: past the budget, workers are read every N
+    ticks (their last row shown in between, said on screen); the trainer every tick; a worker
+    killed meanwhile still leaves within N ticks; the rotation unwinds when the cost allows."""
+    import signal as signals
+
+    from dlmon.collect.processes import Cadence
+    from dlmon.collect.sampler import Sampler
+    from dlmon.model.format import one_line
+
+    proc = spawn(MANY_WORKERS)
+    # a budget no tree fits in: the every-tick reads alone pass it
+    sampler = Sampler(proc.pid, policy=BudgetPolicy(cpu_fraction=0.0002, min_smaps_fraction=0.0001))
+    sampler.processes.cadence = Cadence(rotation_settle_ticks=2)
+    try:
+        snaps = [sampler.sample() for _ in range(30)]
+        last = snaps[-1]
+        assert last.rotation_ticks >= 4, [s.rotation_ticks for s in snaps]
+        assert all(len(s.processes) == 41 for s in snaps), [len(s.processes) for s in snaps]
+        assert "large tree: workers read every" in one_line(last)
+        # the trainer is read every tick; every worker at least once per rotation
+        k = last.rotation_ticks
+        window = snaps[-k:]
+        prev = {p.pid: p for p in snaps[-k - 1].processes}
+        fresh: dict[int, int] = {}
+        for s in window:
+            reused = 0
+            for p in s.processes:
+                if p is prev.get(p.pid):
+                    reused += 1
+                    assert p.role == "worker", p
+                else:
+                    fresh[p.pid] = fresh.get(p.pid, 0) + 1
+            assert s.processes_in_rotation == reused
+            prev = {p.pid: p for p in s.processes}
+        assert fresh.get(proc.pid) == k
+        assert set(fresh) == {p.pid for p in last.processes}, "a worker was not read within its rotation"
+        # a worker killed while resting is gone within one rotation
+        victim = last.workers()[0].pid
+        os.kill(victim, signals.SIGKILL)
+        gone_after = next(
+            (i for i in range(1, 3 * k) if victim not in {p.pid for p in sampler.sample().processes}), None
+        )
+        assert gone_after is not None and gone_after <= k + 1, gone_after
+        # a cost that fits again (a generous budget: ticks 0.1 s apart): back to every tick
+        sampler.processes.budget.policy = BudgetPolicy(cpu_fraction=0.5)
+        for _ in range(60):
+            time.sleep(0.1)
+            if sampler.sample().rotation_ticks == 1:
+                break
+        unwound = sampler.sample()
+        assert unwound.rotation_ticks == 1 and unwound.processes_in_rotation == 0
+        assert "large tree" not in one_line(unwound)
+    finally:
+        sampler.close()

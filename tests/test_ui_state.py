@@ -263,3 +263,15 @@ def test_processes_read_without_held_fds_are_named_on_screen_and_in_the_line() -
     quiet = DashboardState()
     quiet.ingest(make_snapshot())
     assert "fd limit" not in "\n".join(text_of(line) for line in memory_lines(quiet, 200, False))
+
+
+def test_workers_read_in_rotation_are_named_on_screen_with_how_stale_a_row_may_be() -> None:
+    """A tree too big for the sampler's budget: rows may be a few ticks old, and the user sees so."""
+    state = DashboardState()
+    snap = dataclasses.replace(make_snapshot(), rotation_ticks=3, processes_in_rotation=80, interval_s=1.0)
+    state.ingest(snap)
+    text = "\n".join(text_of(line) for line in memory_lines(state, 200, False))
+    assert "large tree: workers read every 3 ticks (~3 s)" in text
+    quiet = DashboardState()
+    quiet.ingest(make_snapshot())
+    assert "large tree" not in "\n".join(text_of(line) for line in memory_lines(quiet, 200, False))

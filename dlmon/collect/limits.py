@@ -6,12 +6,6 @@ A limit changes only by ``setrlimit``/``prlimit``; it is re-read every ``REFRESH
 
 from __future__ import annotations
 
-import time
-from collections.abc import Sequence
-from dataclasses import replace
-
-from dlmon.model.snapshot import ProcessSample
-
 REFRESH_S = 60.0
 MAX_TRACKED = 4096
 
@@ -47,23 +41,15 @@ class FdLimits:
         self._cache[key] = (now, limit)
         return limit
 
-    def attach(self, processes: Sequence[ProcessSample]) -> tuple[ProcessSample, ...]:
-        """``processes`` with ``fd_limit`` set where it is known (live processes with an fd count)."""
+    def limit(self, pid: int, start_time: int, now: float) -> int | None:
+        """The soft open-files limit of one process (cached ``REFRESH_S``); None when unknown.
+        Never raises: the limit is a detail of a row, not worth a tick."""
         try:
-            return self._attach(processes)
+            return self._limit(pid, start_time, now)
         except Exception:
-            return tuple(processes)
+            return None
 
-    def _attach(self, processes: Sequence[ProcessSample]) -> tuple[ProcessSample, ...]:
-        now = time.monotonic()
-        out = []
-        for p in processes:
-            if p.num_fds is not None and p.state not in ("Z", "X"):
-                limit = self._limit(p.pid, p.start_time, now)
-                if limit is not None:
-                    p = replace(p, fd_limit=limit)
-            out.append(p)
-        live = {(p.pid, p.start_time) for p in processes}
+    def keep_only(self, live: set[tuple[int, int]]) -> None:
+        """Forget processes that are gone, once the cache holds many more than are alive."""
         if len(self._cache) > 2 * len(live) + 64:
             self._cache = {k: v for k, v in self._cache.items() if k in live}
-        return tuple(out)

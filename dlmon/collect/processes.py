@@ -12,7 +12,9 @@ What each tick reads, and what it reads less often (docs/performance.md):
 - fd counts: when status FDSize moved, or every ``fd_refresh_s``;
 - smaps_rollup: under the budget of ``SmapsBudget`` with what the rest of the tick left.
 When the fixed work passes half the budget, those cadences stretch (up to ``max_stretch``x)
-before PSS freshness is given up.
+before PSS freshness is given up. When even the every-tick reads would pass the budget (hundreds
+of processes), workers are read in rotation: each one every ``rotation`` ticks, its last row
+shown in between (``Snapshot.rotation_ticks``); the trainer, launchers and ranks every tick.
 
 A transient error reading a process's stat keeps it tracked (only ProcessGone drops it): an
 orphan, reparented away from the tree, could never be found again.
@@ -26,6 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from dlmon.collect.limits import FdLimits
 from dlmon.collect.procfs import (
     CLOCK_TICKS,
     PAGE_SIZE,
@@ -69,6 +72,10 @@ class Cadence:
     # handles hold fds only within the rest.
     reserved_fds_fraction: float = 0.25
     reserved_fds_min: int = 64
+    # Rotation: workers read every N ticks once the every-tick work passes the budget less
+    # smaps_rollup's floor; at most this many ticks between two reads of a worker.
+    max_rotation: int = 10
+    rotation_settle_ticks: int = 5  # ticks between two changes (the cost is an average)
 
 
 @dataclass(slots=True)
@@ -141,6 +148,8 @@ class _Tracked:
     forking_tids: set[int] = field(default_factory=set)
     children_time: float | None = None
     unavailable: dict[str, str] = field(default_factory=dict)
+    slot: int = 0  # its turn in the rotation
+    last_sample: ProcessSample | None = None  # shown again on ticks it is not read
 
 
 def _rate(now: int | None, prev: int | None, dt: float | None) -> float | None:
@@ -180,6 +189,18 @@ class ProcessTracker:
         self.without_held_fds = 0  # processes read by path: dlmon reached its fd cap
         self._new_stats: dict[Identity, StatFields] = {}
         self._now = clock()
+        self.fd_limits = FdLimits(proc_root)
+        # Read workers every ``rotation`` ticks (1: every tick); see record_tick_cost.
+        self.rotation = 1
+        self.rotated_last_tick = 0  # rows shown again without a read on the last tick
+        self.read_last_tick: list[int] = []  # pids whose stat/status/io were read on the last tick
+        self._tick = 0
+        self._next_slot = 0
+        self._rotation_changed = 0
+        # From the in-process agent's last reading: pid -> worker id, pid -> torch threads. Used
+        # when rows are built, so the caller's merge rarely has to rebuild a row.
+        self.worker_hints: Mapping[int, int] = MappingProxyType({})
+        self.thread_hints: Mapping[int, int] = MappingProxyType({})
         self.target = ProcHandle(target_pid, proc_root)  # raises ProcessGone for no such pid
         self.target_identity: Identity = (target_pid, self.target.start_time)
         # From the read at the open, so a transient error on the first tick keeps it alive too.
@@ -276,7 +297,8 @@ class ProcessTracker:
                 return None
         except (ProcessGone, AccessDenied, OSError):
             return None
-        tracked = _Tracked(handle, "child", self._now)
+        tracked = _Tracked(handle, "child", self._now, slot=self._next_slot)
+        self._next_slot += 1
         self._tracked[(pid, handle.start_time)] = tracked
         self._new_stats[(pid, handle.start_time)] = stat
         return tracked, stat
@@ -293,8 +315,23 @@ class ProcessTracker:
             self._cheap_cost_per_s = 0.8 * self._cheap_cost_per_s + 0.2 * per_s
         else:
             self._cheap_cost_per_s, self._cheap_cost_known = per_s, True
-        half = 0.5 * self.budget.policy.cpu_fraction
+        policy = self.budget.policy
+        half = 0.5 * policy.cpu_fraction
         self.stretch = min(self.cadence.max_stretch, max(1.0, self._cheap_cost_per_s / half))
+        self._adjust_rotation(policy.cpu_fraction - policy.min_smaps_fraction)
+
+    def _adjust_rotation(self, ceiling: float) -> None:
+        """Step 3 of the degradation order: read workers in rotation when the every-tick work
+        alone would leave smaps_rollup less than its floor. One step at a time, a few ticks
+        apart (the cost is an average); back down only when the bigger cost would still fit
+        (as if every cost were the workers': it may not flap)."""
+        if self._tick - self._rotation_changed < self.cadence.rotation_settle_ticks:
+            return
+        per_s, k = self._cheap_cost_per_s, self.rotation
+        if per_s > ceiling and k < self.cadence.max_rotation:
+            self.rotation, self._rotation_changed = k + 1, self._tick
+        elif k > 1 and per_s * k / (k - 1) < 0.85 * ceiling:
+            self.rotation, self._rotation_changed = k - 1, self._tick
 
     def sample(self) -> tuple[ProcessSample, ...]:
         now = self._now = self._clock()
@@ -302,10 +339,14 @@ class ProcessTracker:
         self.children_reads_last_tick = []
         self.fd_counts_last_tick = []
         self._new_stats = {}
+        self._tick += 1
         t0 = time.thread_time()
         stats: dict[Identity, StatFields] = {}
+        resting = {identity for identity, tracked in self._tracked.items() if not self._due(tracked)}
         # Drop the dead before discovery, so a reused pid is seen as the new process it is.
         for identity, tracked in list(self._tracked.items()):
+            if identity in resting:
+                continue
             stat = self._stat_or_drop(identity, tracked)
             if stat is not None:
                 stats[identity] = stat
@@ -337,6 +378,16 @@ class ProcessTracker:
             self._build(identity, tracked, stat, status, io, now)
             for identity, (tracked, stat, status, io) in rows.items()
         ]
+        shown_again = [
+            last
+            for identity in resting
+            if (resting_one := self._tracked.get(identity)) is not None
+            and (last := resting_one.last_sample) is not None
+        ]
+        self.rotated_last_tick = len(shown_again)
+        self.read_last_tick = [pid for pid, _ in rows]
+        samples.extend(shown_again)
+        self.fd_limits.keep_only(set(self._tracked))
         samples.sort(key=lambda s: (s.role != "main", s.role != "worker", s.start_time, s.pid))
         self.without_held_fds = sum(1 for t in self._tracked.values() if not t.handle.hold_fds)
         t6 = time.thread_time()
@@ -346,6 +397,12 @@ class ProcessTracker:
         cost.smaps = t5 - t4
         cost.build = t6 - t5
         return tuple(samples)
+
+    def _due(self, tracked: _Tracked) -> bool:
+        """Read this tick: always, but a worker in rotation only on its turn."""
+        if self.rotation <= 1 or tracked.role != "worker" or tracked.last_sample is None:
+            return True
+        return (tracked.slot + self._tick) % self.rotation == 0
 
     def _stat_or_drop(self, identity: Identity, tracked: _Tracked) -> StatFields | None:
         try:
@@ -449,7 +506,9 @@ class ProcessTracker:
         io: dict[str, int],
         now: float,
     ) -> ProcessSample:
-        if tracked.role == "child" and stat.comm in WORKER_COMMS:
+        pid = identity[0]
+        worker_id = self.worker_hints.get(pid)
+        if tracked.role == "child" and (stat.comm in WORKER_COMMS or worker_id is not None):
             tracked.role = "worker"  # a forked worker renames itself once it starts
         zombie = stat.state in ("Z", "X")
         dt = None if tracked.prev_time is None else now - tracked.prev_time
@@ -496,6 +555,11 @@ class ProcessTracker:
             nonvoluntary_ctxt_switches=nvcsw,
             nonvoluntary_ctxt_switches_per_s=_rate(nvcsw, tracked.prev_nvcsw, dt),
             num_fds=None if zombie else tracked.num_fds,
+            fd_limit=(
+                None if zombie or tracked.num_fds is None else self.fd_limits.limit(pid, identity[1], now)
+            ),
+            worker_id=worker_id,
+            torch_threads=self.thread_hints.get(pid),
             pss_anon_bytes=smaps.pss_anon_bytes if smaps else None,
             pss_file_bytes=smaps.pss_file_bytes if smaps else None,
             anonymous_bytes=smaps.anonymous_bytes if smaps else None,
@@ -508,6 +572,7 @@ class ProcessTracker:
         tracked.prev_read_bytes = read_bytes
         tracked.prev_write_bytes = write_bytes
         tracked.prev_nvcsw = nvcsw
+        tracked.last_sample = sample
         return sample
 
     def target_state(self) -> str | None:

@@ -12,7 +12,6 @@ from dlmon.collect.cgroup import CgroupMemoryReader, UsableCores
 from dlmon.collect.disks import DiskStatsReader
 from dlmon.collect.gpu import GpuCollector
 from dlmon.collect.kernel import KernelLog
-from dlmon.collect.limits import FdLimits
 from dlmon.collect.processes import ProcessTracker
 from dlmon.collect.procfs import CLOCK_TICKS, boot_time, read_cmdline
 from dlmon.collect.shm_usage import JobShm
@@ -97,7 +96,6 @@ class Sampler:
         self._last_time: float | None = None
         self.last_cost: TickCost | None = None
         self._kernel = KernelLog()
-        self._fd_limits = FdLimits(proc_root)
         self._job_shm = JobShm(proc_root)
         self._stall = StallProbe(self._agent)
 
@@ -111,7 +109,6 @@ class Sampler:
         t_gpu = time.thread_time()
         gpu_status, gpus = self._gpu.sample()
         processes = _with_gpu_memory(processes, gpus)
-        processes = self._fd_limits.attach(processes)
         t_agent = time.thread_time()
         # Agents serve in the trainer and its Python children (ranks), never in workers.
         reading = self._agent.poll(
@@ -132,6 +129,7 @@ class Sampler:
         if reading is not None:
             processes = _with_agent_identity(processes, reading)
             gpus = merge_torch_memory(gpus, reading)
+        self._remember_identity(reading)
         rss = [p.rss_bytes for p in processes if p.rss_bytes is not None]
         pss = [p.pss_bytes for p in processes if p.pss_bytes is not None]
         uss = [p.uss_bytes for p in processes if p.uss_bytes is not None]
@@ -193,6 +191,8 @@ class Sampler:
             stacks=stacks,
             processes_without_held_fds=self.processes.without_held_fds,
             target_cores=target_cores,
+            rotation_ticks=self.processes.rotation,
+            processes_in_rotation=self.processes.rotated_last_tick,
         )
         end = time.thread_time()
         part = self.processes.cost
@@ -214,6 +214,17 @@ class Sampler:
             self.processes.record_tick_cost(cheap_cpu, now - self._last_time)
         self._last_time = now
         return snapshot
+
+    def _remember_identity(self, reading: AgentReading | None) -> None:
+        """The agent's worker ids and thread counts, for the tracker to build next tick's rows
+        with (a row rebuilt for them costs as much as reading the process)."""
+        if reading is None:
+            self.processes.worker_hints = self.processes.thread_hints = {}
+            return
+        self.processes.worker_hints = {
+            pid: index for loader in reading.loaders for index, pid in enumerate(loader.worker_pids)
+        }
+        self.processes.thread_hints = dict(reading.num_threads)
 
     def close(self) -> None:
         self.processes.close()
@@ -263,9 +274,11 @@ def _with_agent_identity(
         return processes
     out = []
     for p in processes:
-        if p.pid in worker_ids:
-            p = replace(p, worker_id=worker_ids[p.pid], role="worker")
-        if p.pid in threads:
-            p = replace(p, torch_threads=threads[p.pid])
+        worker_id = worker_ids.get(p.pid)
+        torch_threads = threads.get(p.pid, p.torch_threads)
+        if worker_id is not None and (p.worker_id != worker_id or p.role != "worker"):
+            p = replace(p, worker_id=worker_id, role="worker")
+        if p.torch_threads != torch_threads:
+            p = replace(p, torch_threads=torch_threads)
         out.append(p)
     return tuple(out)

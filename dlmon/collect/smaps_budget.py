@@ -62,13 +62,18 @@ class SmapsBudget:
         self.unlimited = unlimited
         self.tokens = self.policy.initial_s
         self._last_refill: float | None = None
+        self._first_refill = True
 
     def refill(self, now: float, cheap_cost_per_s: float) -> None:
         """Add this interval's allowance; ``cheap_cost_per_s`` is what the every-tick reads cost."""
         if self._last_refill is not None:
             elapsed = max(0.0, now - self._last_refill)
             fraction = max(self.policy.min_smaps_fraction, self.policy.cpu_fraction - cheap_cost_per_s)
-            # Capped at the burst: what the first tick's allowance left is not spent later.
+            if self._first_refill:
+                # What the first tick's allowance left is not spent later: it was for filling
+                # the screen at once, not a saving (it showed as ~50 ms over the next ticks).
+                self.tokens = min(self.tokens, 0.0)
+                self._first_refill = False
             self.tokens = min(self.tokens + fraction * elapsed, self.policy.burst_s)
         self._last_refill = now
 

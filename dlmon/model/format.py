@@ -33,6 +33,16 @@ def fd_limit_note(count: int) -> str:
     return f"fd limit: {count} process{'es' if count != 1 else ''} read without held fds"
 
 
+def rotation_note(s: Snapshot) -> str | None:
+    """A tree too big for the sampler's budget: how stale a worker's row may be."""
+    if s.rotation_ticks <= 1:
+        return None
+    every = f"every {s.rotation_ticks} ticks"
+    if s.interval_s:
+        every += f" (~{s.rotation_ticks * s.interval_s:.0f} s)"
+    return f"large tree: workers read {every} to stay in dlmon's 1% CPU budget"
+
+
 def target_stopped(s: Snapshot) -> bool:
     """The target is alive but stopped (SIGSTOP, ^Z, a debugger): state T or t, not dead."""
     return s.target.alive and any(p.pid == s.target.pid and p.state in ("T", "t") for p in s.processes)
@@ -71,4 +81,7 @@ def one_line(s: Snapshot) -> str:
         parts.append(f"ZOMBIES {zombies}")
     if s.processes_without_held_fds:
         parts.append(fd_limit_note(s.processes_without_held_fds))
+    rotation = rotation_note(s)
+    if rotation:
+        parts.append(rotation)
     return "  ".join(parts)

@@ -317,6 +317,10 @@ class Snapshot:
     target_cores: float | None = None
     kernel_events: tuple[KernelEvent, ...] = ()  # OOM kills / segfaults of the job's processes (recent)
     stacks: tuple[ProcessStack, ...] = ()  # stacks of stuck processes, taken during a stall
+    # A tree too big for the sampler's budget: workers are read every ``rotation_ticks`` ticks
+    # and ``processes_in_rotation`` rows of this snapshot are their last reading, shown again.
+    rotation_ticks: int = 1
+    processes_in_rotation: int = 0
 
     def workers(self) -> tuple[ProcessSample, ...]:
         return tuple(p for p in self.processes if p.role == "worker")

@@ -18,7 +18,7 @@ from dlmon.analysis.kinds import MEMORY_GROWTH
 from dlmon.analysis.startup import startup_of
 from dlmon.analysis.verdict import exit_verdict
 from dlmon.model import Alert, GpuDevice, LoaderSample, MemorySummary, ProcessSample, Snapshot
-from dlmon.model.format import fd_limit_note, target_stopped
+from dlmon.model.format import fd_limit_note, rotation_note, target_stopped
 from dlmon.ui.fmt import DASH, NA, cbytes, cpct, duration, human_bytes, mbps, ratio
 from dlmon.ui.state import SORT_NAMES, DashboardState, ProcessRow, RankGroup
 
@@ -387,6 +387,9 @@ def memory_lines(state: DashboardState, width: int, compact: bool) -> Lines:
     ]
     if s.processes_without_held_fds:
         shared.append([(fd_limit_note(s.processes_without_held_fds), "warn")])
+    rotation = rotation_note(s)
+    if rotation:
+        shared.append([(rotation, "dim")])
     if compact:
         lead = 5
         return (
