@@ -147,6 +147,9 @@ def main() -> None:
     parser.add_argument("--size", default="160x50", help="terminal size of each session, WxH")
     parser.add_argument("--naive", action="store_true", help="also run a naive DataTable app")
     parser.add_argument("--htop-pss", action="store_true", help="also run htop with PSS columns")
+    parser.add_argument(
+        "--rss-every", type=float, default=0.0, help="print dlmon's RSS every this many seconds of the window"
+    )
     args = parser.parse_args()
     if shutil.which("tmux") is None or shutil.which("htop") is None:
         sys.exit("needs tmux and htop")
@@ -191,7 +194,15 @@ def main() -> None:
         threads_before = thread_cpu(runs["dlmon"])
         rss_before = rss_mib(runs["dlmon"])
         window_start = time.monotonic()
-        time.sleep(args.seconds)
+        if args.rss_every > 0:  # the dashboard's memory over a long window: flat, or a leak
+            print("| minute of the window | dlmon RSS MiB |")
+            print("|---:|---:|")
+            while time.monotonic() - window_start < args.seconds:
+                time.sleep(min(args.rss_every, max(0.0, args.seconds - (time.monotonic() - window_start))))
+                minute = (time.monotonic() - window_start) / 60
+                print(f"| {minute:.1f} | {rss_mib(runs['dlmon']):.1f} |", flush=True)
+        else:
+            time.sleep(args.seconds)
         elapsed = time.monotonic() - window_start
         after = {name: cpu_seconds(pid) for name, pid in runs.items()}
         threads_after = thread_cpu(runs["dlmon"])
