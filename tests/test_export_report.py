@@ -279,6 +279,19 @@ def test_diff_memory_never_compares_one_runs_pss_with_the_others_rss_sum(
         )
 
 
+def test_diff_per_process_peaks_never_compare_pss_with_rss(
+    recordings: dict[str, Path], tmp_path: Path
+) -> None:
+    """The same run, once without PSS readings: each process's peak is its RSS there. Comparing it
+    with the other run's PSS peak read as a per-worker memory regression (RSS counts shared pages)."""
+    healthy = str(recordings["healthy"])
+    no_pss = str(without_pss(recordings["healthy"], tmp_path / "no_pss.jsonl"))
+    result = diff(healthy, no_pss, "--fail-on", "worker-memory+10%")
+    assert result.returncode == 0, result.stdout
+    assert "worker-memory+10%: n/a" in result.stdout, result.stdout
+    assert "(A PSS, B RSS)" in result.stdout and "n/a (not the same measure)" in result.stdout, result.stdout
+
+
 def test_diff_fails_ci_when_the_loader_never_delivers_a_batch(
     recordings: dict[str, Path], tmp_path: Path
 ) -> None:

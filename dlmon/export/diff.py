@@ -7,7 +7,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from dlmon.export.summary import RunSummary
+from dlmon.export.summary import Peak, RunSummary
 from dlmon.export.text import figure
 
 NOISE = 0.05  # changes within 5% (or 5 percentage points of data-wait) count as "the same"
@@ -165,7 +165,8 @@ def _measured(limit: Limit, a: RunSummary, b: RunSummary) -> float | None:
         changes = [
             c
             for name in a.slot_peaks.keys() & b.slot_peaks.keys()
-            if (c := _relative(a.slot_peaks[name].value, b.slot_peaks[name].value)) is not None
+            if a.slot_peaks[name].basis == b.slot_peaks[name].basis
+            and (c := _relative(a.slot_peaks[name].value, b.slot_peaks[name].value)) is not None
         ]
         return (max(changes) if limit.direction > 0 else min(changes)) if changes else None
     _, va, vb = _values(BY_NAME[limit.name], a, b)
@@ -190,22 +191,28 @@ def breach(limit: Limit, a: RunSummary, b: RunSummary) -> str | None:
     return None
 
 
+def _slot_row(name: str, a: Peak | None, b: Peak | None) -> Row:
+    """One process's peak in A and B; a PSS peak is never compared with an RSS or USS one."""
+    if a is not None and b is not None and a.basis != b.basis:
+        return Row(
+            f"{name} (A {a.basis}, B {b.basis})",
+            f"{figure(a.value, 'bytes')} {a.basis}",
+            f"{figure(b.value, 'bytes')} {b.basis}",
+            "n/a (not the same measure)",
+            "n/a",
+        )
+    basis = next((p.basis for p in (a, b) if p is not None and p.basis != "PSS"), None)
+    label = name if basis is None else f"{name} ({basis})"
+    return _row(label, "bytes", a.value if a else None, b.value if b else None, False)
+
+
 def compare(a: RunSummary, b: RunSummary, limits: Sequence[Limit] = ()) -> Comparison:
     rows = []
     for m in MEASURES:
         label, va, vb = _values(m, a, b)
         rows.append(_row(label, m.unit, va, vb, m.higher_is_better))
     names = sorted(a.slot_peaks.keys() | b.slot_peaks.keys(), key=lambda n: (n != "main", n))
-    worker_rows = tuple(
-        _row(
-            name,
-            "bytes",
-            a.slot_peaks[name].value if name in a.slot_peaks else None,
-            b.slot_peaks[name].value if name in b.slot_peaks else None,
-            False,
-        )
-        for name in names
-    )
+    worker_rows = tuple(_slot_row(name, a.slot_peaks.get(name), b.slot_peaks.get(name)) for name in names)
     lines = [line for limit in limits if (line := breach(limit, a, b)) is not None]
     failures = tuple(line for line in lines if ": n/a" not in line)
     new, gone = tuple(sorted(_kinds(b) - _kinds(a))), tuple(sorted(_kinds(a) - _kinds(b)))

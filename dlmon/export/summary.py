@@ -187,6 +187,12 @@ class Distribution:
 class Peak:
     value: float
     time: float
+    basis: str = "PSS"  # per-process peaks: "PSS", or "USS"/"RSS" where PSS was never read
+
+
+# A per-process peak keeps the best measure it has seen: PSS over USS over RSS (an RSS peak counts
+# every shared page once per process, so it must never stand beside or above a PSS one).
+BASIS_RANK = {"PSS": 0, "USS": 1, "RSS": 2}
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,15 +355,25 @@ class Summarizer:
 
     def _slots(self, s: Snapshot) -> None:
         for labels, p in process_series(Published(s)):
-            value = next((v for v in (p.pss_bytes, p.uss_bytes, p.rss_bytes) if v is not None), None)
-            if value is None:
+            measured = next(
+                (
+                    (basis, v)
+                    for basis, v in (("PSS", p.pss_bytes), ("USS", p.uss_bytes), ("RSS", p.rss_bytes))
+                    if v is not None
+                ),
+                None,
+            )
+            if measured is None:
                 continue
+            basis, value = measured
             name = slot_name(labels, s.target.pid)
-            if name in self.slots:
-                if value > self.slots[name].value:
-                    self.slots[name] = Peak(float(value), s.time)
+            old = self.slots.get(name)
+            if old is not None:
+                better = BASIS_RANK[basis] < BASIS_RANK[old.basis]
+                if better or (basis == old.basis and value > old.value):
+                    self.slots[name] = Peak(float(value), s.time, basis)
             elif len(self.slots) < MAX_SLOTS:
-                self.slots[name] = Peak(float(value), s.time)
+                self.slots[name] = Peak(float(value), s.time, basis)
             else:
                 self._drop("processes")
 

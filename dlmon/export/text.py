@@ -148,7 +148,14 @@ def sections(summary: RunSummary) -> list[Section]:
         Section(
             "Peak memory per process (PSS)",
             ("process", "peak", "at"),
-            tuple((name, human_bytes(p.value), offset(summary, p.time)) for name, p in slots),
+            tuple(
+                (
+                    name,
+                    human_bytes(p.value) + ("" if p.basis == "PSS" else f" ({p.basis})"),
+                    offset(summary, p.time),
+                )
+                for name, p in slots
+            ),
         )
     )
 
@@ -245,3 +252,8 @@ def format_markdown(summary: RunSummary) -> str:
         if section.note:
             lines += ["", section.note]
     return "\n".join(lines) + "\n"
+
+
+def _basis_note(basis: str) -> str:
+    """A per-process peak that is not PSS says which measure it is."""
+    return "" if basis == "PSS" else f" ({basis}: PSS never read)"
