@@ -15,6 +15,7 @@ from scenarios.synth import (
     MAIN_PID,
     MIB,
     T0,
+    after_startup,
     copy_on_read_history,
     disk,
     gpu,
@@ -961,3 +962,58 @@ def test_a_worker_not_read_enough_is_not_called_quiet() -> None:
     assert alert is not None
     if alert.evidence["cause"] == "some_workers":
         assert "1 other worker(s) not read often enough yet to tell" in alert.message, alert.message
+
+
+# -- the first generation of restarted workers starts when they appear, not with the trainer -----
+
+
+def test_the_trainers_start_up_is_no_generation_of_workers() -> None:
+    """Under ``dlmon run`` the first 20 s of readings are the trainer alone at 300 MiB (imports,
+    dataset build), then a healthy sawtooth: nothing is kept across epochs. The first generation
+    is bounded from when its workers appeared; bounded from the job's first reading it started at
+    300 MiB, and the user read "each generation starts higher (300.0 MiB → 2.5 GiB): memory is
+    kept across epochs; it reaches the cgroup limit ... in about 11.7 min"."""
+    outs = analyze(after_startup(_restarting()))
+    alerts = [(s.time - T0, a) for s in outs for a in of_kind(s, "memory_growth")]
+    for _, alert in alerts:
+        assert "starts higher" not in alert.message, alert.message
+        assert "kept across epochs" not in alert.message, alert.message
+    late = [a for t, a in alerts if t >= 20 + 2 * 180.0 + 65.0]
+    assert late, "the growth within an epoch is still shown"
+    for alert in late:
+        assert alert.evidence["fits"] is True and alert.evidence["eta_s"] is None, alert.message
+        assert alert.severity == "info" and "no OOM" in alert.message, alert.message
+
+
+def test_memory_kept_across_generations_after_the_start_up_is_still_a_staircase() -> None:
+    """The same start-up before a trainer that keeps 300 MiB at each restart: called climbing as
+    soon as without the start-up (the second restart, at 380 s, plus the window's few ticks), and
+    from the workers' first level, not from the trainer's start-up."""
+    outs = analyze(after_startup(_restarting(kept_per_generation=300 * MIB)))
+    climbing = [
+        (s.time - T0, a) for s in outs for a in of_kind(s, "memory_growth") if "starts higher" in a.message
+    ]
+    assert climbing
+    t, alert = climbing[0]
+    assert t <= 20 + 2 * 180.0 + 30.0, (t, alert.message)
+    assert "(2.5 GiB → 2.8 GiB)" in alert.message and "300.0 MiB" not in alert.message, alert.message
+    late = [a for s in outs if s.time - T0 >= 20 + 2 * 180.0 + 65.0 for a in of_kind(s, "memory_growth")]
+    assert all(a.evidence["fits"] is not True and a.severity != "info" for a in late), late[-1].message
+
+
+def test_the_generations_kept_after_trimming_the_restarts_are_whole_epochs() -> None:
+    """``restarts`` keeps the newest few: the generation before the oldest kept one starts at the
+    restart trimmed, not at the job's first reading (which would make it span many epochs and
+    the trainer's start-up)."""
+    from dlmon.analysis.detectors.memory import generations
+
+    history = after_startup(_restarting(kept_per_generation=300 * MIB))
+    full = Digest.from_history(history)
+    trimmed = Digest.from_history(history, DigestLimits(oom_records=3))
+    assert len(full.restarts) == 5 and trimmed.restarts == full.restarts[-3:]
+    assert full.last_time is not None
+    whole = generations(full, full.job_pss, full.last_time)
+    kept = generations(trimmed, trimmed.job_pss, full.last_time)
+    assert whole is not None and kept is not None
+    assert len(whole.starts) == 5 and whole.starts[0] > 2 * GIB  # from the workers' appearance
+    assert kept.starts == whole.starts[-3:] and kept.peaks == whole.peaks[-3:], (kept, whole)

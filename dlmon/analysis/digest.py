@@ -179,6 +179,9 @@ class Digest:
     split: bool = False  # readings come without file-backed pages (smaps_rollup has Pss_File)
     worker_slots: dict[int, Identity] = field(default_factory=dict)  # worker id -> its newest process
     restarts: list[float] = field(default_factory=list)  # when a new generation of workers started
+    # when the generation before ``restarts[0]`` started: the first tick with any worker (the
+    # trainer's own start-up before it is no generation), then each restart trimmed from the list
+    generation_start: float | None = None
 
     def __post_init__(self) -> None:
         self.job_pss = Series(self.limits.min_gap_s, self.limits.job_points)
@@ -213,6 +216,8 @@ class Digest:
                 continue
             identity = (p.pid, p.start_time)
             seen.add(identity)
+            if self.generation_start is None and p.role == "worker":
+                self.generation_start = now
             if p.rss_bytes is not None:
                 rss_total += p.rss_bytes
                 rss_known = True
@@ -311,7 +316,7 @@ class Digest:
             return
         self.restarts.append(now)
         if len(self.restarts) > self.limits.oom_records:
-            del self.restarts[0]
+            self.generation_start = self.restarts.pop(0)
 
     def _note_oom(self, s: Snapshot) -> None:
         machine = s.memory.oom_kill_count

@@ -340,3 +340,34 @@ def copy_on_read_history(
             extra.update(cgroup_limit=limit, cgroup_current=used)
         out.append(snap(t, procs, interval=1.0 if k else None, **extra))  # type: ignore[arg-type]
     return out
+
+
+def after_startup(
+    history: Sequence[Snapshot], seconds: int = 20, trainer: float = 300 * MIB
+) -> list[Snapshot]:
+    """``history`` shifted ``seconds`` later, after the trainer's own start-up as ``dlmon run``
+    sees it: the trainer alone (python and torch imported, the dataset being built) at a flat
+    ``trainer`` bytes, no workers and no loader yet; the machine and cgroup as in ``history[0]``."""
+    first = history[0]
+    main = proc(MAIN_PID, "main", uss=trainer, pss=trainer, rss=trainer)
+    main = dataclasses.replace(
+        main, pss_anon_bytes=int(trainer), pss_file_bytes=0, anonymous_bytes=int(trainer)
+    )
+    cgroup = first.cgroup and dataclasses.replace(first.cgroup, current_bytes=int(trainer))
+    memory = dataclasses.replace(
+        first.memory,
+        cgroup_current_bytes=None if first.memory.cgroup_current_bytes is None else int(trainer),
+    )
+    startup = [
+        dataclasses.replace(
+            first,
+            time=T0 + k,
+            interval_s=1.0 if k else None,
+            processes=(main,),
+            loaders=(),
+            cgroup=cgroup,
+            memory=memory,
+        )
+        for k in range(seconds)
+    ]
+    return startup + [dataclasses.replace(s, time=s.time + seconds, interval_s=1.0) for s in history]

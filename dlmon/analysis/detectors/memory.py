@@ -258,8 +258,8 @@ def generations(digest: Digest, series: Series, now: float) -> Generations | Non
     gaps = [b - a for a, b in itertools.pairwise(restarts)]
     peaks: list[float] = []
     starts: list[float] = []
-    first = series.first()
-    bounds = [first[0], *restarts] if first is not None and first[0] < restarts[0] else restarts
+    begin = first_generation_start(digest, series)
+    bounds = [begin, *restarts] if begin is not None and begin < restarts[0] else restarts
     for a, b in itertools.pairwise(bounds):  # the one before the first restart counts (partly seen)
         values = [v for _, v in series.between(a, b)]
         if values:
@@ -268,6 +268,20 @@ def generations(digest: Digest, series: Series, now: float) -> Generations | Non
     if not peaks:
         return None
     return Generations(median(gaps), now - restarts[-1], tuple(peaks), tuple(starts))
+
+
+def first_generation_start(digest: Digest, series: Series) -> float | None:
+    """Where the generation before the first known restart begins: when workers first appeared
+    (under ``dlmon run`` the readings before are the trainer's own start-up, python and torch
+    imports, the dataset build: far below any generation's start, which made a healthy sawtooth
+    look like a staircase), or when the restart trimmed from the digest's list began it. With
+    workers there from the first reading (an attach): the signal's first point, which a reading's
+    age may place a little before that tick."""
+    start = digest.generation_start
+    if start is not None and digest.first_time is not None and start > digest.first_time:
+        return start
+    first = series.first()
+    return None if first is None else first[0]
 
 
 def generations_climb(g: Generations, tolerance: float) -> bool:
