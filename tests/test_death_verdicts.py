@@ -77,6 +77,30 @@ def test_a_trainer_asleep_outside_every_loader_is_still_a_stall() -> None:
     assert of_kind(outs[-1], "stall"), "a trainer asleep outside its loader for minutes must be a stall"
 
 
+def test_a_long_trainer_stall_counts_from_the_last_batch_and_turns_critical() -> None:
+    """The stall's age came from the recent window only: it stopped at "about 2 min" however long
+    the trainer hung, and never reached critical (5 min)."""
+    history = []
+    total = 0
+    for k in range(450):
+        moving = k < 30
+        total += 2 if moving else 0
+        train = dataclasses.replace(
+            loader(id="T"),
+            batches_total=total,
+            batches_per_s=2.0 if moving else 0.0,
+            in_call_s=0.0,
+        )
+        main = proc(MAIN_PID, "main", uss=300 * MIB, pss=350 * MIB, cpu=50.0 if moving else 0.5)
+        history.append(snap(k, [main], loaders=[train]))
+    outs = analyze(history)
+    [stall] = of_kind(outs[-1], "stall")
+    assert stall.severity == "critical", stall.message
+    stalled = stall.evidence["stalled_s"]
+    assert isinstance(stalled, float) and 415 <= stalled <= 425, stall.message  # 449 - 29 s
+    assert "for 7.0 min (usually one every 0.5 s)" in stall.message, stall.message
+
+
 # -- fd_exhaustion: a step up then flat is not a leak -----------------------------------------
 
 

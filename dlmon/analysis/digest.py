@@ -182,6 +182,9 @@ class Digest:
     # when the generation before ``restarts[0]`` started: the first tick with any worker (the
     # trainer's own start-up before it is no generation), then each restart trimmed from the list
     generation_start: float | None = None
+    # loader id -> (its batch count, when it last moved): the stall detector's memory past the
+    # recent window (bounded: cleared at 64 loaders)
+    loader_progress: dict[str, tuple[int, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.job_pss = Series(self.limits.min_gap_s, self.limits.job_points)

@@ -270,6 +270,8 @@ def per_min(bytes_per_s: float) -> str:
 def duration(seconds: float | None) -> str:
     if seconds is None:
         return "unknown"
+    if seconds < 9.95:  # a batch every 0.5 s is not "every 0 s"
+        return f"{seconds:.1f} s"
     if seconds < 90:
         return f"{seconds:.0f} s"
     if seconds < 90 * 60:

@@ -54,6 +54,17 @@ def pace(ctx: Context, loader_id: str) -> LoaderPace:
             if ls.batches_total is not None and ls.batches_total != last_total:
                 last_total = ls.batches_total
                 last_progress = snap.time
+    # The recent window forgets a batch older than itself: a loader quiet for longer would seem
+    # quiet only since the window's start ("about 2 min" forever, never critical). The digest
+    # keeps when each loader's count last moved.
+    if last_total is not None:
+        moved = ctx.digest.loader_progress.get(loader_id)
+        if moved is not None and moved[0] == last_total:
+            last_progress = moved[1] if last_progress is None else min(last_progress, moved[1])
+        elif last_progress is not None:
+            if len(ctx.digest.loader_progress) >= 64:
+                ctx.digest.loader_progress.clear()
+            ctx.digest.loader_progress[loader_id] = (last_total, last_progress)
     memo_key = ("stall_pace", loader_id)
     interval: float | None
     if rates:
