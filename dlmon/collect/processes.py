@@ -58,6 +58,7 @@ SMAPS_FIELDS = FieldPicker(("Pss", "Pss_Shmem", "Private_Clean", "Private_Dirty"
 Identity = tuple[int, int]  # (pid, start_time)
 FDS_PER_HANDLE = 3  # stat, status, io
 SPAWNING_ROLES = frozenset({"main", "child"})  # can start DataLoader workers; workers rarely fork
+ROTATION_MIN_ROWS_SHARE = 0.3  # rotate workers only while their rows are this share of a tick's work
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +198,8 @@ class ProcessTracker:
         self._tick = 0
         self._next_slot = 0
         self._rotation_changed = 0
+        self._rows_share = 0.0  # of the last tick's work: reading and building rows (what rotation cuts)
+        self._listed: dict[int, set[int]] = {}  # parent pid -> children listed this tick
         # From the in-process agent's last reading: pid -> worker id, pid -> torch threads. Used
         # when rows are built, so the caller's merge rarely has to rebuild a row.
         self.worker_hints: Mapping[int, int] = MappingProxyType({})
@@ -246,7 +249,9 @@ class ProcessTracker:
                 return []
             tracked.children_time = now
             self.children_reads_last_tick.append((pid, None))
-            return tracked.handle.children()
+            kids = tracked.handle.children()
+            self._listed[pid] = set(kids)
+            return kids
         relist = (
             tracked.tids is None
             or tracked.tids_num_threads != stat.num_threads
@@ -268,7 +273,9 @@ class ProcessTracker:
             by_thread = tracked.handle.children_by_thread(tids)
             tracked.forking_tids |= {tid for tid, kids in by_thread.items() if kids}
             self.children_reads_last_tick.append((pid, tids))
-        return [kid for kids in by_thread.values() for kid in kids]
+        listed = [kid for kids in by_thread.values() for kid in kids]
+        self._listed[pid] = set(listed)
+        return listed
 
     def _discover_by_scan(self, known_pids: set[int]) -> None:
         by_parent: dict[int, list[int]] = {}
@@ -311,6 +318,7 @@ class ProcessTracker:
         if interval_s <= 0:
             return
         per_s = cheap_cpu_s / interval_s
+        self._rows_share = (self.cost.reads + self.cost.build) / cheap_cpu_s if cheap_cpu_s > 0 else 0.0
         if self._cheap_cost_known:
             self._cheap_cost_per_s = 0.8 * self._cheap_cost_per_s + 0.2 * per_s
         else:
@@ -323,12 +331,15 @@ class ProcessTracker:
     def _adjust_rotation(self, ceiling: float) -> None:
         """Step 3 of the degradation order: read workers in rotation when the every-tick work
         alone would leave smaps_rollup less than its floor. One step at a time, a few ticks
-        apart (the cost is an average); back down only when the bigger cost would still fit
-        (as if every cost were the workers': it may not flap)."""
+        apart (the cost is an average), and only while reading rows is a good part of the cost
+        (at 10 Hz the machine-wide files dominate: resting workers would buy nothing); back
+        down only when the bigger cost would still fit (as if every cost were the workers': it
+        may not flap)."""
         if self._tick - self._rotation_changed < self.cadence.rotation_settle_ticks:
             return
         per_s, k = self._cheap_cost_per_s, self.rotation
-        if per_s > ceiling and k < self.cadence.max_rotation:
+        worth_it = self._rows_share >= ROTATION_MIN_ROWS_SHARE
+        if per_s > ceiling and worth_it and k < self.cadence.max_rotation:
             self.rotation, self._rotation_changed = k + 1, self._tick
         elif k > 1 and per_s * k / (k - 1) < 0.85 * ceiling:
             self.rotation, self._rotation_changed = k - 1, self._tick
@@ -339,6 +350,7 @@ class ProcessTracker:
         self.children_reads_last_tick = []
         self.fd_counts_last_tick = []
         self._new_stats = {}
+        self._listed = {}
         self._tick += 1
         t0 = time.thread_time()
         stats: dict[Identity, StatFields] = {}
@@ -358,6 +370,7 @@ class ProcessTracker:
         t1 = time.thread_time()
         self._discover(stats)
         stats.update(self._new_stats)
+        self._wake_the_unlisted(resting, stats)
         t2 = time.thread_time()
         rows: dict[Identity, _Row] = {}
         for identity, tracked in self._tracked.items():
@@ -397,6 +410,22 @@ class ProcessTracker:
         cost.smaps = t5 - t4
         cost.build = t6 - t5
         return tuple(samples)
+
+    def _wake_the_unlisted(self, resting: set[Identity], stats: dict[Identity, StatFields]) -> None:
+        """A resting worker its parent no longer lists (it exited and was reaped) is read now, so
+        it leaves at once instead of showing its last row until its turn."""
+        for identity in list(resting):
+            tracked = self._tracked.get(identity)
+            last = tracked.last_sample if tracked is not None else None
+            if tracked is None or last is None:
+                continue
+            listed = None if last.ppid is None else self._listed.get(last.ppid)
+            if listed is None or identity[0] in listed:
+                continue
+            resting.discard(identity)
+            stat = self._stat_or_drop(identity, tracked)
+            if stat is not None:
+                stats[identity] = stat
 
     def _due(self, tracked: _Tracked) -> bool:
         """Read this tick: always, but a worker in rotation only on its turn."""
