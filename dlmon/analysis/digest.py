@@ -179,12 +179,15 @@ class Digest:
     split: bool = False  # readings come without file-backed pages (smaps_rollup has Pss_File)
     worker_slots: dict[int, Identity] = field(default_factory=dict)  # worker id -> its newest process
     restarts: list[float] = field(default_factory=list)  # when a new generation of workers started
+    main_anon: Series = field(init=False)  # the trainer's own RssAnon: no worker churn moves it
+    training_seen: float | None = None  # first snapshot with DataLoader workers or batches: the loop runs
 
     def __post_init__(self) -> None:
         self.job_pss = Series(self.limits.min_gap_s, self.limits.job_points)
         self.workers_uss = Series(self.limits.min_gap_s, self.limits.job_points)
         self.job_rss = Series(self.limits.min_gap_s, self.limits.job_points)
         self.job_anon = Series(self.limits.min_gap_s, self.limits.job_points)
+        self.main_anon = Series(self.limits.min_gap_s, self.limits.job_points)
 
     @classmethod
     def from_history(cls, history: Iterable[Snapshot], limits: DigestLimits | None = None) -> Digest:
@@ -278,6 +281,20 @@ class Digest:
             key = (death.pid, death.time)
             if key not in self.deaths_seen and len(self.deaths_seen) < 4096:
                 self.deaths_seen[key] = now
+        self._note_trainer(s)
+
+    def _note_trainer(self, s: Snapshot) -> None:
+        """The trainer's own RssAnon (its workers come and go, it stays), and when the training loop
+        was first seen running: DataLoader workers alive (they start at the loader's first
+        iteration, after the dataset and the model are built) or a loader that delivered batches."""
+        main = next((p for p in s.processes if p.role == "main" and p.state not in DEAD), None)
+        if main is not None and main.rss_anon_bytes is not None:
+            self.main_anon.add(s.time, float(main.rss_anon_bytes))
+        if self.training_seen is None and (
+            any(p.role == "worker" and p.state not in DEAD for p in s.processes)
+            or any((x.batches_total or 0) > 0 for x in s.loaders)
+        ):
+            self.training_seen = s.time
 
     def _forget(self, seen: set[Identity], now: float) -> None:
         gone = [k for k in self.processes if k not in seen]
