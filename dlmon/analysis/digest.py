@@ -15,6 +15,8 @@ What the slow detectors need over tens of minutes is extracted here, one snapsho
   however many processes map them, so an unrelated process starting moves everyone's PSS), and
   new allocations show there at once; copy-on-read does not move it (the page was resident).
 * the OOM-kill counters (machine and cgroup), kept only when they change.
+* the trainer's own RssAnon (its workers come and go every epoch without persistent_workers; it
+  stays), and when the training loop was first seen running (workers alive or batches delivered).
 
 ``Digest.ingest`` is O(processes) per snapshot; ``Digest.from_history`` builds the same digest
 from a sequence of snapshots (the pure form the detectors' tests use).
