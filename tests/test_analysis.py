@@ -22,6 +22,7 @@ from scenarios.synth import (
     loader,
     memory_history,
     proc,
+    respawning_history,
     snap,
 )
 
@@ -1017,3 +1018,56 @@ def test_the_generations_kept_after_trimming_the_restarts_are_whole_epochs() -> 
     assert whole is not None and kept is not None
     assert len(whole.starts) == 5 and whole.starts[0] > 2 * GIB  # from the workers' appearance
     assert kept.starts == whole.starts[-3:] and kept.peaks == whole.peaks[-3:], (kept, whole)
+
+
+# -- a trainer's leak under workers respawned every epoch (benchmarks/soak.py's job) ---------------
+
+
+def _leaking_trainer(from_s: float, per_epoch: float, epoch_s: float = 2.0) -> Callable[[float], float]:
+    return lambda t: 400 * MIB + (per_epoch * ((t - from_s) // epoch_s) if t >= from_s else 0.0)
+
+
+def test_trainer_leak_under_respawning_workers_is_caught_in_the_trainer() -> None:
+    """4 MiB kept per 2-s epoch (120 MiB/min) from 20 s while the workers respawn every epoch:
+    the job's RssAnon is a sawtooth of forked workers and its PSS never complete, so nothing was
+    raised (the soak's 5 minutes). The trainer's own RssAnon shows it within about a minute."""
+    outs = analyze(respawning_history(200, trainer=_leaking_trainer(20.0, 4 * MIB)))
+    t = first_time(outs, "memory_growth")
+    assert t is not None and t - 20.0 <= 70.0, t
+    alert = next(a for s in outs for a in of_kind(s, "memory_growth"))
+    assert alert.evidence["signal"] == "trainer RssAnon", alert.message
+    assert alert.evidence["cause"] == "main_process", alert.message
+    assert alert.message.startswith("The trainer's anonymous memory (RssAnon) grew"), alert.message
+    assert "in the main (pid 1000)" in alert.message, alert.message
+    assert alert.evidence["rate_bytes_per_s"] == pytest.approx(2 * MIB, rel=0.25)
+    assert "loss.item()" in alert.advice
+
+
+@pytest.mark.parametrize(
+    "trainer",
+    [
+        pytest.param(lambda t: 400 * MIB, id="flat"),
+        # outputs kept over each 20-s epoch (+100 MiB) and freed at its end: a sawtooth
+        pytest.param(lambda t: 400 * MIB + 5 * MIB * (t % 20.0), id="epoch_sawtooth"),
+        # a first epoch filling a 300 MiB cache over its first 30 s of training, then flat
+        pytest.param(lambda t: 400 * MIB + 10 * MIB * min(30.0, max(0.0, t - 40.0)), id="first_epoch_cache"),
+    ],
+)
+def test_respawning_workers_alone_raise_no_memory_growth(trainer: Callable[[float], float]) -> None:
+    """The same churn without the leak: each generation of workers counts the trainer's pages
+    again and goes, the job's totals rise and fall every epoch; that is healthy."""
+    outs = analyze(respawning_history(300, trainer=trainer, training_from_s=10.0))
+    assert not ever(outs, "memory_growth"), [a.message for s in outs for a in of_kind(s, "memory_growth")][:1]
+
+
+@pytest.mark.parametrize(("load_s", "total_gib"), [(30, 2), (60, 3), (100, 1)])
+def test_trainer_loading_before_its_workers_start_is_no_leak(load_s: float, total_gib: float) -> None:
+    """Dataset or weights loaded before the first batch (before the workers exist), then flat:
+    the trainer's view waits for the training loop, then has only the plateau to look at."""
+    total = total_gib * GIB
+    outs = analyze(
+        respawning_history(
+            300, trainer=lambda t: 400 * MIB + total * min(1.0, t / load_s), training_from_s=load_s + 2.0
+        )
+    )
+    assert not ever(outs, "memory_growth"), [a.message for s in outs for a in of_kind(s, "memory_growth")][:1]

@@ -15,6 +15,8 @@ What the slow detectors need over tens of minutes is extracted here, one snapsho
   however many processes map them, so an unrelated process starting moves everyone's PSS), and
   new allocations show there at once; copy-on-read does not move it (the page was resident).
 * the OOM-kill counters (machine and cgroup), kept only when they change.
+* the trainer's own RssAnon (its workers come and go every epoch without persistent_workers; it
+  stays), and when the training loop was first seen running (workers alive or batches delivered).
 
 ``Digest.ingest`` is O(processes) per snapshot; ``Digest.from_history`` builds the same digest
 from a sequence of snapshots (the pure form the detectors' tests use).
@@ -185,12 +187,15 @@ class Digest:
     # loader id -> (its batch count, when it last moved): the stall detector's memory past the
     # recent window (bounded: cleared at 64 loaders)
     loader_progress: dict[str, tuple[int, float]] = field(default_factory=dict)
+    main_anon: Series = field(init=False)  # the trainer's own RssAnon: no worker churn moves it
+    training_seen: float | None = None  # first snapshot with DataLoader workers or batches: the loop runs
 
     def __post_init__(self) -> None:
         self.job_pss = Series(self.limits.min_gap_s, self.limits.job_points)
         self.workers_uss = Series(self.limits.min_gap_s, self.limits.job_points)
         self.job_rss = Series(self.limits.min_gap_s, self.limits.job_points)
         self.job_anon = Series(self.limits.min_gap_s, self.limits.job_points)
+        self.main_anon = Series(self.limits.min_gap_s, self.limits.job_points)
 
     @classmethod
     def from_history(cls, history: Iterable[Snapshot], limits: DigestLimits | None = None) -> Digest:
@@ -286,6 +291,20 @@ class Digest:
             key = (death.pid, death.time)
             if key not in self.deaths_seen and len(self.deaths_seen) < 4096:
                 self.deaths_seen[key] = now
+        self._note_trainer(s)
+
+    def _note_trainer(self, s: Snapshot) -> None:
+        """The trainer's own RssAnon (its workers come and go, it stays), and when the training loop
+        was first seen running: DataLoader workers alive (they start at the loader's first
+        iteration, after the dataset and the model are built) or a loader that delivered batches."""
+        main = next((p for p in s.processes if p.role == "main" and p.state not in DEAD), None)
+        if main is not None and main.rss_anon_bytes is not None:
+            self.main_anon.add(s.time, float(main.rss_anon_bytes))
+        if self.training_seen is None and (
+            any(p.role == "worker" and p.state not in DEAD for p in s.processes)
+            or any((x.batches_total or 0) > 0 for x in s.loaders)
+        ):
+            self.training_seen = s.time
 
     def _forget(self, seen: set[Identity], now: float) -> None:
         gone = [k for k in self.processes if k not in seen]

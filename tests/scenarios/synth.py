@@ -371,3 +371,37 @@ def after_startup(
         for k in range(seconds)
     ]
     return startup + [dataclasses.replace(s, time=s.time + seconds, interval_s=1.0) for s in history]
+
+
+def respawning_history(
+    duration_s: float,
+    *,
+    epoch_s: float = 2.0,
+    workers: int = 2,
+    trainer: Callable[[float], float] = lambda t: 400 * MIB,
+    training_from_s: float = 0.0,
+    interval: float = 0.5,
+    refresh_s: float = 10.0,
+) -> list[Snapshot]:
+    """A trainer whose DataLoader workers die and respawn every ``epoch_s`` (persistent_workers=
+    False), from ``training_from_s`` on. ``trainer(t)``: its RssAnon at t. Each worker is forked
+    from it, so its RssAnon counts the trainer's copy-on-write pages whole (plus 20 MiB of its
+    own); a worker lives less than ``refresh_s`` and is never read for PSS (as on a real budget),
+    and the last quarter of each epoch has no workers (the old ones gone, the new not forked yet).
+    The trainer's PSS is read every ``refresh_s``."""
+    out: list[Snapshot] = []
+    for k in range(int(duration_s / interval) + 1):
+        t = k * interval
+        read_at = math.floor(t / refresh_s) * refresh_s
+        anon = trainer(t)
+        main = proc(MAIN_PID, "main", uss=trainer(read_at), pss=trainer(read_at), rss=anon, age=t - read_at)
+        procs = [dataclasses.replace(main, rss_anon_bytes=int(anon))]
+        gen = int((t - training_from_s) // epoch_s)
+        into = (t - training_from_s) - gen * epoch_s
+        if t >= training_from_s and into < 0.75 * epoch_s:
+            for i in range(workers):
+                pid = MAIN_PID + 1 + gen * workers + i
+                w = proc(pid, rss=anon + 20 * MIB, age=None, worker_id=i)
+                procs.append(dataclasses.replace(w, rss_anon_bytes=int(anon + 20 * MIB)))
+        out.append(snap(t, procs, interval=interval if k else None))
+    return out

@@ -96,23 +96,30 @@ def process_slopes(digest: Digest, now: float, window_s: float, anon: bool = Fal
 JOB_PSS = "job PSS"
 WORKERS_USS = "workers' USS"
 JOB_ANON = "job RssAnon"
-SIGNALS = (JOB_PSS, WORKERS_USS, JOB_ANON)
+TRAINER_ANON = "trainer RssAnon"
+SIGNALS = (JOB_PSS, WORKERS_USS, JOB_ANON, TRAINER_ANON)
 _WHAT = {
     JOB_PSS: "The job's memory (PSS)",
     WORKERS_USS: "The workers' private memory (USS)",
     JOB_ANON: "The job's anonymous memory (RssAnon)",
+    TRAINER_ANON: "The trainer's anonymous memory (RssAnon)",
 }
 # the same signals without file-backed pages (smaps_rollup's Pss_File): mapped datasets are cache
 _WHAT_SPLIT = {
     JOB_PSS: "The job's memory without mapped files (PSS - Pss_File)",
     WORKERS_USS: "The workers' anonymous memory (PSS - Pss_File)",
     JOB_ANON: _WHAT[JOB_ANON],
+    TRAINER_ANON: _WHAT[TRAINER_ANON],
 }
+ANON_SIGNALS = (JOB_ANON, TRAINER_ANON)
+TRAINER_LEVEL_S = 15.0  # the trainer's level seen in training before a window of its view can raise
 
 
 def _series(digest: Digest, name: str) -> Series:
     if name == JOB_PSS:
         return digest.job_pss
+    if name == TRAINER_ANON:
+        return digest.main_anon
     return digest.workers_uss if name == WORKERS_USS else digest.job_anon
 
 
@@ -145,9 +152,19 @@ class Attribution:
 
 
 def attribute(
-    digest: Digest, now: float, window_s: float, job_slope: float, cfg: Thresholds, anon: bool = False
+    digest: Digest,
+    now: float,
+    window_s: float,
+    job_slope: float,
+    cfg: Thresholds,
+    anon: bool = False,
+    trainer_only: bool = False,
 ) -> Attribution:
+    """``trainer_only``: the growth was seen in the trainer's own series, so only its slope counts
+    (a worker of this epoch rising through its short life is not what grew over the window)."""
     slopes = process_slopes(digest, now, window_s, anon)
+    if trainer_only:
+        slopes = [g for g in slopes if g.role == "main"]
     label = "RssAnon" if anon else "anon PSS" if digest.split else "USS"
     n_workers = sum(1 for t in digest.live() if t.role == "worker")
     floor = max(cfg.process_growth_min_bytes_per_s, 0.2 * job_slope / max(1, len(slopes)))
@@ -311,10 +328,14 @@ def eta_to(room_bytes: float, rest_bytes: float, rate: float) -> float | None:
 
 
 def growth(ctx: Context) -> tuple[GrowthWindow, str, Trend] | None:
-    """The shortest window in which one of three views of the job's memory passes the growth
+    """The shortest window in which one of four views of the job's memory passes the growth
     rule: the PSS total (the truth, but on a shared machine it moves when unrelated processes map
     or unmap the same libraries), the sum of the workers' USS (copy-on-read, without the
-    trainer's own ups and downs) and the RssAnon total (fresh every tick; new allocations)."""
+    trainer's own ups and downs), the RssAnon total (fresh every tick; new allocations) and the
+    trainer's own RssAnon. The last is what no worker churn moves: with persistent_workers=False
+    the workers die and respawn every epoch, each new one counting the trainer's copy-on-write
+    pages whole in its RssAnon and having no PSS reading yet, so the job's totals are a sawtooth
+    (or have no complete reading at all) while the trainer's leak rises underneath."""
     cfg = ctx.config
     digest = ctx.digest
     held = ctx.is_active(MEMORY_GROWTH, "job")
@@ -331,20 +352,27 @@ def growth(ctx: Context) -> tuple[GrowthWindow, str, Trend] | None:
             start = end - window.window_s
             lookback = start - (cfg.growth_lookback_factor - 1.0) * window.window_s
             prior = [v for pt, v in series.between(lookback, start) if pt < start]  # 1e-9 is lost at 1.7e9
-            if not held and name != WORKERS_USS and _warming_up(ctx, series, end, t):
+            if not held and name != WORKERS_USS and _warming_up(ctx, name, series, start, end, t):
                 continue
             if is_growth(t, window, cfg, held, max(prior) if prior else None):
                 return window, name, t
     return None
 
 
-def _warming_up(ctx: Context, series: Series, end: float, t: Trend) -> bool:
+def _warming_up(ctx: Context, name: str, series: Series, start: float, end: float, t: Trend) -> bool:
     """The watch is younger than ``growth_warmup_s``: a trainer loading its dataset or weights
     (GiBs in its first minute, then flat) looks exactly like a leak until it levels off, and there
     is no earlier level to compare with. Wait for the levelling unless the job would hit its
     limit soon at this rate. (Not applied to the workers' sum: copy-on-read must show within a
-    minute, and a worker's own start-up is small and levels off within the 60 s window.)"""
+    minute, and a worker's own start-up is small and levels off within the 60 s window.) The
+    trainer's own view waits only until the training loop runs: a window that starts
+    ``TRAINER_LEVEL_S`` after the DataLoader's workers (or batches) were first seen is past the
+    dataset and model loading, which come before them, and has the trainer's level in training
+    to compare with (attached to a job already training, that level is the first 15 s seen)."""
     cfg = ctx.config
+    training = ctx.digest.training_seen
+    if name == TRAINER_ANON and training is not None and start >= training + TRAINER_LEVEL_S:
+        return False
     first = series.first()
     if first is None or end - first[0] >= cfg.growth_warmup_s:
         return False
@@ -366,7 +394,8 @@ def detect_memory_growth(ctx: Context) -> list[Candidate]:
     s = ctx.latest
     room = headroom(s)
     eta = None if room is None or rate <= 0 else room.bytes / rate
-    attribution = attribute(digest, now, window.window_s, rate, cfg, anon=signal == JOB_ANON)
+    trainer = signal == TRAINER_ANON
+    attribution = attribute(digest, now, window.window_s, rate, cfg, signal in ANON_SIGNALS, trainer)
     ceiling = (
         copy_ceiling(list(ctx.tree().attached), digest.job_pss, now, window.window_s)
         if attribution.cause == COPY_ON_READ
@@ -413,7 +442,7 @@ def detect_memory_growth(ctx: Context) -> list[Candidate]:
         f"{what} grew {shape} from {size(t.start_level)} to {size(t.end_level)} "
         f"over the last {duration(t.span_s)} ({per_min(rate)}), {attribution.phrase}"
     )
-    if rss_flat and signal != JOB_ANON:
+    if rss_flat and signal not in ANON_SIGNALS:
         message += ", while RSS stayed flat"
     if gens is not None and epoch_peak is not None and room is not None:
         message += "; " + describe_epochs(gens, epoch_peak, t.end_level, room, eta) + "."
@@ -439,7 +468,7 @@ def detect_memory_growth(ctx: Context) -> list[Candidate]:
         "trend_score": round(t.score, 3),
         "steps_up": t.steps.ups,
         "steps_down": t.steps.downs,
-        "start_bytes": round(t.start_level),  # of the signal: job PSS, workers' USS or job RssAnon
+        "start_bytes": round(t.start_level),  # of the signal: job PSS, workers' USS, job or trainer RssAnon
         "end_bytes": round(t.end_level),
         "rss_change_bytes": None if rss_change is None else round(rss_change),
         "headroom_bytes": None if room is None else room.bytes,
