@@ -608,3 +608,56 @@ def test_the_rotation_note_says_sub_second_staleness_at_a_short_interval() -> No
     assert "every 3 ticks (~0.3 s)" in one_line(fast)
     slow = dataclasses.replace(fast, rotation_ticks=10, interval_s=1.002)
     assert "every 10 ticks (~10 s)" in (rotation_note(slow) or "")
+
+
+def test_workers_the_agent_stops_listing_are_read_at_once_not_shown_for_a_rotation(spawn: Spawn) -> None:
+    """In rotation, a non-persistent loader's workers that end with the epoch kept their last row
+    (state S, worker id N) until their turn, up to 10 ticks, beside the next epoch's worker N. The
+    agent drops their pids once they are joined: a worker it no longer lists is read next tick."""
+    pytest.importorskip("torch")
+    from dlmon.collect.processes import Cadence
+    from dlmon.collect.sampler import Sampler
+
+    proc = spawn(
+        """
+        import time, torch
+        import dlmon.agent
+        dlmon.agent.start()
+        from torch.utils.data import DataLoader, Dataset
+
+        class Slow(Dataset):
+            def __len__(self):
+                return 8
+            def __getitem__(self, i):
+                time.sleep(0.2)
+                return torch.zeros(4)
+
+        loader = DataLoader(Slow(), batch_size=1, num_workers=4)
+        print("READY", flush=True)
+        for epoch in range(4):
+            for batch in loader:
+                pass
+            time.sleep(1.5)
+        print("DONE", flush=True)
+        time.sleep(120)
+        """
+    )
+    assert proc.stdout is not None
+    sampler = Sampler(proc.pid)
+    sampler.processes.rotation = 10  # forced: a 5-process tree never needs it
+    sampler.processes.cadence = Cadence(rotation_settle_ticks=10**9)
+    shown_dead: dict[int, int] = {}  # worker pid -> snapshots that showed it alive after it ended
+    workers: set[int] = set()
+    deadline = time.monotonic() + 120
+    try:
+        while "DONE" not in _ready_line(proc.stdout) and time.monotonic() < deadline:
+            snap = sampler.sample()
+            for p in snap.workers():
+                workers.add(p.pid)
+                if p.state not in ("Z", "X") and not os.path.exists(f"/proc/{p.pid}"):
+                    shown_dead[p.pid] = shown_dead.get(p.pid, 0) + 1
+            time.sleep(0.25)
+    finally:
+        sampler.close()
+    assert len(workers) >= 12, workers  # the agent and the epochs worked
+    assert max(shown_dead.values(), default=0) <= 3, shown_dead

@@ -218,6 +218,8 @@ class ProcessTracker:
         # when rows are built, so the caller's merge rarely has to rebuild a row.
         self.worker_hints: Mapping[int, int] = MappingProxyType({})
         self.thread_hints: Mapping[int, int] = MappingProxyType({})
+        self._listed: set[int] = set()  # worker pids in the agent's reading before the last one
+        self._unlisted: set[int] = set()  # ... and no longer in the last one: read them now
         self.target = ProcHandle(target_pid, proc_root)  # raises ProcessGone for no such pid
         self.target_identity: Identity = (target_pid, self.target.start_time)
         # From the read at the open, so a transient error on the first tick keeps it alive too.
@@ -368,6 +370,8 @@ class ProcessTracker:
         self._new_stats = {}
         self._tick += 1
         t0 = time.thread_time()
+        self._unlisted = self._listed - self.worker_hints.keys()
+        self._listed = set(self.worker_hints)
         stats: dict[Identity, StatFields] = {}
         resting = {identity for identity, tracked in self._tracked.items() if not self._due(tracked)}
         # Drop the dead before discovery, so a reused pid is seen as the new process it is.
@@ -430,8 +434,12 @@ class ProcessTracker:
         return tuple(samples)
 
     def _due(self, tracked: _Tracked) -> bool:
-        """Read this tick: always, but a worker in rotation only on its turn."""
+        """Read this tick: always, but a worker in rotation only on its turn, or at once when the
+        agent stopped listing it (its loader joined it at the end of an epoch: it is gone, and
+        its last row would show it alive with its worker id beside its successor's)."""
         if self.rotation <= 1 or tracked.role != "worker" or tracked.last_sample is None:
+            return True
+        if tracked.handle.pid in self._unlisted:
             return True
         return (tracked.slot + self._tick) % self.rotation == 0
 
