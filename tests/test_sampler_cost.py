@@ -499,7 +499,10 @@ def test_a_tree_too_big_for_the_budget_is_read_in_rotation_and_loses_no_row(spaw
     sampler = Sampler(proc.pid, policy=BudgetPolicy(cpu_fraction=0.0002, min_smaps_fraction=0.0001))
     sampler.processes.cadence = Cadence(rotation_settle_ticks=2)
     try:
-        snaps = [sampler.sample() for _ in range(30)]
+        snaps, reads = [], []  # reads: the pids whose stat/status/io were read on that tick
+        for _ in range(30):
+            snaps.append(sampler.sample())
+            reads.append(set(sampler.processes.read_last_tick))
         last = snaps[-1]
         assert last.rotation_ticks >= 4, [s.rotation_ticks for s in snaps]
         assert all(len(s.processes) == 41 for s in snaps), [len(s.processes) for s in snaps]
@@ -507,30 +510,27 @@ def test_a_tree_too_big_for_the_budget_is_read_in_rotation_and_loses_no_row(spaw
         # the trainer is read every tick; every worker at least once per rotation
         k = last.rotation_ticks
         window = snaps[-k:]
-        prev = {p.pid: p for p in snaps[-k - 1].processes}
         fresh: dict[int, int] = {}
-        for s in window:
+        for s, read in zip(window, reads[-k:], strict=True):
             reused = 0
             for p in s.processes:
-                if p is prev.get(p.pid):
+                if p.pid not in read:
                     reused += 1
                     assert p.role == "worker", p
                 else:
                     fresh[p.pid] = fresh.get(p.pid, 0) + 1
             assert s.processes_in_rotation == reused
-            prev = {p.pid: p for p in s.processes}
         assert fresh.get(proc.pid) == k
         assert set(fresh) == {p.pid for p in last.processes}, "a worker was not read within its rotation"
-        # a worker killed while resting is gone within one rotation
-        before_last = {p.pid: p for p in snaps[-2].processes}
-        resting_now = {p.pid for p in last.workers() if p is before_last.get(p.pid)}  # re-shown rows
-        victim = next(iter(resting_now)) if resting_now else last.workers()[0].pid
+        # a worker killed while resting: reaped at once (SIGCHLD ignored), its parent stops
+        # listing it, so it is read, and gone, on the next tick (not at its turn)
+        resting_now = [p.pid for p in last.workers() if p.pid not in reads[-1]]
+        victim = resting_now[0] if resting_now else last.workers()[0].pid
         os.kill(victim, signals.SIGKILL)
         time.sleep(0.2)
         gone_after = next(
             (i for i in range(1, 3 * k) if victim not in {p.pid for p in sampler.sample().processes}), None
         )
-        # reaped at once (SIGCHLD ignored): its parent stops listing it, so it is read at once
         assert gone_after == 1, gone_after
         # a cost that fits again (a generous budget: ticks 0.1 s apart): back to every tick
         sampler.processes.budget.policy = BudgetPolicy(cpu_fraction=0.5)
@@ -543,6 +543,127 @@ def test_a_tree_too_big_for_the_budget_is_read_in_rotation_and_loses_no_row(spaw
         assert "large tree" not in one_line(unwound)
     finally:
         sampler.close()
+
+
+def test_a_row_shown_again_in_rotation_is_not_a_new_pss_reading(spawn: Spawn) -> None:
+    """A worker's row shown again between its reads keeps the PSS of its last smaps read, so its
+    pss_age_s must keep growing: frozen, the digest (snapshot time - pss_age_s) took every re-show
+    for a new reading taken later (139 readings from 41 smaps reads), flattening growth."""
+    from dlmon.analysis.digest import Digest
+    from dlmon.collect.processes import Cadence
+    from dlmon.collect.sampler import Sampler
+
+    proc = spawn(MANY_WORKERS)
+    sampler = Sampler(proc.pid, policy=BudgetPolicy(cpu_fraction=0.0002, min_smaps_fraction=0.0001))
+    sampler.processes.cadence = Cadence(rotation_settle_ticks=2)
+    digest = Digest()
+    smaps_reads = 0
+    taken: dict[int, set[float]] = {}
+    try:
+        for _ in range(30):
+            snap = sampler.sample()
+            smaps_reads += len(sampler.processes.smaps_reads_last_tick)
+            digest.ingest(snap)
+            fresh = {pid for pid, _ in sampler.processes.smaps_reads_last_tick}
+            for p in snap.workers():
+                if p.pss_age_s is not None and p.pid not in fresh:
+                    # the same reading: the same moment, whatever tick shows it
+                    taken.setdefault(p.pid, set()).add(round(snap.time - p.pss_age_s, 0))
+            time.sleep(0.25)
+        assert snap.rotation_ticks > 1 and snap.processes_in_rotation > 0
+        assert digest.readings <= smaps_reads, (digest.readings, smaps_reads)
+        moved = {pid: t for pid, t in taken.items() if max(t) - min(t) > 1.5}
+        assert not moved, moved
+    finally:
+        sampler.close()
+
+
+FEW_WORKERS = MANY_WORKERS.replace("range(40)", "range(2)")
+
+
+def test_a_small_tree_over_the_budget_is_not_put_in_rotation(spawn: Spawn) -> None:
+    """Rotation only pays where the workers' reads are the cost (a large tree). On a small tree
+    whose fixed work passes the budget (a short --interval, a slow NVML), reading 2 workers every
+    10 ticks saved nothing and said "large tree: workers read every 10 ticks" on screen."""
+    from dlmon.collect.processes import Cadence
+    from dlmon.collect.sampler import Sampler
+    from dlmon.model.format import one_line
+
+    proc = spawn(FEW_WORKERS)
+    sampler = Sampler(proc.pid, policy=BudgetPolicy(cpu_fraction=0.0002, min_smaps_fraction=0.0001))
+    sampler.processes.cadence = Cadence(rotation_settle_ticks=2)
+    try:
+        snaps = [sampler.sample() for _ in range(30)]
+        assert len(snaps[-1].workers()) == 2
+        assert [s.rotation_ticks for s in snaps] == [1] * 30
+        assert "large tree" not in one_line(snaps[-1])
+    finally:
+        sampler.close()
+
+
+def test_the_rotation_note_says_sub_second_staleness_at_a_short_interval() -> None:
+    """At --interval 0.1, rotation 3 leaves a row ~0.3 s old: it said "(~0 s)"."""
+    from test_ui_support import make_snapshot
+
+    from dlmon.model.format import one_line, rotation_note
+
+    fast = dataclasses.replace(make_snapshot(), rotation_ticks=3, processes_in_rotation=80, interval_s=0.1)
+    assert "every 3 ticks (~0.3 s)" in one_line(fast)
+    slow = dataclasses.replace(fast, rotation_ticks=10, interval_s=1.002)
+    assert "every 10 ticks (~10 s)" in (rotation_note(slow) or "")
+
+
+def test_workers_the_agent_stops_listing_are_read_at_once_not_shown_for_a_rotation(spawn: Spawn) -> None:
+    """In rotation, a non-persistent loader's workers that end with the epoch kept their last row
+    (state S, worker id N) until their turn, up to 10 ticks, beside the next epoch's worker N. The
+    agent drops their pids once they are joined: a worker it no longer lists is read next tick."""
+    pytest.importorskip("torch")
+    from dlmon.collect.processes import Cadence
+    from dlmon.collect.sampler import Sampler
+
+    proc = spawn(
+        """
+        import time, torch
+        import dlmon.agent
+        dlmon.agent.start()
+        from torch.utils.data import DataLoader, Dataset
+
+        class Slow(Dataset):
+            def __len__(self):
+                return 8
+            def __getitem__(self, i):
+                time.sleep(0.2)
+                return torch.zeros(4)
+
+        loader = DataLoader(Slow(), batch_size=1, num_workers=4)
+        print("READY", flush=True)
+        for epoch in range(4):
+            for batch in loader:
+                pass
+            time.sleep(1.5)
+        print("DONE", flush=True)
+        time.sleep(120)
+        """
+    )
+    assert proc.stdout is not None
+    sampler = Sampler(proc.pid)
+    sampler.processes.rotation = 10  # forced: a 5-process tree never needs it
+    sampler.processes.cadence = Cadence(rotation_settle_ticks=10**9)
+    shown_dead: dict[int, int] = {}  # worker pid -> snapshots that showed it alive after it ended
+    workers: set[int] = set()
+    deadline = time.monotonic() + 120
+    try:
+        while "DONE" not in _ready_line(proc.stdout) and time.monotonic() < deadline:
+            snap = sampler.sample()
+            for p in snap.workers():
+                workers.add(p.pid)
+                if p.state not in ("Z", "X") and not os.path.exists(f"/proc/{p.pid}"):
+                    shown_dead[p.pid] = shown_dead.get(p.pid, 0) + 1
+            time.sleep(0.25)
+    finally:
+        sampler.close()
+    assert len(workers) >= 12, workers  # the agent and the epochs worked
+    assert max(shown_dead.values(), default=0) <= 3, shown_dead
 
 
 def test_a_small_tree_at_10_hz_is_not_put_in_rotation_where_it_would_buy_nothing(spawn: Spawn) -> None:

@@ -22,10 +22,11 @@ orphan, reparented away from the tree, could never be found again.
 
 from __future__ import annotations
 
+import operator
 import resource
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 
 from dlmon.collect.limits import FdLimits
@@ -58,7 +59,6 @@ SMAPS_FIELDS = FieldPicker(("Pss", "Pss_Shmem", "Private_Clean", "Private_Dirty"
 Identity = tuple[int, int]  # (pid, start_time)
 FDS_PER_HANDLE = 3  # stat, status, io
 SPAWNING_ROLES = frozenset({"main", "child"})  # can start DataLoader workers; workers rarely fork
-ROTATION_MIN_ROWS_SHARE = 0.3  # rotate workers only while their rows are this share of a tick's work
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +153,20 @@ class _Tracked:
     last_sample: ProcessSample | None = None  # shown again on ticks it is not read
 
 
+_SAMPLE_FIELDS = tuple(f.name for f in fields(ProcessSample))
+_sample_values = operator.attrgetter(*_SAMPLE_FIELDS)
+_PSS_AGE = _SAMPLE_FIELDS.index("pss_age_s")
+
+
+def _aged(sample: ProcessSample, pss_age_s: float) -> ProcessSample:
+    """``sample`` with its PSS age as of now: a row shown again in rotation holds the same smaps
+    reading, and the digest places a reading at snapshot time - pss_age_s (a frozen age made every
+    re-show a new reading). Half the cost of dataclasses.replace."""
+    values = list(_sample_values(sample))
+    values[_PSS_AGE] = pss_age_s
+    return ProcessSample(*values)
+
+
 def _rate(now: int | None, prev: int | None, dt: float | None) -> float | None:
     if now is None or prev is None or not dt or dt <= 0 or now < prev:
         return None
@@ -198,12 +212,15 @@ class ProcessTracker:
         self._tick = 0
         self._next_slot = 0
         self._rotation_changed = 0
-        self._rows_share = 0.0  # of the last tick's work: reading and building rows (what rotation cuts)
-        self._listed: dict[int, set[int]] = {}  # parent pid -> children listed this tick
+        self.worker_count = 0
+        self._workers_cost_per_s = 0.0  # reading every worker every tick, estimated
+        self._children_listed: dict[int, set[int]] = {}  # parent pid -> children listed this tick
         # From the in-process agent's last reading: pid -> worker id, pid -> torch threads. Used
         # when rows are built, so the caller's merge rarely has to rebuild a row.
         self.worker_hints: Mapping[int, int] = MappingProxyType({})
         self.thread_hints: Mapping[int, int] = MappingProxyType({})
+        self._listed: set[int] = set()  # worker pids in the agent's reading before the last one
+        self._unlisted: set[int] = set()  # ... and no longer in the last one: read them now
         self.target = ProcHandle(target_pid, proc_root)  # raises ProcessGone for no such pid
         self.target_identity: Identity = (target_pid, self.target.start_time)
         # From the read at the open, so a transient error on the first tick keeps it alive too.
@@ -250,7 +267,7 @@ class ProcessTracker:
             tracked.children_time = now
             self.children_reads_last_tick.append((pid, None))
             kids = tracked.handle.children()
-            self._listed[pid] = set(kids)
+            self._children_listed[pid] = set(kids)
             return kids
         relist = (
             tracked.tids is None
@@ -274,7 +291,7 @@ class ProcessTracker:
             tracked.forking_tids |= {tid for tid, kids in by_thread.items() if kids}
             self.children_reads_last_tick.append((pid, tids))
         listed = [kid for kids in by_thread.values() for kid in kids]
-        self._listed[pid] = set(listed)
+        self._children_listed[pid] = set(listed)
         return listed
 
     def _discover_by_scan(self, known_pids: set[int]) -> None:
@@ -318,11 +335,15 @@ class ProcessTracker:
         if interval_s <= 0:
             return
         per_s = cheap_cpu_s / interval_s
-        self._rows_share = (self.cost.reads + self.cost.build) / cheap_cpu_s if cheap_cpu_s > 0 else 0.0
+        rows = len(self.read_last_tick)
+        per_row = (self.cost.reads + self.cost.build) / rows if rows else 0.0
+        workers_per_s = per_row * self.worker_count / interval_s
         if self._cheap_cost_known:
             self._cheap_cost_per_s = 0.8 * self._cheap_cost_per_s + 0.2 * per_s
+            self._workers_cost_per_s = 0.8 * self._workers_cost_per_s + 0.2 * workers_per_s
         else:
             self._cheap_cost_per_s, self._cheap_cost_known = per_s, True
+            self._workers_cost_per_s = workers_per_s
         policy = self.budget.policy
         half = 0.5 * policy.cpu_fraction
         self.stretch = min(self.cadence.max_stretch, max(1.0, self._cheap_cost_per_s / half))
@@ -331,17 +352,19 @@ class ProcessTracker:
     def _adjust_rotation(self, ceiling: float) -> None:
         """Step 3 of the degradation order: read workers in rotation when the every-tick work
         alone would leave smaps_rollup less than its floor. One step at a time, a few ticks
-        apart (the cost is an average), and only while reading rows is a good part of the cost
-        (at 10 Hz the machine-wide files dominate: resting workers would buy nothing); back
-        down only when the bigger cost would still fit (as if every cost were the workers': it
-        may not flap)."""
+        apart (the cost is an average); back down only when the bigger cost would still fit
+        (as if every cost were the workers': it may not flap).
+
+        Only on a large tree: where reading every worker every tick costs at least as much as
+        the rest of the tick. Where the rest alone passes the budget (a short --interval, a
+        slow NVML) rotating a few workers saves next to nothing and only makes their rows stale."""
         if self._tick - self._rotation_changed < self.cadence.rotation_settle_ticks:
             return
-        per_s, k = self._cheap_cost_per_s, self.rotation
-        worth_it = self._rows_share >= ROTATION_MIN_ROWS_SHARE
-        if per_s > ceiling and worth_it and k < self.cadence.max_rotation:
+        per_s, k, workers = self._cheap_cost_per_s, self.rotation, self._workers_cost_per_s
+        rest = max(0.0, per_s - workers / k)
+        if per_s > ceiling and k < self.cadence.max_rotation and workers >= rest:
             self.rotation, self._rotation_changed = k + 1, self._tick
-        elif k > 1 and per_s * k / (k - 1) < 0.85 * ceiling:
+        elif k > 1 and (per_s * k / (k - 1) < 0.85 * ceiling or workers < 0.8 * rest):
             self.rotation, self._rotation_changed = k - 1, self._tick
 
     def sample(self) -> tuple[ProcessSample, ...]:
@@ -350,9 +373,11 @@ class ProcessTracker:
         self.children_reads_last_tick = []
         self.fd_counts_last_tick = []
         self._new_stats = {}
-        self._listed = {}
+        self._children_listed = {}
         self._tick += 1
         t0 = time.thread_time()
+        self._unlisted = self._listed - self.worker_hints.keys()
+        self._listed = set(self.worker_hints)
         stats: dict[Identity, StatFields] = {}
         resting = {identity for identity, tracked in self._tracked.items() if not self._due(tracked)}
         # Drop the dead before discovery, so a reused pid is seen as the new process it is.
@@ -391,18 +416,22 @@ class ProcessTracker:
             self._build(identity, tracked, stat, status, io, now)
             for identity, (tracked, stat, status, io) in rows.items()
         ]
-        shown_again = [
-            last
-            for identity in resting
-            if (resting_one := self._tracked.get(identity)) is not None
-            and (last := resting_one.last_sample) is not None
-        ]
+        shown_again = []
+        for identity in resting:
+            resting_one = self._tracked.get(identity)
+            if resting_one is None or resting_one.last_sample is None:
+                continue
+            last, smaps_time = resting_one.last_sample, resting_one.smaps_time
+            if last.pss_age_s is not None and smaps_time is not None:
+                last = _aged(last, round(now - smaps_time, 3))
+            shown_again.append(last)
         self.rotated_last_tick = len(shown_again)
         self.read_last_tick = [pid for pid, _ in rows]
         samples.extend(shown_again)
         self.fd_limits.keep_only(set(self._tracked))
         samples.sort(key=lambda s: (s.role != "main", s.role != "worker", s.start_time, s.pid))
         self.without_held_fds = sum(1 for t in self._tracked.values() if not t.handle.hold_fds)
+        self.worker_count = sum(1 for t in self._tracked.values() if t.role == "worker")
         t6 = time.thread_time()
         cost.reads = (t1 - t0) + (t3 - t2)
         cost.discovery = t2 - t1
@@ -419,7 +448,7 @@ class ProcessTracker:
             last = tracked.last_sample if tracked is not None else None
             if tracked is None or last is None:
                 continue
-            listed = None if last.ppid is None else self._listed.get(last.ppid)
+            listed = None if last.ppid is None else self._children_listed.get(last.ppid)
             if listed is None or identity[0] in listed:
                 continue
             resting.discard(identity)
@@ -428,8 +457,12 @@ class ProcessTracker:
                 stats[identity] = stat
 
     def _due(self, tracked: _Tracked) -> bool:
-        """Read this tick: always, but a worker in rotation only on its turn."""
+        """Read this tick: always, but a worker in rotation only on its turn, or at once when the
+        agent stopped listing it (its loader joined it at the end of an epoch: it is gone, and
+        its last row would show it alive with its worker id beside its successor's)."""
         if self.rotation <= 1 or tracked.role != "worker" or tracked.last_sample is None:
+            return True
+        if tracked.handle.pid in self._unlisted:
             return True
         return (tracked.slot + self._tick) % self.rotation == 0
 

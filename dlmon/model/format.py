@@ -39,7 +39,7 @@ def rotation_note(s: Snapshot) -> str | None:
         return None
     every = f"every {s.rotation_ticks} ticks"
     if s.interval_s:
-        every += f" (~{s.rotation_ticks * s.interval_s:.0f} s)"
+        every += f" (~{round(s.rotation_ticks * s.interval_s, 1):g} s)"  # ~0.3 s at --interval 0.1
     return f"large tree: workers read {every} to stay in dlmon's 1% CPU budget"
 
 
