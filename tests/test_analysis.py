@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -1071,3 +1072,22 @@ def test_trainer_loading_before_its_workers_start_is_no_leak(load_s: float, tota
         )
     )
     assert not ever(outs, "memory_growth"), [a.message for s in outs for a in of_kind(s, "memory_growth")][:1]
+
+
+def test_a_worker_that_stopped_being_read_is_not_called_growing_from_old_readings() -> None:
+    """Two workers grow in step until worker 1 levels off at 150 s; the PSS budget re-reads a
+    process that does not move the least, so it is not read again. Its last 3 readings within
+    two windows were all from before 150 s: at 229 s it was still named growing, "in 2 of 2
+    workers in step", 80 s after its last reading."""
+    history = memory_history(230, linear_from(20.0, 1 * MIB), workers=2, refresh_s=2.0)
+    stop = 150
+    frozen = next(p for p in history[stop - 1].processes if p.pid == MAIN_PID + 2)
+    for k in range(stop, len(history)):
+        s = history[k]
+        stale = dataclasses.replace(frozen, pss_age_s=(frozen.pss_age_s or 0.0) + k - (stop - 1))
+        procs = tuple(stale if p.pid == MAIN_PID + 2 else p for p in s.processes)
+        history[k] = dataclasses.replace(s, processes=procs)
+    [alert] = of_kind(analyze(history)[-1], "memory_growth")
+    assert alert.evidence["cause"] == "some_workers", alert.message
+    assert "in worker 0 (pid 1001)" in alert.message, alert.message
+    assert "1 other worker(s) not read often enough yet to tell" in alert.message, alert.message

@@ -10,8 +10,8 @@ import dataclasses
 from collections.abc import Sequence
 
 from dlmon.analysis import Analyzer
-from dlmon.model import Alert, CgroupMemory, Snapshot, WorkerDeath
-from dlmon.model.snapshot import KernelEvent
+from dlmon.model import Alert, CgroupMemory, LoaderSample, ProcessSample, Snapshot, WorkerDeath
+from dlmon.model.snapshot import KernelEvent, ProcessStack, StackFrame
 from tests.scenarios.synth import MAIN_PID, MIB, T0, loader, proc, snap
 
 
@@ -99,6 +99,136 @@ def test_a_long_trainer_stall_counts_from_the_last_batch_and_turns_critical() ->
     stalled = stall.evidence["stalled_s"]
     assert isinstance(stalled, float) and 415 <= stalled <= 425, stall.message  # 449 - 29 s
     assert "for 7.0 min (usually one every 0.5 s)" in stall.message, stall.message
+
+
+def _hung_trainer(k: int, total: int, moving: bool) -> tuple[ProcessSample, LoaderSample]:
+    train = dataclasses.replace(
+        loader(id="T"), batches_total=total, batches_per_s=2.0 if moving else 0.0, in_call_s=0.0
+    )
+    return proc(MAIN_PID, "main", uss=300 * MIB, pss=350 * MIB, cpu=50.0 if moving else 0.5), train
+
+
+def test_a_trainer_stall_outlives_the_analysis_cache() -> None:
+    """A trainer whose memory grew for 10 min (32 workers, a memory_growth alert: its attribution
+    fills the digest's cache within minutes), then hung asleep for 7 min. The loader's usual pace
+    was kept in that cache: when it was cleared mid-stall the pace was gone, and with it the stall
+    (seen at 743 s: no alert for the rest of the hang)."""
+    n, run = 32, 600
+    pids = [MAIN_PID + 1 + i for i in range(n)]
+    history = []
+    total = 0
+    for k in range(run + 450):
+        moving = k < run
+        total += 2 if moving else 0
+        grown = 200 * MIB * min(k, run) / 60
+        main = proc(
+            MAIN_PID,
+            "main",
+            uss=300 * MIB + grown,
+            pss=350 * MIB + grown,
+            rss=400 * MIB + grown,
+            cpu=50.0 if moving else 0.5,
+        )
+        per_worker = 40 * MIB * min(k, run) / 60
+        workers = [
+            proc(
+                pid,
+                worker_id=i,
+                uss=100 * MIB + per_worker,
+                pss=150 * MIB + per_worker,
+                cpu=20.0 if moving else 0.0,
+            )
+            for i, pid in enumerate(pids)
+        ]
+        train = dataclasses.replace(
+            loader(id="T", num_workers=n, worker_pids=pids),
+            batches_total=total,
+            batches_per_s=2.0 if moving else 0.0,
+            in_call_s=0.0,
+        )
+        history.append(snap(k, [main, *workers], loaders=[train]))
+    analyzer = Analyzer(cores=2, strict=True)
+    outs, cached = [], []
+    for s in history:
+        outs.append(analyzer(s))
+        cached.append(len(analyzer.digest.memo))
+    cleared = [k for k in range(run + 60, len(cached)) if cached[k] < cached[k - 1]]
+    assert cleared, "the premise: the cache is cleared during the hang (after the stall is raised)"
+    ticks = [k for k, s in enumerate(outs) if of_kind(s, "stall")]
+    assert ticks and ticks[-1] == len(outs) - 1, "the stall must last as long as the hang"
+    assert ticks == list(range(ticks[0], len(outs))), "the stall must not drop out mid-hang"
+    [stall] = of_kind(outs[-1], "stall")
+    assert stall.severity == "critical" and "(usually one every 0.5 s)" in stall.message, stall.message
+
+
+def test_new_loaders_elsewhere_in_the_job_do_not_restart_a_long_stall() -> None:
+    """The trainer hung for 7 min while another process of the job (an evaluator) builds a new
+    DataLoader every 5 s. The progress of loaders was cleared at 64 loaders: the hang's age fell
+    back to the recent window ("2.0 min") and critical back to warning."""
+    other = MAIN_PID + 500
+    history = []
+    total = 0
+    for k in range(450):
+        moving = k < 30
+        total += 2 if moving else 0
+        main, train = _hung_trainer(k, total, moving)
+        evaluator = proc(other, "child", uss=200 * MIB, pss=200 * MIB, cpu=80.0)
+        eval_loader = dataclasses.replace(
+            loader(id=f"{other}:{k // 5}", pid=other, num_workers=0), batches_total=k % 5 + 1, in_call_s=0.0
+        )
+        history.append(snap(k, [main, evaluator], loaders=[train, eval_loader]))
+    outs = analyze(history)
+    [stall] = of_kind(outs[-1], "stall")
+    stalled = stall.evidence["stalled_s"]
+    assert isinstance(stalled, float) and 415 <= stalled <= 425, stall.message  # 449 - 29 s
+    assert stall.severity == "critical", stall.message
+
+
+def test_a_stuck_worker_keeps_its_age_when_the_analysis_cache_is_cleared() -> None:
+    """Worker 1 finished nothing for 7 min while worker 0 delivered (out-of-order delivery),
+    asleep in a lock. Its last batch time was kept in the digest's cache, which is cleared when
+    full (any tick, in a big job): each clear restarted its age, so it never turned critical and
+    the alert dropped out for 30 s at each clear. Here the cache is emptied every 100 s."""
+    pids = [MAIN_PID + 1, MAIN_PID + 2]
+    hang = ProcessStack(
+        pid=pids[1],
+        role="worker",
+        worker_id=1,
+        time=T0,
+        thread=None,
+        frames=(
+            StackFrame("torch/utils/data/_utils/worker.py", 300, "_worker_loop"),
+            StackFrame("/job/dataset.py", 88, "__getitem__"),
+            StackFrame("/usr/lib/python3/threading.py", 320, "acquire"),
+        ),
+        state="S",
+    )
+    analyzer = Analyzer(cores=2, strict=True)
+    delivered = 0
+    for k in range(480):
+        delivered += 2
+        workers = [
+            proc(pids[0], worker_id=0, cpu=90.0),
+            proc(pids[1], worker_id=1, cpu=0.0 if k >= 30 else 90.0),
+        ]
+        train = dataclasses.replace(
+            loader(id="T", num_workers=2, worker_pids=pids),
+            batches_total=delivered,
+            batches_per_s=2.0,
+            in_call_s=0.1,
+            batches_per_worker=(delivered - min(k, 30), min(k, 30)),
+        )
+        s = snap(k, [proc(MAIN_PID, "main", cpu=50.0), *workers], loaders=[train])
+        if k >= 60:
+            s = dataclasses.replace(s, stacks=(dataclasses.replace(hang, time=T0 + k),))
+        if k % 100 == 99:
+            analyzer.digest.memo.clear()  # what a full cache does
+        out = analyzer(s)
+    [stall] = of_kind(out, "stall")
+    assert stall.evidence["where"] == "worker", stall.message
+    stalled = stall.evidence["stalled_s"]
+    assert isinstance(stalled, float) and stalled >= 440, stall.message  # since ~30 s
+    assert stall.severity == "critical" and stall.since <= T0 + 90, stall.message
 
 
 # -- fd_exhaustion: a step up then flat is not a leak -----------------------------------------

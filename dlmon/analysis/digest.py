@@ -25,7 +25,7 @@ from a sequence of snapshots (the pure form the detectors' tests use).
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from dlmon.analysis.stats import Point
@@ -137,6 +137,7 @@ class DigestLimits:
     forget_gone_s: float = 900.0  # series of vanished processes are kept this long
     max_processes: int = 512
     oom_records: int = 64
+    max_loaders: int = 256  # loaders whose progress the stall detector keeps (the agent reports <= 256)
 
 
 @dataclass(slots=True)
@@ -155,6 +156,19 @@ class WorkerSum:
         self.time_total += taken
         self.count += 1
         self.fresh = self.fresh or fresh
+
+
+@dataclass(slots=True)
+class LoaderProgress:
+    """What the stall detector must remember through a stall of any length. Not in ``memo``: that
+    is a cache, cleared when full (a memory_growth attribution in a job of 30 workers fills it
+    within minutes), and what a stall forgets cannot be computed again from the stalled ticks."""
+
+    batches: int  # its batch count as last seen
+    moved_at: float  # when the count last moved (or when the loader was first seen)
+    usual_interval_s: float | None = None  # median seconds per batch while it delivered
+    # (worker id, pid) -> (the worker's batch count, when that last moved)
+    workers: dict[tuple[int, int], tuple[int, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,9 +198,9 @@ class Digest:
     # when the generation before ``restarts[0]`` started: the first tick with any worker (the
     # trainer's own start-up before it is no generation), then each restart trimmed from the list
     generation_start: float | None = None
-    # loader id -> (its batch count, when it last moved): the stall detector's memory past the
-    # recent window (bounded: cleared at 64 loaders)
-    loader_progress: dict[str, tuple[int, float]] = field(default_factory=dict)
+    # loader id -> its progress: the stall detector's memory past the recent window (bounded: see
+    # ``note_loader``)
+    loader_progress: dict[str, LoaderProgress] = field(default_factory=dict)
     main_anon: Series = field(init=False)  # the trainer's own RssAnon: no worker churn moves it
     training_seen: float | None = None  # first snapshot with DataLoader workers or batches: the loop runs
 
@@ -363,6 +377,17 @@ class Digest:
         if len(self.memo) >= 1024:
             self.memo.clear()
         self.memo[key] = value
+
+    def note_loader(self, loader_id: str, progress: LoaderProgress, current: Callable[[], set[str]]) -> None:
+        """Keep ``progress`` for ``loader_id``. When full, the loaders that ``current()`` (the ids
+        in the recent snapshots) no longer lists are forgotten first: a job that builds a new
+        DataLoader every epoch must not make a long stall of another loader start over."""
+        if loader_id not in self.loader_progress and len(self.loader_progress) >= self.limits.max_loaders:
+            keep = current()
+            self.loader_progress = {k: v for k, v in self.loader_progress.items() if k in keep}
+            if len(self.loader_progress) >= self.limits.max_loaders:
+                self.loader_progress.clear()
+        self.loader_progress[loader_id] = progress
 
     def live(self) -> list[ProcessMemory]:
         return [t for t in self.processes.values() if t.alive]

@@ -252,8 +252,3 @@ def format_markdown(summary: RunSummary) -> str:
         if section.note:
             lines += ["", section.note]
     return "\n".join(lines) + "\n"
-
-
-def _basis_note(basis: str) -> str:
-    """A per-process peak that is not PSS says which measure it is."""
-    return "" if basis == "PSS" else f" ({basis}: PSS never read)"

@@ -67,7 +67,7 @@ def grid_end(t: float, window_s: float) -> float:
 
 def process_slopes(digest: Digest, now: float, window_s: float, anon: bool = False) -> list[ProcessGrowth]:
     """The USS (or with ``anon`` the RssAnon) slope of every live process with at least 3
-    readings in the window (or, failing that, its last 3 within twice the window)."""
+    readings in the window (or, failing that, with one in it: its last 3 within twice the window)."""
     out: list[ProcessGrowth] = []
     end = grid_end(now, window_s)
     for track in digest.live():
@@ -77,6 +77,10 @@ def process_slopes(digest: Digest, now: float, window_s: float, anon: bool = Fal
             # PSS is read on a budget: a large worker on a busy machine is read every 20 s or
             # more, so a short window may hold 2 of its readings. Its last 3 within twice the
             # window still give its slope; leaving it out would name only the others as growing.
+            # Not with none in the window: a worker that stops growing is re-read the least (the
+            # budget favours the ones that move), and its last readings are from when it grew.
+            if not points:
+                continue
             points = series.between(end - 2 * window_s, end)[-3:]
             if len(points) < 3:
                 continue

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from dlmon.analysis.detectors._base import Candidate, Context, duration
 from dlmon.analysis.detectors.processes import describe_frames, format_stack, latest_stack
+from dlmon.analysis.digest import LoaderProgress
 from dlmon.analysis.kinds import CRITICAL, STALL, WARNING
 from dlmon.analysis.stats import median
 from dlmon.model import LoaderSample, ProcessSample
@@ -36,8 +37,8 @@ SLEEPING_CPU_PERCENT = 5.0
 
 @dataclass(frozen=True, slots=True)
 class LoaderPace:
-    usual_interval_s: float | None  # median seconds per batch while it delivered (recent window)
-    last_progress: float | None  # when its batch count last moved, within the recent window
+    usual_interval_s: float | None  # median seconds per batch while it delivered (remembered)
+    last_progress: float | None  # when its batch count last moved (remembered past the recent window)
 
 
 def pace(ctx: Context, loader_id: str) -> LoaderPace:
@@ -55,25 +56,29 @@ def pace(ctx: Context, loader_id: str) -> LoaderPace:
                 last_total = ls.batches_total
                 last_progress = snap.time
     # The recent window forgets a batch older than itself: a loader quiet for longer would seem
-    # quiet only since the window's start ("about 2 min" forever, never critical). The digest
-    # keeps when each loader's count last moved.
-    if last_total is not None:
-        moved = ctx.digest.loader_progress.get(loader_id)
-        if moved is not None and moved[0] == last_total:
-            last_progress = moved[1] if last_progress is None else min(last_progress, moved[1])
-        elif last_progress is not None:
-            if len(ctx.digest.loader_progress) >= 64:
-                ctx.digest.loader_progress.clear()
-            ctx.digest.loader_progress[loader_id] = (last_total, last_progress)
-    memo_key = ("stall_pace", loader_id)
-    interval: float | None
-    if rates:
-        interval = 1.0 / median(rates)
-        ctx.digest.remember(memo_key, interval)
-    else:
-        remembered = ctx.digest.memo.get(memo_key)
-        interval = float(remembered) if isinstance(remembered, float) else None
+    # quiet only since the window's start ("about 2 min" forever, never critical), and its usual
+    # pace with it. The digest keeps when each loader's count last moved, and its pace.
+    digest = ctx.digest
+    memory = digest.loader_progress.get(loader_id)
+    if last_total is not None and last_progress is not None:
+        if memory is None:
+            memory = LoaderProgress(last_total, last_progress)
+            digest.note_loader(loader_id, memory, lambda: _loader_ids(ctx))
+        elif memory.batches == last_total:
+            last_progress = min(last_progress, memory.moved_at)
+        else:
+            memory.batches, memory.moved_at = last_total, last_progress
+    interval = 1.0 / median(rates) if rates else None
+    if memory is not None:
+        if interval is not None:
+            memory.usual_interval_s = interval
+        else:
+            interval = memory.usual_interval_s
     return LoaderPace(interval, last_progress)
+
+
+def _loader_ids(ctx: Context) -> set[str]:
+    return {ls.id for snap in ctx.recent for ls in snap.loaders}
 
 
 def threshold_s(interval: float | None) -> float:
@@ -260,16 +265,22 @@ def _lone_workers(
     out: list[Candidate] = []
     limit = lone_threshold_s(p.usual_interval_s, len(ls.worker_pids))
     loader_moving = p.last_progress is not None and s.time - p.last_progress < limit
+    memory = ctx.digest.loader_progress.get(ls.id)
+    if memory is None:  # no batch count known: no worker's progress either
+        return out
+    workers = memory.workers
     for wid, pid in enumerate(ls.worker_pids):
         if wid >= len(ls.batches_per_worker):
             break
         n = ls.batches_per_worker[wid]
-        key = ("stall_worker", ls.id, wid, pid)
-        seen = ctx.digest.memo.get(key)
-        if not (isinstance(seen, tuple) and seen[0] == n):
-            ctx.digest.remember(key, (n, s.time))
+        seen = workers.get((wid, pid))
+        if seen is None or seen[0] != n:
+            if seen is None:  # a new worker (a restart): the ones gone are forgotten
+                for key in [k for k in workers if k[1] not in ls.worker_pids]:
+                    del workers[key]
+            workers[(wid, pid)] = (n, s.time)
             continue
-        idle_for = s.time - float(seen[1])
+        idle_for = s.time - seen[1]
         proc = by_pid.get(pid)
         asleep = (
             proc is not None and proc.state in ("S", "D") and (proc.cpu_percent or 0.0) < SLEEPING_CPU_PERCENT
