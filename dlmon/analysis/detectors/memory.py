@@ -191,12 +191,13 @@ def attribute(
         measured = {g.pid for g in slopes}
         unread = [t for t in digest.live() if t.role == "worker" and t.pid not in measured]
         # "some workers" claims the others do not grow: say when they were not read enough to tell
-        untold = f"; {len(unread)} other worker(s) not read often enough yet to tell" if unread else ""
+        others = "1 other worker" if len(unread) == 1 else f"{len(unread)} other workers"
+        untold = f"; {others} not read often enough yet to tell" if unread else ""
         return Attribution(
             SOME_WORKERS,
             growing,
             n_workers,
-            f"in {names}{more} ({label} +{per_min(growing_workers[0].slope)}){untold}",
+            f"in {names}{more} ({label} +{per_min(growing_workers[0].slope)}{untold})",
         )
     if main:
         return Attribution(
