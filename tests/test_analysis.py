@@ -1090,4 +1090,4 @@ def test_a_worker_that_stopped_being_read_is_not_called_growing_from_old_reading
     [alert] = of_kind(analyze(history)[-1], "memory_growth")
     assert alert.evidence["cause"] == "some_workers", alert.message
     assert "in worker 0 (pid 1001)" in alert.message, alert.message
-    assert "1 other worker(s) not read often enough yet to tell" in alert.message, alert.message
+    assert "1 other worker not read often enough yet to tell)" in alert.message, alert.message
