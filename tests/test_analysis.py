@@ -517,6 +517,33 @@ def test_io_saturation_is_critical_when_the_loader_waits() -> None:
     assert ib.severity == "critical"
 
 
+def test_a_disk_busy_with_the_jobs_own_writes_is_not_why_its_loader_waits() -> None:
+    """The soak's job: 64 MiB written and fsynced every few epochs saturates the disk while its
+    loader waits on its workers' own work (they read nothing). It said "so training is
+    input-bound", critical, with "The disk is the limit ... keep the data in RAM"."""
+
+    def busy_writing(t: float) -> Snapshot:
+        writer = replace(proc(MAIN_PID), write_bytes_per_s=60e6)
+        workers = [proc(1001, read_bps=0.0), proc(1002, read_bps=0.0)]
+        return replace(
+            snap(
+                t,
+                [writer, *workers],
+                disks=[disk("vda", util=95.0, queue=11.0, r_await=0.3, read_bps=0.0)],
+                pressure=Pressure(io_some_avg10=30.0, cpu_some_avg10=0.0),
+            ),
+            loaders=(loader(wait=0.6, worker_pids=[1001, 1002]),),
+        )
+
+    outs = analyze([busy_writing(t) for t in range(40)])
+    [alert] = of_kind(outs[-1], "io_saturation")
+    assert alert.severity == "info", alert.message
+    assert "input-bound" not in alert.message and "reads little" in alert.message, alert.message
+    assert "writes 60.0 MB/s" in alert.message or "writes 57.2 MiB/s" in alert.message, alert.message
+    assert "The disk is the limit" not in alert.advice and "another disk" in alert.advice, alert.advice
+    assert all(a.evidence.get("cause") != "io" for a in of_kind(outs[-1], "input_bound"))
+
+
 @pytest.mark.parametrize(
     ("worker_cpu", "main_cpu", "num_workers", "cause"),
     [

@@ -109,6 +109,29 @@ def _disk_load(ctx: Context, name: str, window: Sequence[Snapshot]) -> DiskLoad 
     )
 
 
+DISK_LIMITS_THE_INPUT = (
+    "The disk is the limit, so more workers will not help: keep the data in RAM or on "
+    "faster local storage, pack small files into large shards read sequentially "
+    "(WebDataset, LMDB, tar), store pre-decoded or smaller samples, and keep other "
+    "jobs off this disk."
+)
+
+
+def disk_busy_elsewhere(job_writes: float) -> str:
+    """Advice for a saturated disk the job hardly reads: its input is not what waits on it."""
+    own = (
+        f"The job writes {size(job_writes)}/s itself (checkpoints, logs, caches): spread those "
+        "writes out or send them to another disk. "
+        if job_writes >= 1e6
+        else ""
+    )
+    return (
+        f"{own}The job reads little from this disk, so its input does not wait on it and more or "
+        "fewer workers change nothing here; see what keeps it busy (iotop -o, pidstat -d 1) and "
+        "keep other jobs off it if its own files live there."
+    )
+
+
 def saturated_disks(ctx: Context, held: frozenset[str] = frozenset()) -> list[DiskLoad]:
     """Disks that are saturated now: busy near 100% with at least one witness of queueing."""
     cfg = ctx.config
@@ -130,6 +153,9 @@ def detect_io_saturation(ctx: Context) -> list[Candidate]:
     job_reads = sum(
         p.read_bytes_per_s for p in s.processes if p.state not in DEAD and p.read_bytes_per_s is not None
     )
+    job_writes = sum(
+        p.write_bytes_per_s for p in s.processes if p.state not in DEAD and p.write_bytes_per_s is not None
+    )
     waits = [
         (loader, loader.data_wait_fraction)
         for loader in s.loaders
@@ -150,18 +176,23 @@ def detect_io_saturation(ctx: Context) -> list[Candidate]:
         message = f"Disk {load.name} is saturated: " + ", ".join(details)
         if load.dstate_now:
             message += f"; {load.dstate_now} job processes wait on IO (D state)"
-        if waits:
+        reads_it = job_reads >= cfg.io_job_read_bytes_per_s or load.dstate_fraction > 0
+        advice = DISK_LIMITS_THE_INPUT
+        if waits and reads_it:
             loader, frac = waits[0]
             message += (
                 f"; loader {loader.name} waits for data {frac:.0%} of the time, so training is input-bound"
             )
             severity = CRITICAL
-        elif job_reads >= cfg.io_job_read_bytes_per_s or load.dstate_fraction > 0:
+        elif reads_it:
             severity = WARNING
         else:
+            # busy with writes (checkpoints, logs) or other processes: the job's input is not
+            # waiting on it, whatever its loader waits for
             severity = INFO
             message += "; the job itself reads little from disk"
-        message += f" (job reads {size(job_reads)}/s)."
+            advice = disk_busy_elsewhere(job_writes)
+        message += f" (job reads {size(job_reads)}/s, writes {size(job_writes)}/s)."
         out.append(
             Candidate(
                 IO_SATURATION,
@@ -169,10 +200,7 @@ def detect_io_saturation(ctx: Context) -> list[Candidate]:
                 severity,
                 f"disk {load.name}",
                 message,
-                "The disk is the limit, so more workers will not help: keep the data in RAM or on "
-                "faster local storage, pack small files into large shards read sequentially "
-                "(WebDataset, LMDB, tar), store pre-decoded or smaller samples, and keep other "
-                "jobs off this disk.",
+                advice,
                 {
                     "util_percent": round(load.util_percent, 1),
                     "await_ms": None if load.await_ms is None else round(load.await_ms, 2),
