@@ -279,9 +279,12 @@ def test_raise_needs_the_condition_to_last() -> None:
 
     outs = analyze([tick(t, t == 5) for t in range(20)])
     assert not ever(outs, "zombie_worker")
-    outs = analyze([tick(t, 5 <= t < 12) for t in range(20)])
-    assert first_time(outs, "zombie_worker") == 7.0
-    assert not of_kind(outs[-1], "zombie_worker")  # reaped at 12, cleared after 3 s
+    # nor one reaped after 5 s, as torch's join of a worker takes on a loaded machine (the soak)
+    outs = analyze([tick(t, 5 <= t < 11) for t in range(20)])
+    assert not ever(outs, "zombie_worker")
+    outs = analyze([tick(t, 5 <= t < 16) for t in range(25)])
+    assert first_time(outs, "zombie_worker") == 11.0
+    assert not of_kind(outs[-1], "zombie_worker")  # reaped at 16, cleared after 3 s
 
 
 def test_events_raised_escalated_cleared_and_format() -> None:
@@ -351,7 +354,7 @@ def test_cost_and_memory_stay_bounded_for_an_hour_of_33_processes() -> None:
 
 
 def test_zombie_worker_alert() -> None:
-    outs = analyze([snap(t, [proc(1001), proc(1002, state="Z", worker_id=1)]) for t in range(6)])
+    outs = analyze([snap(t, [proc(1001), proc(1002, state="Z", worker_id=1)]) for t in range(10)])
     alert = of_kind(outs[-1], "zombie_worker")[0]
     assert alert.subject == "worker 1 (pid 1002)"
     assert alert.severity == "warning"

@@ -157,11 +157,12 @@ def test_sigkilled_worker_is_a_zombie_while_its_iterator_lives(start: Start) -> 
         os.kill(victim, signal.SIGKILL)
         killed = time.monotonic()
         alert = None
-        while alert is None and time.monotonic() < killed + 10:
+        while alert is None and time.monotonic() < killed + 20:
             time.sleep(0.1)
             alert = next((a for a in got[-1].alerts if a.kind == "zombie_worker"), None)
         assert alert is not None, "no zombie_worker alert"
-        assert time.monotonic() - killed < 6.0
+        # raised once it has outlasted a worker's join at an epoch's end (6 s), not much later
+        assert time.monotonic() - killed < 12.0
         assert str(victim) in alert.message and alert.subject.endswith(f"(pid {victim})")
         assert alert.since >= got[0].time
     finally:

@@ -57,7 +57,10 @@ class Hold:
 DEFAULT_HOLDS: Mapping[str, Hold] = MappingProxyType(
     {
         MEMORY_GROWTH: Hold(0.0, 60.0),  # the detector's windows already demand a sustained trend
-        ZOMBIE_WORKER: Hold(2.0, 3.0),  # a worker being reaped is a zombie for an instant
+        # A worker being shut down at an epoch's end is a zombie until torch joins it, which takes
+        # seconds on a loaded machine (the soak saw 2-5 s at load 15; torch waits up to 5 s per
+        # worker): past that it is not being reaped.
+        ZOMBIE_WORKER: Hold(6.0, 3.0),
         ORPHAN_WORKER: Hold(0.0, 3.0),  # unambiguous; and a live source stops right after the exit
         WORKER_DIED: Hold(0.0, 0.0),  # an event: the detector keeps it for death_window_s
         LEAKED_WORKERS: Hold(20.0, 30.0),  # epoch boundaries overlap old and new workers briefly
