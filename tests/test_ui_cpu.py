@@ -25,7 +25,7 @@ def test_a_chart_moves_on_every_15_s_of_data_not_every_bucket() -> None:
     seen: dict[str, object] = {}
 
     async def main() -> None:
-        app: DlmonApp = create_app(FakeSource([]), clock=fixed_clock, boot_time=BOOT)  # type: ignore[arg-type]
+        app: DlmonApp = create_app(FakeSource([]), clock=fixed_clock, boot_time=BOOT)
         async with app.run_test(size=(160, 50)) as pilot:
             await pilot.pause()
             chart = app.main_screen.query_one("#memory-chart", TimeChart)

@@ -438,7 +438,17 @@ class DlmonApp(App[DashboardResult]):
     # ---- data in (UI thread) ----------------------------------------------------------------
     def on_snapshot_arrived(self, message: SnapshotArrived) -> None:
         self.state.ingest(message.snapshot)
+        self._note_analysis()
         self._schedule_render()
+
+    def _note_analysis(self) -> None:
+        """The source's analyzer counts the detector failures it swallows: shown, never lost
+        (a snapshot that carries the count, such as a replayed record, is read at ingest)."""
+        analyzer = getattr(self.source, "analyzer", None)
+        errors = getattr(analyzer, "errors", None)
+        if isinstance(errors, int) and errors:
+            last = getattr(analyzer, "last_error", None)
+            self.state.note_analysis(errors, last if isinstance(last, str) else None)
 
     def on_sought(self, message: Sought) -> None:
         # snapshots queued before the jump came first (one message queue): start a fresh history

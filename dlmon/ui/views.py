@@ -700,7 +700,9 @@ def alert_lines(state: DashboardState, width: int, compact: bool, panel_key: str
     if compact:
         lead = [label("ALERT", 6)]
         if not alerts:
-            return ((*lead, ("none", "dim")),)
+            n = state.analysis_errors
+            note: Line = ((f" · analysis failed {n} times [{panel_key}]", "dim"),) if n else ()
+            return (truncate((*lead, ("none", "dim"), *note), width),)
         counts: dict[str, int] = {}
         for a in alerts:
             counts[a.severity] = counts.get(a.severity, 0) + 1
@@ -716,8 +718,9 @@ def alert_lines(state: DashboardState, width: int, compact: bool, panel_key: str
         if rest > 8:
             head = (*head, BAR, (clip(first.message, rest), ""))
         return ((*head, (f" [{panel_key}]", "key")),)
+    failed = analysis_failed_lines(state, width)
     if not alerts:
-        return ((("no alerts", "dim"),),)
+        return ((("no alerts", "dim"),), *failed)
     assert s is not None
     out: list[Line] = []
     verdict = exit_verdict(s, None) if not s.target.alive else None
@@ -738,7 +741,19 @@ def alert_lines(state: DashboardState, width: int, compact: bool, panel_key: str
             out.append(((" " * 5, ""), (chunk, "")))
         for k, chunk in enumerate(textwrap.wrap(a.advice, max(10, width - 7))):
             out.append(((" " * 5, ""), ("→ " if k == 0 else "  ", "key"), (chunk, "dim")))
-    return tuple(out)
+    return (*out, *failed)
+
+
+def analysis_failed_lines(state: DashboardState, width: int) -> Lines:
+    """``analysis failed 3 times (last: ValueError: ...)``: a detector that raised adds nothing
+    that tick, so its alerts may be missing; said dimly under the alerts, never hidden."""
+    n = state.analysis_errors
+    if n <= 0:
+        return ()
+    times = "once" if n == 1 else f"{n} times"
+    last = f" (last: {state.analysis_error})" if state.analysis_error else ""
+    text = f"analysis failed {times}{last}; alerts from the failing detector may be missing"
+    return wrap(text, width, "dim")
 
 
 def _rank(severity: str) -> int:

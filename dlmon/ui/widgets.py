@@ -142,6 +142,8 @@ class Panel(Vertical):
 
 # ---- charts ---------------------------------------------------------------------------------
 CHART_REBUILD_S = 15.0  # a chart whose only change is time moves on at most this often
+
+
 @dataclass(frozen=True, slots=True)
 class ChartLine:
     label: str
