@@ -522,8 +522,8 @@ class DlmonApp(App[DashboardResult]):
         """Redraw what is on screen from the newest state (nothing while paused, unless forced)."""
         if self.paused and not force:
             return
-        if not self._started:
-            return
+        if not self._started or not self.screen_stack:
+            return  # a repaint scheduled just before the app closed fires after its screens went
         ctx = self.context()
         screen = self.screen
         if isinstance(screen, WorkerDetailScreen):
