@@ -11,7 +11,8 @@ from textual.widgets import Button, Footer, Static
 
 from dlmon.ui.fmt import duration
 from dlmon.ui.state import DashboardState, ProcessRow, RowKey
-from dlmon.ui.views import Line, detail_lines, fit
+from dlmon.ui.text import Line, fit
+from dlmon.ui.views import detail_lines
 from dlmon.ui.widgets import ChartLine, HeaderBar, LinesView, TimeChart
 
 HELP_TEXT = """\

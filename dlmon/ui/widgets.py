@@ -27,10 +27,9 @@ from textual_plotext import PlotextPlot
 
 from dlmon.ui.series import Series, chart_step
 from dlmon.ui.state import DashboardState, ProcessRow, RankGroup, RowKey
+from dlmon.ui.text import Line, Lines, clip
 from dlmon.ui.views import (
     STYLES,
-    Line,
-    Lines,
     rank_line,
     sort_caption,
     stuck_line,
@@ -562,7 +561,7 @@ class LogView(LinesView):
         out: list[Line] = []
         for i, text in enumerate(tail):
             style = "b" if progress and i == len(tail) - 1 else ""
-            out.append(((text if len(text) <= width else text[: max(0, width - 1)] + "…", style),))
+            out.append(((clip(text, width), style),))
         self.set_lines(tuple(out))
 
 
