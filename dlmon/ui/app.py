@@ -16,7 +16,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
@@ -31,8 +30,8 @@ from dlmon.model import Snapshot
 from dlmon.ui.fmt import human_bytes
 from dlmon.ui.logtail import LogTail
 from dlmon.ui.result import DashboardResult
-from dlmon.ui.screens import QUIT_STOP, AdviceScreen, HelpScreen, QuitScreen, WorkerDetailScreen
-from dlmon.ui.state import SORT_NAMES, DashboardState
+from dlmon.ui.screens import QUIT_STOP, AdviceScreen, HelpScreen, QuitScreen, ShowsState, WorkerDetailScreen
+from dlmon.ui.state import SORT_NAMES, DashboardState, ViewContext
 from dlmon.ui.views import (
     HeaderInfo,
     alert_lines,
@@ -55,6 +54,7 @@ PANELS: tuple[tuple[str, str, str], ...] = (
     ("6", "alerts", "Alerts"),
     ("7", "logs", "Logs"),
 )
+TOP_PANELS = frozenset({"memory", "gpu", "io", "throughput"})  # the panels in #top (all but memory in #side)
 LOG_POLL_S = 1.0
 OVERVIEW_ROWS = 3  # GPUs, disks, loaders shown in full in the overview; more collapse to "+N more"
 MIN_RENDER_GAP_S = 0.25  # a fast interval (or a replay) repaints at most 4 times a second
@@ -83,13 +83,6 @@ class SourceEnded(Message):
     def __init__(self, reason: str) -> None:
         super().__init__()
         self.reason = reason
-
-
-@dataclass(frozen=True, slots=True)
-class ViewContext:
-    state: DashboardState
-    now: float
-    interval: float | None
 
 
 def read_boot_time(path: str = "/proc/stat") -> float | None:
@@ -261,15 +254,14 @@ class MainScreen(Screen[None]):
         return [pid for _, pid, _ in PANELS if pid != "logs" or self.has_logs]
 
     def _apply_zoom(self) -> None:
+        """The layout is the stylesheet's: classes say which panel is zoomed and which of the
+        containers hold it (dlmon.tcss hides the rest)."""
         zoomed = self.zoomed
         self.set_class(zoomed is not None, "-zoomed")
-        top_panels = {"memory", "gpu", "io", "throughput"}
-        self.query_one("#top").display = zoomed is None or zoomed in top_panels
-        self.query_one("#side").display = zoomed is None or zoomed in top_panels - {"memory"}
+        self.set_class(zoomed in TOP_PANELS, "-zoom-top")
+        self.set_class(zoomed in TOP_PANELS - {"memory"}, "-zoom-side")
         for pid in self.panel_ids():
-            panel = self.query_one(f"#{pid}", Panel)
-            panel.set_class(pid == zoomed, "-zoom")
-            panel.display = zoomed is None or pid == zoomed
+            self.query_one(f"#{pid}", Panel).set_class(pid == zoomed, "-zoom")
 
     def zoom(self, panel_id: str | None) -> None:
         if panel_id is not None and panel_id not in self.panel_ids():
@@ -524,12 +516,10 @@ class DlmonApp(App[DashboardResult]):
             return
         if not self._started or not self.screen_stack:
             return  # a repaint scheduled just before the app closed fires after its screens went
-        ctx = self.context()
+        # the screen on top draws the state if it shows any (a detail screen); under a modal
+        # (help, advice, quit) the main screen stays visible and goes on drawing
         screen = self.screen
-        if isinstance(screen, WorkerDetailScreen):
-            screen.show(ctx.state, ctx.now, ctx.interval)
-        else:
-            self.main_screen.show(ctx)
+        (screen if isinstance(screen, ShowsState) else self.main_screen).show(self.context())
         self.renders += 1
 
     def _check_stale(self) -> None:

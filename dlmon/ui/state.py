@@ -82,6 +82,15 @@ class RankGroup:
     data_wait_fraction: float | None  # the worst of its loaders
 
 
+@dataclass(frozen=True, slots=True)
+class ViewContext:
+    """What every screen draws from at a repaint: the state, the newest data time, the interval."""
+
+    state: DashboardState
+    now: float
+    interval: float | None
+
+
 def row_key(process: ProcessSample, loader_of: dict[int, LoaderSample]) -> RowKey:
     if process.role == "worker" and process.worker_id is not None:
         loader = loader_of.get(process.pid)
