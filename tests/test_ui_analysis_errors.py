@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 import sys
 import time
@@ -41,7 +42,7 @@ def test_a_failing_detector_is_said_in_the_alerts_panel() -> None:
             await pilot.pause()
             seen["text"] = view.text
             seen["styles"] = ",".join(style for line in view.lines for _, style in line)
-            seen["errors"] = analyzer.errors
+            seen["errors"] = analyzer.errors  # read after the screen: at least what it shows
             await pilot.press("q")
 
     try:
@@ -52,7 +53,10 @@ def test_a_failing_detector_is_said_in_the_alerts_panel() -> None:
     text = str(seen["text"])
     assert "analysis failed" in text, text
     assert "ValueError: broken on purpose" in text, text
-    assert f"{seen['errors']} times" in text, text
+    shown = re.search(r"analysis failed (\d+) times", text)
+    assert shown is not None, text
+    # the sampling thread goes on meanwhile: the count shown is the analyzer's at that repaint
+    assert 3 <= int(shown.group(1)) <= int(seen["errors"]), (text, seen["errors"])
     assert set(str(seen["styles"]).split(",")) <= {"dim"}, seen  # said quietly, not as an alert
 
 
