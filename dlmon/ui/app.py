@@ -16,7 +16,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
@@ -28,22 +27,22 @@ from textual.widgets import Footer
 
 from dlmon.flow.sources import Source
 from dlmon.model import Snapshot
-from dlmon.ui.fmt import human_bytes
 from dlmon.ui.logtail import LogTail
-from dlmon.ui.result import DashboardResult
-from dlmon.ui.screens import QUIT_STOP, AdviceScreen, HelpScreen, QuitScreen, WorkerDetailScreen
-from dlmon.ui.state import SORT_NAMES, DashboardState
-from dlmon.ui.views import (
-    HeaderInfo,
-    alert_lines,
-    gpu_lines,
-    header_line,
-    io_lines,
-    memory_chart_plan,
-    memory_lines,
-    throughput_lines,
+from dlmon.ui.panels import (
+    AlertsPanel,
+    GpuPanel,
+    IoPanel,
+    LogsPanel,
+    MemoryPanel,
+    StatePanel,
+    ThroughputPanel,
+    WorkersPanel,
 )
-from dlmon.ui.widgets import ChartLine, HeaderBar, LinesView, LogView, Panel, TimeChart, WorkerTable
+from dlmon.ui.result import DashboardResult
+from dlmon.ui.screens import QUIT_STOP, AdviceScreen, HelpScreen, QuitScreen, ShowsState, WorkerDetailScreen
+from dlmon.ui.state import SORT_NAMES, DashboardState, ViewContext
+from dlmon.ui.views import HeaderInfo, header_line
+from dlmon.ui.widgets import HeaderBar, Panel, WorkerTable
 
 SORT_ORDER = ("id", "cpu", "pss", "rss", "uss", "read", "gpu")
 PANELS: tuple[tuple[str, str, str], ...] = (
@@ -55,8 +54,8 @@ PANELS: tuple[tuple[str, str, str], ...] = (
     ("6", "alerts", "Alerts"),
     ("7", "logs", "Logs"),
 )
+TOP_PANELS = frozenset({"memory", "gpu", "io", "throughput"})  # the panels in #top (all but memory in #side)
 LOG_POLL_S = 1.0
-OVERVIEW_ROWS = 3  # GPUs, disks, loaders shown in full in the overview; more collapse to "+N more"
 MIN_RENDER_GAP_S = 0.25  # a fast interval (or a replay) repaints at most 4 times a second
 LOG_KEEP = 2000  # lines of the training's output kept in memory (shown or not)
 LOG_LINE_KEEP = 4096  # characters kept of each (wider than any terminal): 2,000 x 200 KB lines is 400 MB
@@ -83,13 +82,6 @@ class SourceEnded(Message):
     def __init__(self, reason: str) -> None:
         super().__init__()
         self.reason = reason
-
-
-@dataclass(frozen=True, slots=True)
-class ViewContext:
-    state: DashboardState
-    now: float
-    interval: float | None
 
 
 def read_boot_time(path: str = "/proc/stat") -> float | None:
@@ -142,28 +134,18 @@ class MainScreen(Screen[None]):
         yield HeaderBar(id="header")
         with Vertical(id="body"):
             with Horizontal(id="top"):
-                with Panel("Memory", "1", id="memory"):
-                    yield LinesView(id="memory-lines")
-                    yield TimeChart(unit="GiB", scale=2**30, zero_based=False, id="memory-chart")
+                yield MemoryPanel()
                 with Vertical(id="side"):
-                    with Panel("GPU", "3", id="gpu"):
-                        yield LinesView(id="gpu-lines")
-                    with Panel("IO", "4", id="io"):
-                        yield LinesView(id="io-lines")
-                    with Panel("Throughput", "5", id="throughput"):
-                        yield LinesView(id="throughput-lines")
-                        yield TimeChart(unit="batch/s", scale=1.0, right_unit="wait %", id="throughput-chart")
-            with Panel("Workers", "2", id="workers", focusable=False):
-                yield WorkerTable(id="table")
-            with Panel("Alerts", "6", id="alerts"):
-                yield LinesView(id="alerts-lines")
+                    yield GpuPanel()
+                    yield IoPanel()
+                    yield ThroughputPanel()
+            yield WorkersPanel()
+            yield AlertsPanel()
             if self.has_logs:
-                with Panel("Logs", "7", id="logs"):
-                    yield LogView(id="log")
+                yield LogsPanel()
         yield Footer()
 
     def on_mount(self) -> None:
-        self.query_one("#throughput-chart", TimeChart).add_class("-nodata")
         self._apply_zoom()
         self.query_one("#table", WorkerTable).focus()
         self.dlmon.screen_ready()
@@ -178,98 +160,35 @@ class MainScreen(Screen[None]):
         return self.has_class("-short") or self.has_class("-narrow")
 
     def show(self, ctx: ViewContext) -> None:
-        app = self.dlmon
-        state = ctx.state
+        """Every visible panel draws itself from the same context."""
         width = self.size.width or 80
-        self.query_one("#header", HeaderBar).set_lines((header_line(state, app.header_info(ctx), width),))
-        zoomed = self.zoomed
+        header = header_line(ctx.state, self.dlmon.header_info(ctx), width)
+        self.query_one("#header", HeaderBar).set_lines((header,))
         compact = self.compact
-
-        def visible(panel_id: str) -> bool:
-            return zoomed is None or zoomed == panel_id
-
-        def view_width(view: Widget) -> int:
-            return view.size.width or width
-
-        if visible("memory"):
-            view = self.query_one("#memory-lines", LinesView)
-            view.set_lines(memory_lines(state, view_width(view), compact and zoomed != "memory"))
-            chart = self.query_one("#memory-chart", TimeChart)
-            if chart.display:
-                plan = memory_chart_plan(state)
-                chart.unit, chart.scale = plan.unit, plan.scale
-                mem_lines = [ChartLine("job PSS", state.pss_sum, "cyan")]
-                if plan.anon:
-                    mem_lines.append(ChartLine("job anon", state.pss_anon_sum, "yellow"))
-                if plan.limit:
-                    mem_lines.append(ChartLine("cgroup limit", state.limit, "red"))
-                chart.show(mem_lines, ctx.now, ctx.interval)
-        if visible("workers"):
-            table = self.query_one("#table", WorkerTable)
-            table.show(state, ctx.interval)
-            self.query_one("#workers", Panel).set_caption(table.caption)
-        if visible("gpu"):
-            view = self.query_one("#gpu-lines", LinesView)
-            rows = None if zoomed == "gpu" else OVERVIEW_ROWS
-            view.set_lines(
-                gpu_lines(state, view_width(view), compact and zoomed != "gpu", zoomed == "gpu", rows=rows)
-            )
-        if visible("io"):
-            view = self.query_one("#io-lines", LinesView)
-            rows = None if zoomed == "io" else OVERVIEW_ROWS
-            view.set_lines(io_lines(state, view_width(view), compact and zoomed != "io", rows=rows))
-        if visible("alerts"):
-            view = self.query_one("#alerts-lines", LinesView)
-            view.set_lines(alert_lines(state, view_width(view), compact and zoomed != "alerts"))
-        if visible("throughput"):
-            view = self.query_one("#throughput-lines", LinesView)
-            rows = None if zoomed == "throughput" else OVERVIEW_ROWS
-            view.set_lines(
-                throughput_lines(state, view_width(view), compact and zoomed != "throughput", rows=rows)
-            )
-            chart = self.query_one("#throughput-chart", TimeChart)
-            has_loaders = bool(state.live_loaders())
-            chart.set_class(not has_loaders, "-nodata")
-            if has_loaders and chart.size.height:
-                lines: list[ChartLine] = []
-                loaders = state.live_loaders()[:2]
-                colours = (("cyan", "red"), ("blue", "magenta"))
-                for hist, (rate, wait) in zip(loaders, colours[: len(loaders)], strict=True):
-                    name = f" {hist.loader.name}" if len(loaders) > 1 else ""
-                    lines.append(ChartLine(f"batch/s{name}", hist.batches_per_s, rate))
-                    lines.append(ChartLine(f"data wait %{name}", hist.data_wait_percent, wait, right=True))
-                chart.show(lines, ctx.now, ctx.interval)
-        alerts = len(state.latest.alerts) if state.latest is not None else 0
-        self.query_one("#alerts", Panel).set_caption(f"{alerts} active" if alerts else None)
-        if self.has_logs and visible("logs"):
+        for panel in self.query(StatePanel):
+            if self.zoomed is None or self.zoomed == panel.id:
+                panel.show(ctx, compact, self.zoomed == panel.id)
+        if self.has_logs and (self.zoomed is None or self.zoomed == "logs"):
             self.show_log()
 
     def show_log(self) -> None:
-        """The newest lines that fit (cheap: the view gets one screenful, never the backlog)."""
         app = self.dlmon
-        view = self.query_one("#log", LogView)
-        view.show(app.log_lines, app.log_progress, view.size.width or self.size.width or 80)
-        size = app.log_size
-        if size is not None:
-            caption = f"{human_bytes(size)} on disk (dlmon never truncates it)"
-            if app.log_tail is not None:
-                caption = f"{os.path.basename(app.log_tail.path)} · {caption}"
-            self.query_one("#logs", Panel).set_caption(caption)
+        path = app.log_tail.path if app.log_tail is not None else None
+        self.query_one(LogsPanel).show_log(app.log_lines, app.log_progress, app.log_size, path)
 
     # ---- panels -----------------------------------------------------------------------------
     def panel_ids(self) -> list[str]:
         return [pid for _, pid, _ in PANELS if pid != "logs" or self.has_logs]
 
     def _apply_zoom(self) -> None:
+        """The layout is the stylesheet's: classes say which panel is zoomed and which of the
+        containers hold it (dlmon.tcss hides the rest)."""
         zoomed = self.zoomed
         self.set_class(zoomed is not None, "-zoomed")
-        top_panels = {"memory", "gpu", "io", "throughput"}
-        self.query_one("#top").display = zoomed is None or zoomed in top_panels
-        self.query_one("#side").display = zoomed is None or zoomed in top_panels - {"memory"}
+        self.set_class(zoomed in TOP_PANELS, "-zoom-top")
+        self.set_class(zoomed in TOP_PANELS - {"memory"}, "-zoom-side")
         for pid in self.panel_ids():
-            panel = self.query_one(f"#{pid}", Panel)
-            panel.set_class(pid == zoomed, "-zoom")
-            panel.display = zoomed is None or pid == zoomed
+            self.query_one(f"#{pid}", Panel).set_class(pid == zoomed, "-zoom")
 
     def zoom(self, panel_id: str | None) -> None:
         if panel_id is not None and panel_id not in self.panel_ids():
@@ -320,20 +239,17 @@ class MainScreen(Screen[None]):
 
     # ---- sorting ----------------------------------------------------------------------------
     def action_sort(self, key: str) -> None:
-        table = self.query_one("#table", WorkerTable)
-        table.set_sort(key)
-        self.query_one("#workers", Panel).set_caption(table.caption)
+        self.query_one(WorkersPanel).set_sort(key)
 
     def action_invert_sort(self) -> None:
-        table = self.query_one("#table", WorkerTable)
-        table.set_sort(table.sort, not table.reverse)
-        self.query_one("#workers", Panel).set_caption(table.caption)
+        workers = self.query_one(WorkersPanel)
+        workers.set_sort(workers.table.sort, not workers.table.reverse)
 
     def action_sort_step(self, step: int) -> None:
-        table = self.query_one("#table", WorkerTable)
-        i = SORT_ORDER.index(table.sort) if table.sort in SORT_ORDER else 0
-        table.set_sort(SORT_ORDER[(i + step) % len(SORT_ORDER)], False)
-        self.query_one("#workers", Panel).set_caption(table.caption)
+        workers = self.query_one(WorkersPanel)
+        sort = workers.table.sort
+        i = SORT_ORDER.index(sort) if sort in SORT_ORDER else 0
+        workers.set_sort(SORT_ORDER[(i + step) % len(SORT_ORDER)], False)
 
     def on_worker_table_opened(self, message: WorkerTable.Opened) -> None:
         self.dlmon.open_detail(message.key)
@@ -438,7 +354,17 @@ class DlmonApp(App[DashboardResult]):
     # ---- data in (UI thread) ----------------------------------------------------------------
     def on_snapshot_arrived(self, message: SnapshotArrived) -> None:
         self.state.ingest(message.snapshot)
+        self._note_analysis()
         self._schedule_render()
+
+    def _note_analysis(self) -> None:
+        """The source's analyzer counts the detector failures it swallows: shown, never lost
+        (a snapshot that carries the count, such as a replayed record, is read at ingest)."""
+        analyzer = getattr(self.source, "analyzer", None)
+        errors = getattr(analyzer, "errors", None)
+        if isinstance(errors, int) and errors:
+            last = getattr(analyzer, "last_error", None)
+            self.state.note_analysis(errors, last if isinstance(last, str) else None)
 
     def on_sought(self, message: Sought) -> None:
         # snapshots queued before the jump came first (one message queue): start a fresh history
@@ -512,14 +438,12 @@ class DlmonApp(App[DashboardResult]):
         """Redraw what is on screen from the newest state (nothing while paused, unless forced)."""
         if self.paused and not force:
             return
-        if not self._started:
-            return
-        ctx = self.context()
+        if not self._started or not self.screen_stack:
+            return  # a repaint scheduled just before the app closed fires after its screens went
+        # the screen on top draws the state if it shows any (a detail screen); under a modal
+        # (help, advice, quit) the main screen stays visible and goes on drawing
         screen = self.screen
-        if isinstance(screen, WorkerDetailScreen):
-            screen.show(ctx.state, ctx.now, ctx.interval)
-        else:
-            self.main_screen.show(ctx)
+        (screen if isinstance(screen, ShowsState) else self.main_screen).show(self.context())
         self.renders += 1
 
     def _check_stale(self) -> None:

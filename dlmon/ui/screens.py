@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Protocol, runtime_checkable
+
 from rich.markup import escape
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -10,8 +12,9 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Button, Footer, Static
 
 from dlmon.ui.fmt import duration
-from dlmon.ui.state import DashboardState, ProcessRow, RowKey
-from dlmon.ui.views import Line, detail_lines, fit
+from dlmon.ui.state import ProcessRow, RowKey, ViewContext
+from dlmon.ui.text import Line, fit
+from dlmon.ui.views import detail_lines
 from dlmon.ui.widgets import ChartLine, HeaderBar, LinesView, TimeChart
 
 HELP_TEXT = """\
@@ -152,6 +155,13 @@ class QuitScreen(ModalScreen[str | None]):
         self.dismiss(None)
 
 
+@runtime_checkable
+class ShowsState(Protocol):
+    """A screen that draws the dashboard state: the app hands it every repaint."""
+
+    def show(self, ctx: ViewContext) -> None: ...
+
+
 class WorkerDetailScreen(Screen[None]):
     """One process's figures and its history; updates live while open (unless paused)."""
 
@@ -180,7 +190,8 @@ class WorkerDetailScreen(Screen[None]):
     def on_mount(self) -> None:
         self.query_one("#detail-body").border_title = "Worker detail"
 
-    def show(self, state: DashboardState, now: float, interval: float | None) -> None:
+    def show(self, ctx: ViewContext) -> None:
+        state, now, interval = ctx.state, ctx.now, ctx.interval
         row = state.rows.get(self.key, self.row)
         if row is None:
             return

@@ -82,6 +82,15 @@ class RankGroup:
     data_wait_fraction: float | None  # the worst of its loaders
 
 
+@dataclass(frozen=True, slots=True)
+class ViewContext:
+    """What every screen draws from at a repaint: the state, the newest data time, the interval."""
+
+    state: DashboardState
+    now: float
+    interval: float | None
+
+
 def row_key(process: ProcessSample, loader_of: dict[int, LoaderSample]) -> RowKey:
     if process.role == "worker" and process.worker_id is not None:
         loader = loader_of.get(process.pid)
@@ -122,6 +131,8 @@ class DashboardState:
         self.end_reason: str | None = None  # why the source ended, once it did
         self.oom_baseline: int | None = None  # the machine's OOM-kill count when we started
         self.first_time: float | None = None
+        self.analysis_errors = 0  # detector failures the analyzer swallowed (it never raises)
+        self.analysis_error: str | None = None  # the newest of them, "ValueError: ..."
         self._order = 0
         self._worker_slots: dict[tuple[int, int], RowKey] = {}  # live workers' rows by identity
 
@@ -207,6 +218,18 @@ class DashboardState:
             hist.data_wait_percent.add(t, None if wait is None else wait * 100.0)
 
         self._prune(t, snapshot.interval_s)
+        # a record that carries the analyzer's own count (a replay, the Snapshot field when present)
+        errors = getattr(snapshot, "analysis_errors", None)
+        if isinstance(errors, int):
+            last = getattr(snapshot, "analysis_error", None)
+            self.note_analysis(errors, last if isinstance(last, str) else None)
+
+    def note_analysis(self, errors: int, last: str | None) -> None:
+        """The analyzer's failure count so far (it only grows; a restarted count is kept)."""
+        if errors > self.analysis_errors or (errors and last and last != self.analysis_error):
+            self.analysis_errors = max(errors, self.analysis_errors)
+            self.analysis_error = last or self.analysis_error
+            self.version += 1
 
     def _row_keys(
         self, processes: tuple[ProcessSample, ...], loader_of: dict[int, LoaderSample]

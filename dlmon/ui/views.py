@@ -21,17 +21,29 @@ from dlmon.model import Alert, GpuDevice, LoaderSample, MemorySummary, ProcessSa
 from dlmon.model.format import fd_limit_note, rotation_note, target_stopped
 from dlmon.ui.fmt import DASH, NA, cbytes, cpct, duration, human_bytes, mbps, ratio
 from dlmon.ui.state import SORT_NAMES, DashboardState, ProcessRow, RankGroup
-
-Span = tuple[str, str]
-Line = tuple[Span, ...]
-Lines = tuple[Line, ...]
+from dlmon.ui.text import (
+    BAR,
+    SEP,
+    Line,
+    Lines,
+    Span,
+    clip,
+    collapse,
+    fit,
+    fit_with_more,
+    flow,
+    truncate,
+    width_of,
+    wrap,
+)
+from dlmon.ui.text import (
+    text_of as text_of,  # re-exported: the tests read panels with it
+)
 
 STYLES = (
     *("b", "label", "dim", "ok", "warn", "crit", "head", "sorted", "title", "key", "stale"),
     *("cursor", "cursor-blur"),
 )
-SEP: Span = (" · ", "dim")
-BAR: Span = (" │ ", "dim")
 AGENT_HINT = (
     "No DataLoader figures: they come from the in-process agent. Start the job with "
     "`dlmon run -- python train.py`, or add `import dlmon.agent; dlmon.agent.start()` to it."
@@ -53,108 +65,6 @@ _STATE_NAMES = {
 _SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 _SEVERITY_STYLE = {"critical": "crit", "warning": "warn", "info": "dim"}
 _SEVERITY_WORD = {"critical": "CRIT", "warning": "WARN", "info": "INFO"}
-
-
-def text_of(line: Line) -> str:
-    return "".join(text for text, _ in line)
-
-
-def width_of(spans: Sequence[Span]) -> int:
-    return sum(len(text) for text, _ in spans)
-
-
-def truncate(spans: Sequence[Span], width: int) -> Line:
-    """Cut spans to ``width`` cells, ending with an ellipsis when something was cut."""
-    if width_of(spans) <= width:
-        return tuple(spans)
-    out: list[Span] = []
-    room = max(0, width - 1)
-    for text, style in spans:
-        if room <= 0:
-            break
-        out.append((text[:room], style))
-        room -= len(text[:room])
-    out.append(("…", "dim"))
-    return tuple(out)
-
-
-def fit(parts: Sequence[Sequence[Span]], width: int, sep: Span = SEP, lead: Sequence[Span] = ()) -> Line:
-    """Join whole parts with ``sep`` while they fit in ``width``; the rest is left out (a first
-    part too long for the line is cut with an ellipsis)."""
-    out: list[Span] = list(lead)
-    used = width_of(out)
-    for i, part in enumerate(parts):
-        need = width_of(part) + (len(sep[0]) if i else 0)
-        if used + need > width and i:
-            break
-        if i:
-            out.append(sep)
-        out.extend(part)
-        used += need
-    return truncate(out, width)
-
-
-def clip(text: str, width: int) -> str:
-    if width <= 0:
-        return ""
-    return text if len(text) <= width else text[: max(0, width - 1)] + "…"
-
-
-def wrap(text: str, width: int, style: str = "") -> Lines:
-    """Running text over as many lines as it needs (at spaces where it can)."""
-    return tuple(((chunk, style),) for chunk in textwrap.wrap(text, max(8, width)) or [""])
-
-
-def flow(parts: Sequence[Sequence[Span]], width: int, sep: Span = SEP, lead: Sequence[Span] = ()) -> Lines:
-    """Whole parts joined with ``sep``, over as many lines as they need."""
-    lines: list[Line] = []
-    current: list[Span] = list(lead)
-    used = width_of(current)
-    start = used
-    for part in parts:
-        need = width_of(part) + (len(sep[0]) if used > start else 0)
-        if used > start and used + need > width:
-            lines.append(tuple(current))
-            current, used = list(lead), start
-            need = width_of(part)
-        if used > start:
-            current.append(sep)
-        current.extend(part)
-        used += need
-    if used > start:
-        lines.append(truncate(current, width))
-    return tuple(truncate(line, width) for line in lines)
-
-
-def collapse(lines: Sequence[Line], rows: int | None, summary: Sequence[Sequence[Span]], width: int) -> Lines:
-    """At most ``rows`` lines: the first ``rows - 1`` and a summary line ``+N more: ...`` built
-    from the ``summary`` parts of the lines left out (one per line, in the same order)."""
-    if rows is None or len(lines) <= rows:
-        return tuple(lines)
-    keep = max(0, rows - 1)
-    rest = len(lines) - keep
-    return (*lines[:keep], fit(summary[keep:], width, SEP, lead=[(f"+{rest} more: ", "key")]))
-
-
-def fit_with_more(
-    parts: Sequence[Sequence[Span]], width: int, sep: Span, lead: Sequence[Span], noun: str
-) -> Line:
-    """As :func:`fit`, ending with ``+N more GPUs`` when parts were left out."""
-    for k in range(len(parts), 0, -1):
-        more: list[list[Span]] = [[(f"+{len(parts) - k} more {noun}", "key")]] if k < len(parts) else []
-        line = [*lead, *(span for part in _joined([*parts[:k], *more], sep) for span in part)]
-        if width_of(line) <= width:
-            return tuple(line)
-    return fit(parts, width, sep, lead)
-
-
-def _joined(parts: Sequence[Sequence[Span]], sep: Span) -> list[Sequence[Span]]:
-    out: list[Sequence[Span]] = []
-    for i, part in enumerate(parts):
-        if i:
-            out.append((sep,))
-        out.append(part)
-    return out
 
 
 def label(text: str, width: int) -> Span:
@@ -700,7 +610,9 @@ def alert_lines(state: DashboardState, width: int, compact: bool, panel_key: str
     if compact:
         lead = [label("ALERT", 6)]
         if not alerts:
-            return ((*lead, ("none", "dim")),)
+            n = state.analysis_errors
+            note: Line = ((f" · analysis failed {n} times [{panel_key}]", "dim"),) if n else ()
+            return (truncate((*lead, ("none", "dim"), *note), width),)
         counts: dict[str, int] = {}
         for a in alerts:
             counts[a.severity] = counts.get(a.severity, 0) + 1
@@ -716,8 +628,9 @@ def alert_lines(state: DashboardState, width: int, compact: bool, panel_key: str
         if rest > 8:
             head = (*head, BAR, (clip(first.message, rest), ""))
         return ((*head, (f" [{panel_key}]", "key")),)
+    failed = analysis_failed_lines(state, width)
     if not alerts:
-        return ((("no alerts", "dim"),),)
+        return ((("no alerts", "dim"),), *failed)
     assert s is not None
     out: list[Line] = []
     verdict = exit_verdict(s, None) if not s.target.alive else None
@@ -738,7 +651,19 @@ def alert_lines(state: DashboardState, width: int, compact: bool, panel_key: str
             out.append(((" " * 5, ""), (chunk, "")))
         for k, chunk in enumerate(textwrap.wrap(a.advice, max(10, width - 7))):
             out.append(((" " * 5, ""), ("→ " if k == 0 else "  ", "key"), (chunk, "dim")))
-    return tuple(out)
+    return (*out, *failed)
+
+
+def analysis_failed_lines(state: DashboardState, width: int) -> Lines:
+    """``analysis failed 3 times (last: ValueError: ...)``: a detector that raised adds nothing
+    that tick, so its alerts may be missing; said dimly under the alerts, never hidden."""
+    n = state.analysis_errors
+    if n <= 0:
+        return ()
+    times = "once" if n == 1 else f"{n} times"
+    last = f" (last: {state.analysis_error})" if state.analysis_error else ""
+    text = f"analysis failed {times}{last}; alerts from the failing detector may be missing"
+    return wrap(text, width, "dim")
 
 
 def _rank(severity: str) -> int:

@@ -27,10 +27,9 @@ from textual_plotext import PlotextPlot
 
 from dlmon.ui.series import Series, chart_step
 from dlmon.ui.state import DashboardState, ProcessRow, RankGroup, RowKey
+from dlmon.ui.text import Line, Lines, clip
 from dlmon.ui.views import (
     STYLES,
-    Line,
-    Lines,
     rank_line,
     sort_caption,
     stuck_line,
@@ -141,6 +140,9 @@ class Panel(Vertical):
 
 
 # ---- charts ---------------------------------------------------------------------------------
+CHART_REBUILD_S = 15.0  # a chart whose only change is time moves on at most this often
+
+
 @dataclass(frozen=True, slots=True)
 class ChartLine:
     label: str
@@ -153,8 +155,10 @@ class TimeChart(PlotextPlot):
     """A time-series chart of bounded :class:`Series`, redrawn only when its buckets change.
 
     The x axis is minutes before now; the window is at least ``min_window`` seconds and grows
-    with the run, in buckets of a round number of seconds (never finer than the interval), so
-    at 1 Hz a chart is rebuilt every few seconds, not every tick.
+    with the run, in buckets of a round number of seconds (never finer than the interval). When
+    only time moved on (same size, lines and step), the plot is rebuilt once ``min_rebuild_s``
+    seconds of data passed, not at every new bucket: a plotext build is the dashboard's most
+    expensive step, and the figures above each chart show the newest value every tick.
     """
 
     DEFAULT_CSS = """
@@ -170,6 +174,7 @@ class TimeChart(PlotextPlot):
         right_scale: float = 1.0,
         min_window: float = 600.0,
         zero_based: bool = True,
+        min_rebuild_s: float = CHART_REBUILD_S,
         id: str | None = None,
         classes: str | None = None,
     ) -> None:
@@ -180,6 +185,8 @@ class TimeChart(PlotextPlot):
         self.right_scale = right_scale
         self.min_window = min_window
         self.zero_based = zero_based
+        self.min_rebuild_s = min_rebuild_s
+        self._built_at: float | None = None  # the data time of the newest plot
         self.builds = 0  # how many times the plot was rebuilt (tests, benchmarks)
         self._signature: tuple[object, ...] | None = None
         self._cached: tuple[tuple[object, ...], Text] | None = None
@@ -213,7 +220,19 @@ class TimeChart(PlotextPlot):
         signature = (width, height, step, bucket, window, self.plotted_labels, self.unit, self.scale)
         if signature == self._signature:
             return False
+        old = self._signature
+        # the same chart a bucket later: wait for min_rebuild_s of data (a replay's burst or a
+        # backwards seek still redraws at once)
+        if (
+            old is not None
+            and old[:3] == signature[:3]
+            and old[5:] == signature[5:]
+            and self._built_at is not None
+            and 0 <= now - self._built_at < self.min_rebuild_s
+        ):
+            return False
         self._signature = signature
+        self._built_at = now
         end = (bucket + 1) * step
         start = end - window
         plt = self.plt
@@ -542,7 +561,7 @@ class LogView(LinesView):
         out: list[Line] = []
         for i, text in enumerate(tail):
             style = "b" if progress and i == len(tail) - 1 else ""
-            out.append(((text if len(text) <= width else text[: max(0, width - 1)] + "…", style),))
+            out.append(((clip(text, width), style),))
         self.set_lines(tuple(out))
 
 
