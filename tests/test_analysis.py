@@ -318,6 +318,16 @@ def test_a_broken_detector_is_counted_not_raised_and_others_still_work() -> None
     outs = [a(s) for s in history]
     assert a.errors == 10 and a.last_error == "ZeroDivisionError: bug"
     assert of_kind(outs[-1], "zombie_worker")
+    # the count reaches the record (and a replay's Alerts panel), not only the live process
+    from dlmon.model.serialize import snapshot_from_dict, snapshot_to_dict
+    from dlmon.ui.state import DashboardState
+
+    line = snapshot_to_dict(outs[-1])
+    assert line["analysis_errors"] == 10 and line["analysis_error"] == "ZeroDivisionError: bug"
+    replayed = DashboardState()
+    replayed.ingest(snapshot_from_dict(line))
+    assert replayed.analysis_errors == 10 and replayed.analysis_error == "ZeroDivisionError: bug"
+    assert snapshot_to_dict(analyze(history[:1])[0])["analysis_errors"] == 0
     strict = Analyzer(cores=2, detectors=detectors, strict=True)
     with pytest.raises(ZeroDivisionError):
         strict(history[0])

@@ -163,6 +163,10 @@ class Analyzer:
         self.alerts = alerts
         self.ticks += 1
         self.cpu_s += time.thread_time() - start
+        if self.errors:  # said in the record and on screen: alerts from a failing detector may be missing
+            return dataclasses.replace(
+                snapshot, alerts=alerts, analysis_errors=self.errors, analysis_error=self.last_error
+            )
         return dataclasses.replace(snapshot, alerts=alerts)
 
     def history(self) -> list[Snapshot]:

@@ -321,6 +321,9 @@ class Snapshot:
     # and ``processes_in_rotation`` rows of this snapshot are their last reading, shown again.
     rotation_ticks: int = 1
     processes_in_rotation: int = 0
+    # detector failures the analyzer swallowed so far (it never raises), and the newest one
+    analysis_errors: int = 0
+    analysis_error: str | None = None
 
     def workers(self) -> tuple[ProcessSample, ...]:
         return tuple(p for p in self.processes if p.role == "worker")
