@@ -24,6 +24,7 @@ from scenarios.synth import (
     proc,
     respawning_history,
     snap,
+    trainer_history,
 )
 
 from dlmon.analysis import (
@@ -1071,3 +1072,30 @@ def test_trainer_loading_before_its_workers_start_is_no_leak(load_s: float, tota
         )
     )
     assert not ever(outs, "memory_growth"), [a.message for s in outs for a in of_kind(s, "memory_growth")][:1]
+
+
+def _warming_trainer(mib: float, tau_s: float, from_s: float = 10.0) -> Callable[[float], float]:
+    return lambda t: 400 * MIB + (mib * MIB * (1.0 - math.exp(-(t - from_s) / tau_s)) if t >= from_s else 0.0)
+
+
+@pytest.mark.parametrize(("mib", "tau_s"), [(150, 45), (200, 60), (150, 90)])
+def test_trainer_warming_up_in_its_first_minute_of_training_is_no_leak(mib: float, tau_s: float) -> None:
+    """The loop's own warm-up in the trainer (its caching allocators reaching their size, kernels
+    loaded lazily, batches of a new largest size: 150-200 MiB, slowing as it fills) from the first
+    batch on. The job's views wait 2 min and stay quiet; the trainer's view, which may raise 15 s
+    into the loop, raised it at 86 s ("grew steadily ... 73.6 MiB/min") before it had to keep its rate."""
+    outs = analyze(trainer_history(300, trainer=_warming_trainer(mib, tau_s)))
+    assert not ever(outs, "memory_growth"), [a.message for s in outs for a in of_kind(s, "memory_growth")][:1]
+
+
+@pytest.mark.parametrize("epoch_s", [2.0, 10.0, 20.0])
+def test_trainer_leak_under_persistent_workers_is_caught_as_early(epoch_s: float) -> None:
+    """A steady leak keeps its rate: the trainer's view still raises it about a minute after it
+    starts, in the loop's first minutes (2 MiB/s kept in a step per epoch from 20 s)."""
+    per_epoch = 2 * MIB * epoch_s
+    leak = _leaking_trainer(20.0, per_epoch, epoch_s)
+    outs = analyze(trainer_history(200, trainer=leak, training_from_s=5.0))
+    t = first_time(outs, "memory_growth")
+    assert t is not None and t - 20.0 <= 70.0, t
+    alert = next(a for s in outs for a in of_kind(s, "memory_growth"))
+    assert alert.evidence["signal"] == "trainer RssAnon", alert.message

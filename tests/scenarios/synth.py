@@ -405,3 +405,30 @@ def respawning_history(
                 procs.append(dataclasses.replace(w, rss_anon_bytes=int(anon + 20 * MIB)))
         out.append(snap(t, procs, interval=interval if k else None))
     return out
+
+
+def trainer_history(
+    duration_s: float,
+    *,
+    trainer: Callable[[float], float],
+    training_from_s: float = 10.0,
+    workers: int = 4,
+    interval: float = 1.0,
+    refresh_s: float = 10.0,
+) -> list[Snapshot]:
+    """A trainer whose RssAnon is ``trainer(t)``, with ``workers`` persistent DataLoader workers
+    (flat, read for PSS every ``refresh_s`` like the trainer) from ``training_from_s`` on."""
+    out: list[Snapshot] = []
+    for k in range(int(duration_s / interval) + 1):
+        t = k * interval
+        read_at = math.floor(t / refresh_s) * refresh_s
+        anon = trainer(t)
+        main = proc(MAIN_PID, "main", uss=trainer(read_at), pss=trainer(read_at), rss=anon, age=t - read_at)
+        procs = [dataclasses.replace(main, rss_anon_bytes=int(anon))]
+        if t >= training_from_s:
+            procs += [
+                proc(MAIN_PID + 1 + i, uss=50 * MIB, pss=150 * MIB, age=t - read_at, worker_id=i)
+                for i in range(workers)
+            ]
+        out.append(snap(t, procs, interval=interval if k else None))
+    return out

@@ -113,6 +113,8 @@ _WHAT_SPLIT = {
 }
 ANON_SIGNALS = (JOB_ANON, TRAINER_ANON)
 TRAINER_LEVEL_S = 15.0  # the trainer's level seen in training before a window of its view can raise
+# a window of the trainer's view in its loop's first minutes must keep this share of its rate to the end
+TRAINER_EARLY_LEVELLING = 0.8
 
 
 def _series(digest: Digest, name: str) -> Series:
@@ -368,18 +370,25 @@ def _warming_up(ctx: Context, name: str, series: Series, start: float, end: floa
     trainer's own view waits only until the training loop runs: a window that starts
     ``TRAINER_LEVEL_S`` after the DataLoader's workers (or batches) were first seen is past the
     dataset and model loading, which come before them, and has the trainer's level in training
-    to compare with (attached to a job already training, that level is the first 15 s seen)."""
+    to compare with (attached to a job already training, that level is the first 15 s seen). Until
+    the loop has run ``growth_warmup_s`` such a window raises only a rise that keeps its rate
+    (``TRAINER_EARLY_LEVELLING``): the loop's own warm-up (caching allocators reaching their size,
+    lazily loaded kernels, batches of a new largest size) slows as it fills, a leak does not."""
     cfg = ctx.config
     training = ctx.digest.training_seen
-    if name == TRAINER_ANON and training is not None and start >= training + TRAINER_LEVEL_S:
+    trainer = name == TRAINER_ANON and training is not None and start >= training + TRAINER_LEVEL_S
+    if trainer and training is not None and end >= training + cfg.growth_warmup_s:
         return False
     first = series.first()
-    if first is None or end - first[0] >= cfg.growth_warmup_s:
+    if not trainer and (first is None or end - first[0] >= cfg.growth_warmup_s):
         return False
     room = headroom(ctx.latest)
-    if room is None or t.slope <= 0:
-        return True
-    return room.bytes / t.slope > cfg.growth_warmup_max_eta_s
+    if room is not None and t.slope > 0 and room.bytes / t.slope <= cfg.growth_warmup_max_eta_s:
+        return False
+    if trainer:
+        ratio = t.levelling()
+        return ratio is None or ratio < TRAINER_EARLY_LEVELLING
+    return True
 
 
 def detect_memory_growth(ctx: Context) -> list[Candidate]:
