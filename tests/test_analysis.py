@@ -1044,6 +1044,22 @@ def test_trainer_leak_under_respawning_workers_is_caught_in_the_trainer() -> Non
     assert "loss.item()" in alert.advice
 
 
+@pytest.mark.parametrize("worker_ids", [True, False], ids=["agent", "no_agent"])
+def test_a_trainer_leak_keeps_the_trainers_rate_while_raised(worker_ids: bool) -> None:
+    """Once raised, the looser hold thresholds let the job's RssAnon pass too, and it took the
+    alert over one tick later: each generation of workers is forked from the leaking trainer and
+    counts its pages again, so the alert said 360 MiB/min for this 120 MiB/min leak (454.5 for
+    151.6 on a recorded run of the soak job, its ETA 47 min instead of 2.3 h) and flipped back and
+    forth between the two views. Without the agent no restart is known: a worker forked is."""
+    outs = analyze(respawning_history(300, trainer=_leaking_trainer(20.0, 4 * MIB), worker_ids=worker_ids))
+    raised = [a for s in outs for a in of_kind(s, "memory_growth")]
+    assert raised
+    assert {a.evidence["signal"] for a in raised} == {"trainer RssAnon"}, [a.message for a in raised][-1]
+    for a in raised:
+        assert a.evidence["rate_bytes_per_s"] == pytest.approx(2 * MIB, rel=0.25), a.message
+        assert a.message.startswith("The trainer's anonymous memory"), a.message
+
+
 @pytest.mark.parametrize(
     "trainer",
     [

@@ -342,7 +342,7 @@ def growth(ctx: Context) -> tuple[GrowthWindow, str, Trend] | None:
     digest = ctx.digest
     held = ctx.is_active(MEMORY_GROWTH, "job")
     for window in cfg.growth_windows:
-        for name in SIGNALS:
+        for name in _signals(digest, window.window_s):
             series = _series(digest, name)
             last = series.last()
             if last is None:
@@ -359,6 +359,21 @@ def growth(ctx: Context) -> tuple[GrowthWindow, str, Trend] | None:
             if is_growth(t, window, cfg, held, max(prior) if prior else None):
                 return window, name, t
     return None
+
+
+# the trainer's own view before the job's RssAnon, for windows in which workers were forked
+_FORKED_ORDER = (JOB_PSS, WORKERS_USS, TRAINER_ANON, JOB_ANON)
+
+
+def _signals(digest: Digest, window_s: float) -> tuple[str, ...]:
+    """The views in the order they are tried over a window. With a worker forked in it (each
+    epoch without persistent_workers), the new worker counts the trainer's copy-on-write pages
+    whole in its RssAnon: a trainer's leak shows in the job's RssAnon (1 + workers) times over, so
+    its rate and ETA would be that many times wrong, and the trainer's own view comes first."""
+    forked = digest.worker_forked
+    if forked is not None and digest.last_time is not None and forked >= digest.last_time - window_s:
+        return _FORKED_ORDER
+    return SIGNALS
 
 
 def _warming_up(ctx: Context, name: str, series: Series, start: float, end: float, t: Trend) -> bool:
