@@ -16,7 +16,8 @@ What the slow detectors need over tens of minutes is extracted here, one snapsho
   new allocations show there at once; copy-on-read does not move it (the page was resident).
 * the OOM-kill counters (machine and cgroup), kept only when they change.
 * the trainer's own RssAnon (its workers come and go every epoch without persistent_workers; it
-  stays), and when the training loop was first seen running (workers alive or batches delivered).
+  stays), when the training loop was first seen running (workers alive or batches delivered), and
+  when a worker was last forked (its RssAnon counts the trainer's pages again).
 
 ``Digest.ingest`` is O(processes) per snapshot; ``Digest.from_history`` builds the same digest
 from a sequence of snapshots (the pure form the detectors' tests use).
@@ -203,6 +204,9 @@ class Digest:
     loader_progress: dict[str, LoaderProgress] = field(default_factory=dict)
     main_anon: Series = field(init=False)  # the trainer's own RssAnon: no worker churn moves it
     training_seen: float | None = None  # first snapshot with DataLoader workers or batches: the loop runs
+    # when a worker process was last seen for the first time: forked from the trainer then, its
+    # RssAnon holds the trainer's copy-on-write pages whole (without the agent no restart is known)
+    worker_forked: float | None = None
 
     def __post_init__(self) -> None:
         self.job_pss = Series(self.limits.min_gap_s, self.limits.job_points)
@@ -244,6 +248,8 @@ class Digest:
                 rss_total += p.rss_bytes
                 rss_known = True
             track = self.processes.get(identity)
+            if p.role == "worker" and (track is None or track.role != "worker"):
+                self.worker_forked = now
             if track is None:
                 track = ProcessMemory(
                     p.pid,

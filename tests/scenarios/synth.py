@@ -382,13 +382,15 @@ def respawning_history(
     training_from_s: float = 0.0,
     interval: float = 0.5,
     refresh_s: float = 10.0,
+    worker_ids: bool = True,
 ) -> list[Snapshot]:
     """A trainer whose DataLoader workers die and respawn every ``epoch_s`` (persistent_workers=
     False), from ``training_from_s`` on. ``trainer(t)``: its RssAnon at t. Each worker is forked
     from it, so its RssAnon counts the trainer's copy-on-write pages whole (plus 20 MiB of its
     own); a worker lives less than ``refresh_s`` and is never read for PSS (as on a real budget),
     and the last quarter of each epoch has no workers (the old ones gone, the new not forked yet).
-    The trainer's PSS is read every ``refresh_s``."""
+    The trainer's PSS is read every ``refresh_s``. Without ``worker_ids`` (no agent) the workers'
+    ids are unknown, so are their restarts."""
     out: list[Snapshot] = []
     for k in range(int(duration_s / interval) + 1):
         t = k * interval
@@ -401,7 +403,34 @@ def respawning_history(
         if t >= training_from_s and into < 0.75 * epoch_s:
             for i in range(workers):
                 pid = MAIN_PID + 1 + gen * workers + i
-                w = proc(pid, rss=anon + 20 * MIB, age=None, worker_id=i)
+                w = proc(pid, rss=anon + 20 * MIB, age=None, worker_id=i if worker_ids else None)
                 procs.append(dataclasses.replace(w, rss_anon_bytes=int(anon + 20 * MIB)))
+        out.append(snap(t, procs, interval=interval if k else None))
+    return out
+
+
+def trainer_history(
+    duration_s: float,
+    *,
+    trainer: Callable[[float], float],
+    training_from_s: float = 10.0,
+    workers: int = 4,
+    interval: float = 1.0,
+    refresh_s: float = 10.0,
+) -> list[Snapshot]:
+    """A trainer whose RssAnon is ``trainer(t)``, with ``workers`` persistent DataLoader workers
+    (flat, read for PSS every ``refresh_s`` like the trainer) from ``training_from_s`` on."""
+    out: list[Snapshot] = []
+    for k in range(int(duration_s / interval) + 1):
+        t = k * interval
+        read_at = math.floor(t / refresh_s) * refresh_s
+        anon = trainer(t)
+        main = proc(MAIN_PID, "main", uss=trainer(read_at), pss=trainer(read_at), rss=anon, age=t - read_at)
+        procs = [dataclasses.replace(main, rss_anon_bytes=int(anon))]
+        if t >= training_from_s:
+            procs += [
+                proc(MAIN_PID + 1 + i, uss=50 * MIB, pss=150 * MIB, age=t - read_at, worker_id=i)
+                for i in range(workers)
+            ]
         out.append(snap(t, procs, interval=interval if k else None))
     return out

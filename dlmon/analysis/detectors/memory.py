@@ -117,6 +117,8 @@ _WHAT_SPLIT = {
 }
 ANON_SIGNALS = (JOB_ANON, TRAINER_ANON)
 TRAINER_LEVEL_S = 15.0  # the trainer's level seen in training before a window of its view can raise
+# a window of the trainer's view in its loop's first minutes must keep this share of its rate to the end
+TRAINER_EARLY_LEVELLING = 0.8
 
 
 def _series(digest: Digest, name: str) -> Series:
@@ -345,7 +347,7 @@ def growth(ctx: Context) -> tuple[GrowthWindow, str, Trend] | None:
     digest = ctx.digest
     held = ctx.is_active(MEMORY_GROWTH, "job")
     for window in cfg.growth_windows:
-        for name in SIGNALS:
+        for name in _signals(digest, window.window_s):
             series = _series(digest, name)
             last = series.last()
             if last is None:
@@ -364,6 +366,21 @@ def growth(ctx: Context) -> tuple[GrowthWindow, str, Trend] | None:
     return None
 
 
+# the trainer's own view before the job's RssAnon, for windows in which workers were forked
+_FORKED_ORDER = (JOB_PSS, WORKERS_USS, TRAINER_ANON, JOB_ANON)
+
+
+def _signals(digest: Digest, window_s: float) -> tuple[str, ...]:
+    """The views in the order they are tried over a window. With a worker forked in it (each
+    epoch without persistent_workers), the new worker counts the trainer's copy-on-write pages
+    whole in its RssAnon: a trainer's leak shows in the job's RssAnon (1 + workers) times over, so
+    its rate and ETA would be that many times wrong, and the trainer's own view comes first."""
+    forked = digest.worker_forked
+    if forked is not None and digest.last_time is not None and forked >= digest.last_time - window_s:
+        return _FORKED_ORDER
+    return SIGNALS
+
+
 def _warming_up(ctx: Context, name: str, series: Series, start: float, end: float, t: Trend) -> bool:
     """The watch is younger than ``growth_warmup_s``: a trainer loading its dataset or weights
     (GiBs in its first minute, then flat) looks exactly like a leak until it levels off, and there
@@ -373,18 +390,25 @@ def _warming_up(ctx: Context, name: str, series: Series, start: float, end: floa
     trainer's own view waits only until the training loop runs: a window that starts
     ``TRAINER_LEVEL_S`` after the DataLoader's workers (or batches) were first seen is past the
     dataset and model loading, which come before them, and has the trainer's level in training
-    to compare with (attached to a job already training, that level is the first 15 s seen)."""
+    to compare with (attached to a job already training, that level is the first 15 s seen). Until
+    the loop has run ``growth_warmup_s`` such a window raises only a rise that keeps its rate
+    (``TRAINER_EARLY_LEVELLING``): the loop's own warm-up (caching allocators reaching their size,
+    lazily loaded kernels, batches of a new largest size) slows as it fills, a leak does not."""
     cfg = ctx.config
     training = ctx.digest.training_seen
-    if name == TRAINER_ANON and training is not None and start >= training + TRAINER_LEVEL_S:
+    trainer = name == TRAINER_ANON and training is not None and start >= training + TRAINER_LEVEL_S
+    if trainer and training is not None and end >= training + cfg.growth_warmup_s:
         return False
     first = series.first()
-    if first is None or end - first[0] >= cfg.growth_warmup_s:
+    if not trainer and (first is None or end - first[0] >= cfg.growth_warmup_s):
         return False
     room = headroom(ctx.latest)
-    if room is None or t.slope <= 0:
-        return True
-    return room.bytes / t.slope > cfg.growth_warmup_max_eta_s
+    if room is not None and t.slope > 0 and room.bytes / t.slope <= cfg.growth_warmup_max_eta_s:
+        return False
+    if trainer:
+        ratio = t.levelling()
+        return ratio is None or ratio < TRAINER_EARLY_LEVELLING
+    return True
 
 
 def detect_memory_growth(ctx: Context) -> list[Candidate]:
