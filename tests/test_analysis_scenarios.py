@@ -15,7 +15,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -96,6 +97,84 @@ class Watch:
 
     def close(self) -> None:
         self.sampler.close()
+
+
+@dataclass
+class Watched:
+    """One job of :func:`watch_side_by_side`: watched from its own READY on (as ``start`` + a Watch
+    would), tick by tick, until ``stop`` says its question is decided or ``limit_s`` has passed."""
+
+    argv: list[str]
+    limit_s: float
+    stop: Callable[[Watch, Snapshot], bool] = lambda w, s: False
+    make_watch: Callable[[int], Watch] = Watch
+    env: dict[str, str] | None = None
+    proc: subprocess.Popen[str] | None = None
+    watch: Watch | None = None
+    watched_s: float | None = None  # how long it was watched (from READY to the stop)
+    error: str | None = None
+    done: bool = False
+
+    def result(self) -> Watch:
+        """The finished watch; a job that did not get ready fails the test that reads it."""
+        if self.error is not None:
+            raise RuntimeError(self.error)
+        assert self.watch is not None and self.done
+        return self.watch
+
+
+def watch_side_by_side(jobs: Sequence[Watched], ready_timeout: float = 90.0) -> None:
+    """Start every job at once and sample them in one loop, each on its own 0.25 s ticks, until all
+    are decided: the jobs are rate-limited (mostly asleep), so their waits overlap instead of adding
+    up. Each job's session is killed as soon as its watch ends."""
+    for j in jobs:
+        j.proc = subprocess.Popen(
+            j.argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True,
+            env=j.env,
+        )  # fmt: skip
+    launched = time.monotonic()
+    starting = {j.proc.stdout: j for j in jobs if j.proc is not None and j.proc.stdout is not None}
+    try:
+        while not all(j.done for j in jobs):
+            if starting:
+                ticking = any(j.watch is not None and not j.done for j in jobs)
+                got, _, _ = select.select(list(starting), [], [], 0.0 if ticking else INTERVAL)
+                for f in got:
+                    j = starting.pop(f)
+                    assert j.proc is not None
+                    line = f.readline()
+                    if line.strip() == "READY":
+                        j.watch = j.make_watch(j.proc.pid)
+                    else:
+                        _finish(j, f"{j.argv[:3]} did not get ready: {line!r}, exit {j.proc.poll()}")
+                if time.monotonic() - launched > ready_timeout:
+                    for f, j in list(starting.items()):
+                        del starting[f]
+                        _finish(j, f"{j.argv[:3]} did not get ready within {ready_timeout} s")
+            for j in jobs:
+                if j.watch is None or j.done:
+                    continue
+                s = j.watch.tick()
+                if j.stop(j.watch, s) or j.watch.elapsed() >= j.limit_s:
+                    j.watched_s = j.watch.elapsed()
+                    _finish(j)
+    finally:
+        for j in jobs:
+            _finish(j, j.error or "the side-by-side watch was interrupted")
+
+
+def _finish(j: Watched, error: str | None = None) -> None:
+    if j.done:
+        return
+    j.done = True
+    if error is not None:
+        j.error = error
+    if j.watch is not None:
+        j.watch.close()
+    if j.proc is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(j.proc.pid, signal.SIGKILL)
+        j.proc.wait()
 
 
 @pytest.mark.slow
