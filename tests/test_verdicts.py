@@ -4,13 +4,22 @@ Analyzer (tests/test_analysis_scenarios.py has the fixtures)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from scenarios.synth import GIB, MAIN_PID, MIB, T0, gpu, loader, proc, snap
-from test_analysis_scenarios import Watch, Watched, job, watch_side_by_side
+from test_analysis_scenarios import (
+    Watch,
+    Watched,
+    fired,
+    job,
+    long_jobs,
+    register_long_jobs,
+    release_long_jobs,
+)
 
 from dlmon.analysis import Analyzer
 from dlmon.analysis.detectors import DEFAULT_THRESHOLDS, GrowthWindow
@@ -44,10 +53,6 @@ def _alerts(w: Watch) -> list[str]:
     return [f"{a.kind}: {a.message}" for s in w.snapshots for a in s.alerts]
 
 
-def _fired(kind: str) -> Callable[[Watch, Snapshot], bool]:
-    return lambda w, s: any(a.kind == kind for a in s.alerts)
-
-
 def _staircase_watch(pid: int) -> Watch:
     """The watch's warm-up wait is scaled like the staircase's epochs (120 s -> 30 s): with real
     epochs of minutes, 120 s is less than one."""
@@ -58,46 +63,52 @@ def _staircase_watch(pid: int) -> Watch:
     return w
 
 
-@pytest.fixture(scope="module")
-def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Watched]]:
-    """The module's long real jobs, started together and watched side by side (each from its own
-    READY, each for as long as its test asks): they are rate-limited and mostly asleep, so the
-    module waits about as long as its longest watch instead of the sum of them all."""
+def _long_jobs(tmp: pytest.TempPathFactory, stack: contextlib.ExitStack[None]) -> dict[str, Watched]:
+    """The module's long real jobs, started together (with test_analysis_scenarios') and watched
+    side by side, each from its own READY and for as long as its test asks: they are rate-limited
+    and mostly asleep, so the suite waits about as long as the longest watch, not the sum."""
     from agent_support import private_agent_env
 
-    memmap = tmp_path_factory.mktemp("memmap") / "rows.u8"
-    with private_agent_env("dlmon-verdicts-") as agent_env:
-        found: dict[str, Watched] = {
-            # quiet: the full 100 s, through every growth window SCALED has
-            "memmap": Watched(
-                job("--store", "memmap", "--memmap", str(memmap), "--workers", "4", "--batch", "8",
-                    "--rate", "20", "--shuffle", "--persistent"),
-                100.0, make_watch=_watch,
-            ),
-            "anonymous_split": Watched(
-                job("--store", "list", "--items", "3000000", "--workers", "2", "--batch", "50",
-                    "--rate", "20", "--shuffle", "--persistent"),
-                75.0, _fired("memory_growth"), _watch,
-            ),
-            # quiet: the full 40 s (over 8 epochs of start-up) under the agent
-            "slow_startup": Watched(
-                job("--store", "tensor", "--items", "600", "--batch", "20", "--workers", "2",
-                    "--rate", "20", "--init-sleep", "3"),
-                40.0, make_watch=_watch, env=agent_env,
-            ),
-            "staircase": Watched(
-                job("--store", "tensor", "--items", "2000", "--batch", "20", "--rate", "10",
-                    "--workers", "2", "--persistent", "--keep-per-epoch", str(96 * MIB)),
-                90.0, _fired("memory_growth"), _staircase_watch,
-            ),
-            "ceiling": Watched(
-                job("--store", "list", "--items", "1000000", "--workers", "2", "--batch", "50",
-                    "--rate", "20", "--shuffle", "--persistent"),
-                480.0, _CeilingWatch(),
-            ),
-        }  # fmt: skip
-        watch_side_by_side(list(found.values()))
-    yield found
+    memmap = tmp.mktemp("memmap") / "rows.u8"
+    agent_env = stack.enter_context(private_agent_env("dlmon-verdicts-"))
+    return {
+        # quiet: the full 100 s, through every growth window SCALED has
+        "memmap": Watched(
+            job("--store", "memmap", "--memmap", str(memmap), "--workers", "4", "--batch", "8",
+                "--rate", "20", "--shuffle", "--persistent"),
+            100.0, make_watch=_watch,
+        ),
+        "anonymous_split": Watched(
+            job("--store", "list", "--items", "3000000", "--workers", "2", "--batch", "50",
+                "--rate", "20", "--shuffle", "--persistent"),
+            75.0, fired("memory_growth"), _watch,
+        ),
+        # quiet: the full 40 s (over 8 epochs of start-up) under the agent
+        "slow_startup": Watched(
+            job("--store", "tensor", "--items", "600", "--batch", "20", "--workers", "2",
+                "--rate", "20", "--init-sleep", "3"),
+            40.0, make_watch=_watch, env=agent_env,
+        ),
+        "staircase": Watched(
+            job("--store", "tensor", "--items", "2000", "--batch", "20", "--rate", "10",
+                "--workers", "2", "--persistent", "--keep-per-epoch", str(96 * MIB)),
+            90.0, fired("memory_growth"), _staircase_watch,
+        ),
+        "ceiling": Watched(
+            job("--store", "list", "--items", "1000000", "--workers", "2", "--batch", "50",
+                "--rate", "20", "--shuffle", "--persistent"),
+            480.0, _CeilingWatch(),
+        ),
+    }  # fmt: skip
+
+
+register_long_jobs(__name__, _long_jobs)
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Watched]]:
+    yield long_jobs(__name__, tmp_path_factory)
+    release_long_jobs(__name__)
 
 
 @pytest.mark.slow
