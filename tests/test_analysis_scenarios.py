@@ -15,7 +15,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -98,47 +99,157 @@ class Watch:
         self.sampler.close()
 
 
-@pytest.mark.slow
-def test_copy_on_read_leak_is_alerted_within_a_minute_and_a_tensor_store_is_not(start: Start) -> None:
+@dataclass
+class Watched:
+    """One job of :func:`watch_side_by_side`: watched from its own READY on (as ``start`` + a Watch
+    would), tick by tick, until ``stop`` says its question is decided or ``limit_s`` has passed."""
+
+    argv: list[str]
+    limit_s: float
+    stop: Callable[[Watch, Snapshot], bool] = lambda w, s: False
+    make_watch: Callable[[int], Watch] = Watch
+    env: dict[str, str] | None = None
+    proc: subprocess.Popen[str] | None = None
+    watch: Watch | None = None
+    watched_s: float | None = None  # how long it was watched (from READY to the stop)
+    error: str | None = None
+    done: bool = False
+
+    def result(self) -> Watch:
+        """The finished watch; a job that did not get ready fails the test that reads it."""
+        if self.error is not None:
+            raise RuntimeError(self.error)
+        assert self.watch is not None and self.done
+        return self.watch
+
+
+def watch_side_by_side(jobs: Sequence[Watched], ready_timeout: float = 90.0) -> None:
+    """Start every job at once and sample them in one loop, each on its own 0.25 s ticks, until all
+    are decided: the jobs are rate-limited (mostly asleep), so their waits overlap instead of adding
+    up. Each job's session is killed as soon as its watch ends."""
+    for j in jobs:
+        j.proc = subprocess.Popen(
+            j.argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True,
+            env=j.env,
+        )  # fmt: skip
+    launched = time.monotonic()
+    starting = {j.proc.stdout: j for j in jobs if j.proc is not None and j.proc.stdout is not None}
+    try:
+        while not all(j.done for j in jobs):
+            if starting:
+                ticking = any(j.watch is not None and not j.done for j in jobs)
+                got, _, _ = select.select(list(starting), [], [], 0.0 if ticking else INTERVAL)
+                for f in got:
+                    j = starting.pop(f)
+                    assert j.proc is not None
+                    line = f.readline()
+                    if line.strip() == "READY":
+                        j.watch = j.make_watch(j.proc.pid)
+                    else:
+                        _finish(j, f"{j.argv[:3]} did not get ready: {line!r}, exit {j.proc.poll()}")
+                if time.monotonic() - launched > ready_timeout:
+                    for f, j in list(starting.items()):
+                        del starting[f]
+                        _finish(j, f"{j.argv[:3]} did not get ready within {ready_timeout} s")
+            for j in jobs:
+                if j.watch is None or j.done:
+                    continue
+                s = j.watch.tick()
+                if j.stop(j.watch, s) or j.watch.elapsed() >= j.limit_s:
+                    j.watched_s = j.watch.elapsed()
+                    _finish(j)
+    finally:
+        for j in jobs:
+            _finish(j, j.error or "the side-by-side watch was interrupted")
+
+
+def _finish(j: Watched, error: str | None = None) -> None:
+    if j.done:
+        return
+    j.done = True
+    if error is not None:
+        j.error = error
+    if j.watch is not None:
+        j.watch.close()
+    if j.proc is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(j.proc.pid, signal.SIGKILL)
+        j.proc.wait()
+
+
+LongJobs = Callable[[pytest.TempPathFactory, contextlib.ExitStack[None]], dict[str, Watched]]
+_LONG_PLANS: dict[str, LongJobs] = {}
+_LONG_WATCHED: dict[str, dict[str, Watched]] = {}
+
+
+def register_long_jobs(module: str, plan: LongJobs) -> None:
+    """A test module's long real jobs (at import, so at collection): the first test that needs its
+    module's jobs starts every registered module's jobs at once and watches them side by side, so
+    the suite waits about as long as the longest watch instead of the sum of them. ``plan`` makes
+    the module's Watched (entering what they need, such as an agent's environment, on the stack)."""
+    _LONG_PLANS[module] = plan
+
+
+def long_jobs(module: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Watched]:
+    """``module``'s watched jobs; the first call watches every registered module's, not yet watched."""
+    if module not in _LONG_WATCHED:
+        with contextlib.ExitStack() as stack:
+            planned = {m: plan(tmp_path_factory, stack) for m, plan in _LONG_PLANS.items()}
+            _LONG_PLANS.clear()
+            watch_side_by_side([j for found in planned.values() for j in found.values()])
+        _LONG_WATCHED.update(planned)
+    return _LONG_WATCHED[module]
+
+
+def release_long_jobs(module: str) -> None:
+    """Forget ``module``'s snapshots once its tests are done (thousands, held for the session)."""
+    _LONG_WATCHED.pop(module, None)
+
+
+def fired(kind: str) -> Callable[[Watch, Snapshot], bool]:
+    return lambda w, s: any(a.kind == kind for a in s.alerts)
+
+
+def _long_jobs(tmp: pytest.TempPathFactory, stack: contextlib.ExitStack[None]) -> dict[str, Watched]:
     # Same loader, same pace (1000 samples/s over 2 shuffled workers: ~2 MB/s of copied pages per
     # worker at first); one Dataset holds 3M Python strings, the other the same bytes in a tensor.
-    common = [
-        "--items",
-        "3000000",
-        "--workers",
-        "2",
-        "--batch",
-        "50",
-        "--rate",
-        "20",
-        "--shuffle",
-        "--persistent",
-    ]
-    leak = start(job("--store", "list", *common))
-    flat = start(job("--store", "tensor", *common))
-    watches = [Watch(leak.pid), Watch(flat.pid)]
-    try:
-        found: float | None = None
-        deadline = time.monotonic() + 62.0
-        while time.monotonic() < deadline:
-            for w in watches:
-                w.tick()
-            if found is None and "memory_growth" in watches[0].kinds_seen():
-                found = watches[0].elapsed()
-        assert found is not None and found <= 60.0, f"no memory_growth alert within 60 s ({found})"
-        alert = next(a for s in watches[0].snapshots for a in s.alerts if a.kind == "memory_growth")
-        assert alert.evidence["cause"] == "copy_on_read", alert.message
-        assert alert.evidence["growing_workers"] == 2
-        rate = alert.evidence["rate_bytes_per_s"]
-        assert isinstance(rate, float) and rate >= 2 * 1e6 * 0.8  # >= ~1 MB/s in each worker
-        assert "pytorch#13246" in alert.advice
-        assert "memory_growth" not in watches[1].kinds_seen(), [
-            a.message for s in watches[1].snapshots for a in s.alerts
-        ]
-        assert watches[1].snapshots[-1].memory.pss_sum_bytes is not None
-    finally:
-        for w in watches:
-            w.close()
+    common = ["--items", "3000000", "--workers", "2", "--batch", "50", "--rate", "20", "--shuffle"]
+    common.append("--persistent")
+    return {
+        # the leak: until its first memory_growth alert (which must come within 60 s)
+        "leak": Watched(job("--store", "list", *common), 62.0, fired("memory_growth")),
+        # quiet: the full 62 s
+        "flat": Watched(job("--store", "tensor", *common), 62.0),
+    }
+
+
+register_long_jobs(__name__, _long_jobs)
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Watched]]:
+    yield long_jobs(__name__, tmp_path_factory)
+    release_long_jobs(__name__)
+
+
+@pytest.mark.slow
+def test_copy_on_read_leak_is_alerted_within_a_minute_and_a_tensor_store_is_not(
+    jobs: dict[str, Watched],
+) -> None:
+    leak, flat = jobs["leak"].result(), jobs["flat"].result()
+    alert = next((a for s in leak.snapshots for a in s.alerts if a.kind == "memory_growth"), None)
+    found = jobs["leak"].watched_s if alert is not None else None
+    assert found is not None and found <= 60.0, f"no memory_growth alert within 60 s ({found})"
+    assert alert is not None
+    assert alert.evidence["cause"] == "copy_on_read", alert.message
+    assert alert.evidence["growing_workers"] == 2
+    rate = alert.evidence["rate_bytes_per_s"]
+    assert isinstance(rate, float) and rate >= 2 * 1e6 * 0.8  # >= ~1 MB/s in each worker
+    assert "pytorch#13246" in alert.advice
+    watched = jobs["flat"].watched_s
+    assert watched is not None and watched >= 62.0, watched
+    assert "memory_growth" not in flat.kinds_seen(), [a.message for s in flat.snapshots for a in s.alerts]
+    assert flat.snapshots[-1].memory.pss_sum_bytes is not None
 
 
 def test_sigkilled_worker_is_a_zombie_while_its_iterator_lives(start: Start) -> None:

@@ -131,7 +131,12 @@ def _clean_up_runs() -> None:
 
 
 def start_run(
-    env: dict[str, str], tmp_path: Path, cfg: dict[str, Any], *, prefix: list[str] | None = None
+    env: dict[str, str],
+    tmp_path: Path,
+    cfg: dict[str, Any],
+    *,
+    prefix: list[str] | None = None,
+    runs: list[Run] = _RUNS,
 ) -> Run:
     record = tmp_path / "run.jsonl"
     inner = [sys.executable, SCRIPT, json.dumps(cfg)]
@@ -142,7 +147,7 @@ def start_run(
     )
     run = Run(proc, record)
     run.start_readers()
-    _RUNS.append(run)
+    runs.append(run)
     return run
 
 
@@ -366,6 +371,104 @@ def test_trainer_sigkilled_not_oom(agent_env: dict[str, str], tmp_path: Path) ->
     assert "vanished" not in verdict, verdict
 
 
+# -- the long runs, started together -------------------------------------------------------------
+
+
+@dataclass
+class Early:
+    """One of the module's long runs (a hang to wait out, a leak to run out): started with the
+    others, and the live part of its test (waiting for an event or an alert, stopping the run) done
+    in a thread from the start, so the runs' waits overlap instead of adding up. The test reads
+    what that part saw and makes its assertions on it."""
+
+    run: Run
+    live: Any  # Callable[[Run, dict[str, Any]], None]: fills the dict, raises as the test would
+    seen: dict[str, Any] = field(default_factory=dict)
+    error: BaseException | None = None
+    thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        def body() -> None:
+            try:
+                self.live(self.run, self.seen)
+            except BaseException as exc:  # re-raised in the test that reads it
+                self.error = exc
+
+        self.thread = threading.Thread(target=body, daemon=True)
+        self.thread.start()
+
+    def result(self, timeout: float = 600.0) -> dict[str, Any]:
+        assert self.thread is not None
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), f"not over within {timeout} s:\n{self.run.stderr()}"
+        if self.error is not None:
+            raise self.error
+        return self.seen
+
+
+def _live_worker_hang(run: Run, seen: dict[str, Any]) -> None:
+    seen["pids"] = run.event("pids")["workers"]
+    seen["alert"], seen["snap"] = wait_for_alert(run, "stall")
+    seen["history"] = run.snapshots()
+    stop_run(run)
+
+
+def _live_trainer_hang(run: Run, seen: dict[str, Any]) -> None:
+    seen["ready"] = run.event("ready")
+    run.event("hanging")
+    seen["alert"], seen["snap"] = wait_for_alert(run, "stall", timeout=150)
+    stop_run(run)
+
+
+def _live_fd_leak(run: Run, seen: dict[str, Any]) -> None:
+    seen["ready"] = run.event("ready")
+    seen["alert"], seen["snap"] = wait_for_alert(run, "fd_exhaustion")
+    seen["code"] = run.wait(timeout=180)
+
+
+def _live_to_the_end(run: Run, seen: dict[str, Any]) -> None:
+    seen["code"] = run.wait(timeout=180)
+
+
+def _live_lone_hang(run: Run, seen: dict[str, Any]) -> None:
+    seen["pids"] = run.event("pids")["workers"]
+    seen["alert"], seen["snap"] = wait_for_alert(run, "stall", timeout=150)
+    stop_run(run)
+
+
+@pytest.fixture(scope="module")
+def early(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Early]]:
+    """The module's long runs (each a minute or less, asleep most of it), all started at once."""
+    runs: list[Run] = []
+    fd_prefix = ["sh", "-c", 'ulimit -n 3000 && exec "$@"', "sh"]
+    plans: dict[str, tuple[dict[str, Any], list[str] | None, Any]] = {
+        "worker_hang": ({"mode": "hang", "trigger_at": 60}, None, _live_worker_hang),
+        "trainer_hang": ({"mode": "trainer_hang"}, None, _live_trainer_hang),
+        "fd_leak": ({"mode": "fds", "step_s": 0.005}, fd_prefix, _live_fd_leak),
+        "healthy": (
+            {"mode": "wait", "steps": 1500, "step_s": 0.005, "sample_s": 0.002}, None, _live_to_the_end
+        ),
+        "slow_start": (
+            {"mode": "slow_epoch_start", "start_s": 15, "sample_s": 0.002}, None, _live_to_the_end
+        ),
+        "lone_hang": ({"mode": "lone_hang", "trigger_at": 60, "num_workers": 3}, None, _live_lone_hang),
+    }  # fmt: skip
+    with private_agent_env("dlmon-deaths-early-") as env:
+        found: dict[str, Early] = {}
+        try:
+            for name, (cfg, prefix, live) in plans.items():
+                run = start_run(env, tmp_path_factory.mktemp(name), cfg, prefix=prefix, runs=runs)
+                found[name] = Early(run, live)
+                found[name].start()
+            yield found
+        finally:
+            _RUNS.extend(runs)
+            _clean_up_runs()
+            for e in found.values():
+                if e.thread is not None:
+                    e.thread.join(timeout=30)
+
+
 # -- hangs ---------------------------------------------------------------------------------------
 
 
@@ -391,12 +494,10 @@ def stop_run(run: Run) -> int:
         raise
 
 
-def test_worker_hang_is_a_stall_with_its_stack_not_input_bound(
-    agent_env: dict[str, str], tmp_path: Path
-) -> None:
-    run = start_run(agent_env, tmp_path, {"mode": "hang", "trigger_at": 60})
-    pids = run.event("pids")["workers"]
-    alert, snap = wait_for_alert(run, "stall")
+def test_worker_hang_is_a_stall_with_its_stack_not_input_bound(early: dict[str, Early]) -> None:
+    seen = early["worker_hang"].result()  # the stall alert, the history then; then stopped
+    run, pids, alert, snap = early["worker_hang"].run, seen["pids"], seen["alert"], seen["snap"]
+    history = seen["history"]
     assert alert.evidence["pid"] == pids[1] and alert.evidence["worker_id"] == 1, alert
     assert "hang_here (deaths.py:" in alert.message, alert.message
     assert alert.evidence["where"] == "loader"
@@ -406,7 +507,6 @@ def test_worker_hang_is_a_stall_with_its_stack_not_input_bound(
         "in __next__" in str(alert.evidence.get("trainer_stack"))
         or alert.evidence.get("trainer_stack") is None
     )
-    history = run.snapshots()
     assert not any(a.kind == "input_bound" for s in history for a in s.alerts), "a hang is not input_bound"
     # the Workers table: the stuck worker's row has a "stuck in ..." line; Enter shows the stack
     from dlmon.ui.state import DashboardState
@@ -425,37 +525,31 @@ def test_worker_hang_is_a_stall_with_its_stack_not_input_bound(
     (other,) = [r for r in state.rows.values() if r.process.pid == pids[0]]
     assert stuck_line(other, state.latest.alerts, 120) is None
     assert other.batch_age_s is not None
-    stop_run(run)
     verdict = run.verdict()
     assert "stuck in hang_here" in verdict, verdict
     assert any(a.evidence.get("pid") == pids[1] for a in replay_alerts(run.record, "stall"))
 
 
-def test_trainer_hang_outside_the_loader(agent_env: dict[str, str], tmp_path: Path) -> None:
-    run = start_run(agent_env, tmp_path, {"mode": "trainer_hang"})
-    ready = run.event("ready")
-    run.event("hanging")
-    alert, _snap = wait_for_alert(run, "stall", timeout=150)
+def test_trainer_hang_outside_the_loader(early: dict[str, Early]) -> None:
+    seen = early["trainer_hang"].result()  # the stall alert within 150 s of "hanging"; then stopped
+    run, ready, alert = early["trainer_hang"].run, seen["ready"], seen["alert"]
     assert alert.evidence["where"] == "trainer"
     assert alert.evidence["pid"] == ready["pid"]
     assert "wait_for_peer (deaths.py:" in alert.message, alert.message
-    stop_run(run)
     assert "wait_for_peer" in run.verdict()
 
 
 # -- file descriptors ----------------------------------------------------------------------------
 
 
-def test_fd_leak_is_named_before_too_many_open_files(agent_env: dict[str, str], tmp_path: Path) -> None:
-    prefix = ["sh", "-c", 'ulimit -n 3000 && exec "$@"', "sh"]
-    run = start_run(agent_env, tmp_path, {"mode": "fds", "step_s": 0.005}, prefix=prefix)
-    ready = run.event("ready")
-    alert, _snap = wait_for_alert(run, "fd_exhaustion")
+def test_fd_leak_is_named_before_too_many_open_files(early: dict[str, Early]) -> None:
+    seen = early["fd_leak"].result()  # the alert seen live (ulimit -n 3000), then the run's end
+    run, ready, alert = early["fd_leak"].run, seen["ready"], seen["alert"]
     assert alert.evidence["pid"] == ready["pid"]
     assert alert.evidence["fd_limit"] == 3000
     assert isinstance(alert.evidence["fds_per_s"], float) and alert.evidence["fds_per_s"] > 1
     assert "Too many open files" in alert.message and "file_system" in alert.advice
-    assert run.wait(timeout=180) != 0  # it does run out
+    assert seen["code"] != 0  # it does run out
     assert "file descriptors" in run.verdict()
     assert replay_alerts(run.record, "fd_exhaustion") or any(
         a.kind == "fd_exhaustion" for s in run.snapshots() for a in s.alerts
@@ -467,9 +561,10 @@ def test_fd_leak_is_named_before_too_many_open_files(agent_env: dict[str, str], 
 QUIET_KINDS = ("worker_died", "trainer_died", "stall", "fd_exhaustion")
 
 
-def test_healthy_job_raises_none_of_these(agent_env: dict[str, str], tmp_path: Path) -> None:
-    run = start_run(agent_env, tmp_path, {"mode": "wait", "steps": 1500, "step_s": 0.005, "sample_s": 0.002})
-    assert run.wait(timeout=180) == 0, run.stderr()
+def test_healthy_job_raises_none_of_these(early: dict[str, Early]) -> None:
+    """1500 steps of 5 ms, to the end, under dlmon run (started with the module's other long runs)."""
+    run = early["healthy"].run
+    assert early["healthy"].result()["code"] == 0, run.stderr()
     snaps = run.snapshots()
     assert len(snaps) >= 4
     raised = {a.kind for s in snaps for a in s.alerts}
@@ -588,23 +683,21 @@ def test_dev_shm_segments_of_the_job_are_counted() -> None:
         proc.wait(timeout=30)
 
 
-def test_slow_worker_start_up_is_not_a_stall(agent_env: dict[str, str], tmp_path: Path) -> None:
+def test_slow_worker_start_up_is_not_a_stall(early: dict[str, Early]) -> None:
     """A new epoch's workers may take long to start (worker_init_fn, a big dataset): that is not a hang
-    until 60 s, however fast the batches came before."""
-    run = start_run(agent_env, tmp_path, {"mode": "slow_epoch_start", "start_s": 15, "sample_s": 0.002})
-    assert run.wait(timeout=180) == 0, run.stderr()
+    until 60 s, however fast the batches came before. (15 s start-up; the whole run, to its end.)"""
+    run = early["slow_start"].run
+    assert early["slow_start"].result()["code"] == 0, run.stderr()
     snaps = run.snapshots()
     assert any(ls.in_startup for s in snaps for ls in s.loaders), "the start-up was not seen"
     assert not any(a.kind == "stall" for s in snaps for a in s.alerts)
     assert not any(s.stacks for s in snaps)
 
 
-def test_one_stuck_worker_while_the_others_deliver(agent_env: dict[str, str], tmp_path: Path) -> None:
+def test_one_stuck_worker_while_the_others_deliver(early: dict[str, Early]) -> None:
     """in_order=False: the loader goes on without worker 1, which sleeps in hang_here forever."""
-    run = start_run(agent_env, tmp_path, {"mode": "lone_hang", "trigger_at": 60, "num_workers": 3})
-    pids = run.event("pids")["workers"]
-    alert, snap = wait_for_alert(run, "stall", timeout=150)
+    seen = early["lone_hang"].result()  # the stall alert within 150 s; then stopped
+    pids, alert, snap = seen["pids"], seen["alert"], seen["snap"]
     assert alert.evidence["where"] == "worker" and alert.evidence["pid"] == pids[1], alert
     assert "hang_here (deaths.py:" in alert.message, alert.message
     assert any((ls.batches_per_s or 0) > 0 for ls in snap.loaders), "the loader was still delivering"
-    stop_run(run)

@@ -4,12 +4,22 @@ Analyzer (tests/test_analysis_scenarios.py has the fixtures)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from scenarios.synth import GIB, MAIN_PID, MIB, T0, gpu, loader, proc, snap
-from test_analysis_scenarios import Start, Watch, job, start  # noqa: F401  (start is a fixture)
+from test_analysis_scenarios import (
+    Watch,
+    Watched,
+    fired,
+    job,
+    long_jobs,
+    register_long_jobs,
+    release_long_jobs,
+)
 
 from dlmon.analysis import Analyzer
 from dlmon.analysis.detectors import DEFAULT_THRESHOLDS, GrowthWindow
@@ -43,33 +53,72 @@ def _alerts(w: Watch) -> list[str]:
     return [f"{a.kind}: {a.message}" for s in w.snapshots for a in s.alerts]
 
 
+def _staircase_watch(pid: int) -> Watch:
+    """The watch's warm-up wait is scaled like the staircase's epochs (120 s -> 30 s): with real
+    epochs of minutes, 120 s is less than one."""
+    w = Watch(pid)
+    w.analyzer = Analyzer(
+        cores=w.analyzer.cores, thresholds=dataclasses.replace(SCALED, growth_warmup_s=30.0), strict=True
+    )
+    return w
+
+
+def _long_jobs(tmp: pytest.TempPathFactory, stack: contextlib.ExitStack[None]) -> dict[str, Watched]:
+    """The module's long real jobs, started together (with test_analysis_scenarios') and watched
+    side by side, each from its own READY and for as long as its test asks: they are rate-limited
+    and mostly asleep, so the suite waits about as long as the longest watch, not the sum."""
+    from agent_support import private_agent_env
+
+    memmap = tmp.mktemp("memmap") / "rows.u8"
+    agent_env = stack.enter_context(private_agent_env("dlmon-verdicts-"))
+    return {
+        # quiet: the full 100 s, through every growth window SCALED has
+        "memmap": Watched(
+            job("--store", "memmap", "--memmap", str(memmap), "--workers", "4", "--batch", "8",
+                "--rate", "20", "--shuffle", "--persistent"),
+            100.0, make_watch=_watch,
+        ),
+        "anonymous_split": Watched(
+            job("--store", "list", "--items", "3000000", "--workers", "2", "--batch", "50",
+                "--rate", "20", "--shuffle", "--persistent"),
+            75.0, fired("memory_growth"), _watch,
+        ),
+        # quiet: the full 40 s (over 8 epochs of start-up) under the agent
+        "slow_startup": Watched(
+            job("--store", "tensor", "--items", "600", "--batch", "20", "--workers", "2",
+                "--rate", "20", "--init-sleep", "3"),
+            40.0, make_watch=_watch, env=agent_env,
+        ),
+        "staircase": Watched(
+            job("--store", "tensor", "--items", "2000", "--batch", "20", "--rate", "10",
+                "--workers", "2", "--persistent", "--keep-per-epoch", str(96 * MIB)),
+            90.0, fired("memory_growth"), _staircase_watch,
+        ),
+        "ceiling": Watched(
+            job("--store", "list", "--items", "1000000", "--workers", "2", "--batch", "50",
+                "--rate", "20", "--shuffle", "--persistent"),
+            480.0, _CeilingWatch(),
+        ),
+    }  # fmt: skip
+
+
+register_long_jobs(__name__, _long_jobs)
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Watched]]:
+    yield long_jobs(__name__, tmp_path_factory)
+    release_long_jobs(__name__)
+
+
 @pytest.mark.slow
-def test_memmap_dataset_read_by_four_workers_is_not_a_leak(start: Start, tmp_path: Path) -> None:  # noqa: F811
+def test_memmap_dataset_read_by_four_workers_is_not_a_leak(jobs: dict[str, Watched]) -> None:
     """4 workers random-read a 1 GiB np.memmap: they map ever more clean file pages (USS and PSS
     climb, as in the report: "grew from 162 MiB to 1.3 GiB" after 41 s) but nothing leaks. The
-    mapped pages are shown as their own reclaimable figure; no alert is raised."""
-    proc = start(
-        job(
-            "--store",
-            "memmap",
-            "--memmap",
-            str(tmp_path / "rows.u8"),
-            "--workers",
-            "4",
-            "--batch",
-            "8",
-            "--rate",
-            "20",
-            "--shuffle",
-            "--persistent",
-        )
-    )
-    w = _watch(proc.pid)
-    try:
-        while w.elapsed() < 100.0:
-            w.tick()
-    finally:
-        w.close()
+    mapped pages are shown as their own reclaimable figure; no alert is raised in 100 s."""
+    w = jobs["memmap"].result()
+    watched = jobs["memmap"].watched_s
+    assert watched is not None and watched >= 100.0, watched
     last = w.snapshots[-1]
     m = last.memory
     assert m.pss_file_sum_bytes is not None and m.pss_anon_sum_bytes is not None
@@ -91,77 +140,27 @@ def test_memmap_dataset_read_by_four_workers_is_not_a_leak(start: Start, tmp_pat
 
 
 @pytest.mark.slow
-def test_copy_on_read_still_fires_with_the_anonymous_split(start: Start) -> None:  # noqa: F811
-    """The leak the anonymous split must keep: 3M Python strings read by 2 workers."""
-    proc = start(
-        job(
-            "--store",
-            "list",
-            "--items",
-            "3000000",
-            "--workers",
-            "2",
-            "--batch",
-            "50",
-            "--rate",
-            "20",
-            "--shuffle",
-            "--persistent",
-        )
-    )
-    w = _watch(proc.pid)
-    try:
-        alert = w.until("memory_growth", 75.0)
-    finally:
-        w.close()
+def test_copy_on_read_still_fires_with_the_anonymous_split(jobs: dict[str, Watched]) -> None:
+    """The leak the anonymous split must keep: 3M Python strings read by 2 workers (75 s at most)."""
+    w = jobs["anonymous_split"].result()
+    alert = next((a for s in w.snapshots for a in s.alerts if a.kind == "memory_growth"), None)
     assert alert is not None, "copy-on-read was not caught"
     assert alert.evidence["cause"] == "copy_on_read", alert.message
     assert "without mapped files" in alert.message or "anonymous" in alert.message, alert.message
 
 
 @pytest.mark.slow
-def test_slow_worker_startup_without_persistent_workers_is_not_input_bound() -> None:
+def test_slow_worker_startup_without_persistent_workers_is_not_input_bound(jobs: dict[str, Watched]) -> None:
     """2 workers that take 3 s to start (worker_init_fn), re-created every epoch of ~1.5 s of
     steady work: the trainer waits for start-up each epoch, but its steady-state data wait is
     low. Start-up is its own figure (per epoch, share of wall time), never a data wait of 1.0;
     no input_bound; the advice is persistent_workers=True with the number behind it."""
-    import contextlib
-    import os
-    import select
-    import signal
-    import subprocess
-
-    from agent_support import private_agent_env
     from dlmon.analysis import advise
     from dlmon.ui.views import throughput_lines
 
-    argv = job(
-        "--store", "tensor", "--items", "600", "--batch", "20", "--workers", "2", "--rate", "20",
-        "--init-sleep", "3",
-    )  # fmt: skip
-    with private_agent_env("dlmon-verdicts-") as env:
-        proc = subprocess.Popen(
-            argv,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            env=env,
-            text=True,
-            start_new_session=True,
-        )
-        try:
-            assert proc.stdout is not None
-            got, _, _ = select.select([proc.stdout], [], [], 90)
-            assert got and proc.stdout.readline().strip() == "READY"
-            w = _watch(proc.pid)
-            try:
-                while w.elapsed() < 40.0:
-                    w.tick()
-            finally:
-                w.close()
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    w = jobs["slow_startup"].result()
+    watched = jobs["slow_startup"].watched_s
+    assert watched is not None and watched >= 40.0, watched
     loaders = [ld for s in w.snapshots for ld in s.loaders]
     assert loaders, "the agent did not answer"
     waits = [ld.data_wait_fraction for ld in loaders if ld.data_wait_fraction is not None]
@@ -301,38 +300,16 @@ def test_a_leak_from_the_start_heading_for_the_limit_is_not_held_back_by_the_war
 
 
 @pytest.mark.slow
-def test_true_staircase_is_caught_within_a_few_epochs(start: Start) -> None:  # noqa: F811
+def test_true_staircase_is_caught_within_a_few_epochs(jobs: dict[str, Watched]) -> None:
     """The trainer keeps 96 MiB at each epoch end (a history of tensors kept by the loop), never
-    given back; epochs of ~10 s. Real process. The watch's warm-up wait is scaled like the epochs
-    (120 s -> 30 s): with real epochs of minutes, 120 s is less than one."""
-    proc_ = start(
-        job(
-            "--store",
-            "tensor",
-            "--items",
-            "2000",
-            "--batch",
-            "20",
-            "--rate",
-            "10",
-            "--workers",
-            "2",
-            "--persistent",
-            "--keep-per-epoch",
-            str(96 * MIB),
-        )
-    )
-    w = Watch(proc_.pid)
-    w.analyzer = Analyzer(
-        cores=w.analyzer.cores, thresholds=dataclasses.replace(SCALED, growth_warmup_s=30.0), strict=True
-    )
-    try:
-        alert = w.until("memory_growth", 90.0)
-    finally:
-        w.close()
+    given back; epochs of ~10 s. Real process, watched for 90 s at most (its watch's warm-up wait
+    is scaled like the epochs: see _staircase_watch)."""
+    w = jobs["staircase"].result()
+    alert = next((a for s in w.snapshots for a in s.alerts if a.kind == "memory_growth"), None)
     assert alert is not None, "the staircase was not caught within 9 epochs"
     assert alert.evidence["cause"] == "main_process", alert.message
-    assert w.elapsed() < 90.0
+    watched = jobs["staircase"].watched_s
+    assert watched is not None and watched < 90.0, watched
 
 
 # -- input_bound's advice: per rank, never what the loader already does --------------------------
@@ -448,36 +425,44 @@ def _job_anon(s: Snapshot) -> float | None:
     return float(sum(p.pss_anon_bytes or 0 for p in procs))
 
 
+class _CeilingWatch:
+    """Collects, tick by tick, the job's anonymous PSS and every ceiling the memory_growth alert
+    predicts; says stop once the job has levelled off (under 2% over the last 45 s, and not before
+    150 s and the first alert)."""
+
+    def __init__(self) -> None:
+        self.predicted: list[tuple[float, int, Alert]] = []
+        self.levels: list[tuple[float, float]] = []
+        self.first: Alert | None = None
+
+    def __call__(self, w: Watch, s: Snapshot) -> bool:
+        level = _job_anon(s)
+        if level is not None:
+            self.levels.append((s.time, level))
+        for a in s.alerts:
+            if a.kind != "memory_growth":
+                continue
+            self.first = self.first or a
+            ceiling = a.evidence.get("ceiling_bytes")
+            if isinstance(ceiling, int):
+                self.predicted.append((s.time, ceiling, a))
+        recent = [v for t, v in self.levels if t >= s.time - 45.0]
+        return bool(
+            self.first and w.elapsed() > 150.0 and recent and max(recent) - min(recent) < 0.02 * recent[-1]
+        )
+
+
 @pytest.mark.slow
-def test_copy_on_read_ceiling_predicts_where_a_real_job_levels_off(start: Start) -> None:  # noqa: F811
+def test_copy_on_read_ceiling_predicts_where_a_real_job_levels_off(jobs: dict[str, Watched]) -> None:
     """1M Python strings read at random by 2 workers (1000 samples/s): each worker copies the
     store's pages as it touches them, ever fewer untouched ones left, until every page is its
     own. The ceiling the alert predicts (job anonymous PSS) must be within 25% of where the
-    real job levels off; it fits in this machine's memory, so the alert is info with no ETA."""
-    common = ["--items", "1000000", "--workers", "2", "--batch", "50", "--rate", "20"]
-    proc = start(job("--store", "list", *common, "--shuffle", "--persistent"))
-    w = Watch(proc.pid)
-    predicted: list[tuple[float, int, Alert]] = []
-    levels: list[tuple[float, float]] = []
-    first: Alert | None = None
-    try:
-        while w.elapsed() < 480.0:
-            s = w.tick()
-            level = _job_anon(s)
-            if level is not None:
-                levels.append((s.time, level))
-            for a in s.alerts:
-                if a.kind != "memory_growth":
-                    continue
-                first = first or a
-                ceiling = a.evidence.get("ceiling_bytes")
-                if isinstance(ceiling, int):
-                    predicted.append((s.time, ceiling, a))
-            recent = [v for t, v in levels if t >= s.time - 45.0]
-            if first and w.elapsed() > 150.0 and recent and max(recent) - min(recent) < 0.02 * recent[-1]:
-                break  # levelled off: under 2% over the last 45 s
-    finally:
-        w.close()
+    real job levels off (watched for 480 s at most); it fits in this machine's memory, so the
+    alert is info with no ETA."""
+    jobs["ceiling"].result()
+    seen = jobs["ceiling"].stop
+    assert isinstance(seen, _CeilingWatch)
+    predicted, levels, first = seen.predicted, seen.levels, seen.first
     assert first is not None, "copy-on-read was not caught"
     assert first.evidence["cause"] == "copy_on_read", first.message
     final = median([v for t, v in levels if t >= levels[-1][0] - 20.0])

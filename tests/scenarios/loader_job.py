@@ -17,6 +17,8 @@ np.memmap: workers map more and more file pages (clean, reclaimable), which is n
 ``--preload BYTES --preload-seconds S``: the trainer first loads BYTES over S seconds and keeps them
 (a warm-up that levels off).
 ``--leak-main BYTES_PER_S``: the trainer itself keeps that many bytes per second (a steady leak).
+SIGUSR1 to the trainer ends the job as ``--seconds`` would (exit 0), for a test that stops once it
+has seen what it waits for.
 
 Prints READY once the workers are running and the first batch has arrived. A worker killed by a
 signal makes the DataLoader raise in the main process: the job reports it and sleeps on, so the
@@ -28,6 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import sys
 import time
 
@@ -156,6 +159,7 @@ def main() -> None:
         prefetch_factor=args.prefetch if args.workers > 0 else None,
         worker_init_fn=init,
     )
+    signal.signal(signal.SIGUSR1, lambda *_: sys.exit(0))
     end = time.monotonic() + args.seconds
     held: list[object] = []  # the live iterator: while it exists, a dead worker stays a zombie
     try:
