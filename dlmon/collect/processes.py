@@ -77,6 +77,10 @@ class Cadence:
     # smaps_rollup's floor; at most this many ticks between two reads of a worker.
     max_rotation: int = 10
     rotation_settle_ticks: int = 5  # ticks between two changes (the cost is an average)
+    # none in the first ticks: their cost holds one-off work (every fd directory listed, every
+    # thread list read, new handles opened) that a steady tick does not (a 32-worker tree went to
+    # rotation 5 for its first minute, its moving worker's PSS 34 s old)
+    rotation_warmup_ticks: int = 10
 
 
 @dataclass(slots=True)
@@ -359,6 +363,8 @@ class ProcessTracker:
         the rest of the tick. Where the rest alone passes the budget (a short --interval, a
         slow NVML) rotating a few workers saves next to nothing and only makes their rows stale."""
         if self._tick - self._rotation_changed < self.cadence.rotation_settle_ticks:
+            return
+        if self._tick <= self.cadence.rotation_warmup_ticks:
             return
         per_s, k, workers = self._cheap_cost_per_s, self.rotation, self._workers_cost_per_s
         rest = max(0.0, per_s - workers / k)
