@@ -309,6 +309,7 @@ class DlmonApp(App[DashboardResult]):
         self._last_render = 0.0
         self._stale_shown = False
         self._started = False
+        self._charts_due = False  # the next repaint draws the charts up to the newest data
 
     # ---- lifecycle --------------------------------------------------------------------------
     def get_default_screen(self) -> Screen[None]:
@@ -369,6 +370,7 @@ class DlmonApp(App[DashboardResult]):
     def on_sought(self, message: Sought) -> None:
         # snapshots queued before the jump came first (one message queue): start a fresh history
         self.state = DashboardState()
+        self._charts_due = True  # what the charts show is from before the jump
         self.notify(f"replay at {time.strftime('%H:%M:%S', time.localtime(message.time))}")
         self._schedule_render()
 
@@ -389,6 +391,7 @@ class DlmonApp(App[DashboardResult]):
 
     def on_source_ended(self, message: SourceEnded) -> None:
         self.state.end(message.reason)
+        self._charts_due = True  # no later tick will move the charts on to the last samples
         latest = self.state.latest
         if latest is not None and not latest.target.alive:
             code = latest.target.exit_code
@@ -413,13 +416,13 @@ class DlmonApp(App[DashboardResult]):
         self._last_render = time.monotonic()
         self.refresh_view()
 
-    def context(self) -> ViewContext:
+    def context(self, fresh: bool = False) -> ViewContext:
         latest = self.state.latest
         now = latest.time if latest is not None else self.clock()
         interval = self.interval
         if interval is None and latest is not None:
             interval = latest.interval_s
-        return ViewContext(self.state, now, interval)
+        return ViewContext(self.state, now, interval, fresh)
 
     def header_info(self, ctx: ViewContext) -> HeaderInfo:
         interval = ctx.interval
@@ -442,8 +445,12 @@ class DlmonApp(App[DashboardResult]):
             return  # a repaint scheduled just before the app closed fires after its screens went
         # the screen on top draws the state if it shows any (a detail screen); under a modal
         # (help, advice, quit) the main screen stays visible and goes on drawing
+        # a forced repaint is one the user asked for (pause, resume, zoom, resize, back from a
+        # detail, which forces the main screen's): its charts end where its figures do, not up
+        # to CHART_REBUILD_S of data earlier
         screen = self.screen
-        (screen if isinstance(screen, ShowsState) else self.main_screen).show(self.context())
+        fresh, self._charts_due = force or self._charts_due, False
+        (screen if isinstance(screen, ShowsState) else self.main_screen).show(self.context(fresh))
         self.renders += 1
 
     def _check_stale(self) -> None:

@@ -59,7 +59,7 @@ class MemoryPanel(StatePanel):
                 lines.append(ChartLine("job anon", state.pss_anon_sum, "yellow"))
             if plan.limit:
                 lines.append(ChartLine("cgroup limit", state.limit, "red"))
-            chart.show(lines, ctx.now, ctx.interval)
+            chart.show(lines, ctx.now, ctx.interval, ctx.fresh)
 
 
 class WorkersPanel(StatePanel):
@@ -137,7 +137,7 @@ class ThroughputPanel(StatePanel):
                 name = f" {hist.loader.name}" if len(loaders) > 1 else ""
                 lines.append(ChartLine(f"batch/s{name}", hist.batches_per_s, rate))
                 lines.append(ChartLine(f"data wait %{name}", hist.data_wait_percent, wait, right=True))
-            chart.show(lines, ctx.now, ctx.interval)
+            chart.show(lines, ctx.now, ctx.interval, ctx.fresh)
 
 
 class AlertsPanel(StatePanel):

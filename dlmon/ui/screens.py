@@ -217,11 +217,13 @@ class WorkerDetailScreen(Screen[None]):
             ],
             now,
             interval,
+            ctx.fresh,
         )
         self.query_one("#detail-cpu", TimeChart).show(
             [ChartLine("CPU %", row.cpu, "magenta"), ChartLine("read MB/s", row.read, "yellow", right=True)],
             now,
             interval,
+            ctx.fresh,
         )
 
     def on_resize(self) -> None:

@@ -89,6 +89,10 @@ class ViewContext:
     state: DashboardState
     now: float
     interval: float | None
+    # the charts draw the newest data now, whatever their throttle: the user asked for this view
+    # (pause, resume, a resize, a zoom, back from a detail) or it is the last one for a while
+    # (the source ended) or the history started again (a replay's seek)
+    fresh: bool = False
 
 
 def row_key(process: ProcessSample, loader_of: dict[int, LoaderSample]) -> RowKey:

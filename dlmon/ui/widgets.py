@@ -195,8 +195,11 @@ class TimeChart(PlotextPlot):
         self.plotted_labels: tuple[str, ...] = ()
         self.y_range: tuple[float, float] | None = None  # the left axis of the newest plot, in units
 
-    def show(self, lines: Sequence[ChartLine], now: float, interval: float | None) -> bool:
-        """Set the data; returns whether the plot will be rebuilt."""
+    def show(
+        self, lines: Sequence[ChartLine], now: float, interval: float | None, fresh: bool = False
+    ) -> bool:
+        """Set the data; returns whether the plot will be rebuilt (``fresh``: up to ``now``,
+        without waiting for ``min_rebuild_s`` of data)."""
         width, height = self.size.width, self.size.height
         if width <= 12 or height <= 3 or not self.display:
             return False
@@ -224,7 +227,8 @@ class TimeChart(PlotextPlot):
         # the same chart a bucket later: wait for min_rebuild_s of data (a replay's burst or a
         # backwards seek still redraws at once)
         if (
-            old is not None
+            not fresh
+            and old is not None
             and old[:3] == signature[:3]
             and old[5:] == signature[5:]
             and self._built_at is not None
