@@ -164,3 +164,32 @@ def test_what_the_first_tick_leaves_of_its_allowance_is_not_spent_on_later_ticks
     budget.charge(0.01)  # every process read, 10 ms
     budget.refill(1.0, cheap_cost_per_s=0.0)
     assert budget.tokens <= budget.policy.burst_s
+
+
+def test_a_new_worker_is_read_within_seconds_while_a_moving_trainer_takes_the_whole_budget() -> None:
+    """On a loaded box the cheap reads leave the floor (0.1% of a core): about one read a second.
+    The trainer moves every second and was read each time it was due; a new worker (a respawn)
+    waited ~75 s for its first PSS, past its whole life in a short epoch (CI: no worker series)."""
+    budget = SmapsBudget(BudgetPolicy())
+    trainer_rss = 300 * MiB
+    trainer_last: float | None = None
+    trainer_rss_at_read: int | None = None
+    worker_read_at: float | None = None
+    ticks = [i * 0.5 for i in range(120)]
+    for now in ticks:
+        budget.refill(now, cheap_cost_per_s=0.009)  # everything but the floor went to cheap reads
+        trainer_rss += 8 * MiB  # a leak or a growing cache: moved past 2% every second
+        trainer = SmapsCandidate("trainer", trainer_rss, trainer_last, trainer_rss_at_read, is_main=True)
+        candidates = [trainer]
+        if now >= 10.0 and worker_read_at is None:
+            candidates.append(SmapsCandidate("worker", 150 * MiB, None, None, first_seen=10.0))
+        for c in budget.order(candidates, now):
+            if not budget.can_spend():
+                break
+            budget.charge(0.0015)
+            if c.key == "trainer":
+                trainer_last, trainer_rss_at_read = now, trainer_rss
+            else:
+                worker_read_at = now
+    assert worker_read_at is not None and worker_read_at - 10.0 <= 5.0, worker_read_at
+    assert trainer_last is not None and ticks[-1] - trainer_last <= 5.0  # the trainer is still read

@@ -52,6 +52,7 @@ class BudgetPolicy:
     # At most this fraction of a process's wall time under dlmon's smaps read (its mmap lock).
     max_stall_fraction: float = 0.02
     main_weight: float = 4.0  # the trainer's reading is worth this many workers'
+    never_read_growth: float = 2.0  # a never-read process counts as having moved this many thresholds
 
 
 class SmapsBudget:
@@ -88,7 +89,7 @@ class SmapsBudget:
         """Candidates that are due, most valuable first.
 
         urgency = age x worth. A never-read process counts as one steady period overdue plus the
-        time since it was first seen; worth = trainer weight x (1 + 4 x growth) x (1 + its share
+        time since it was first seen, and as grown by ``never_read_growth`` thresholds; worth = trainer weight x (1 + 4 x growth) x (1 + its share
         of the largest RSS), growth = movement / moved_fraction capped at 5 (a process that moved
         past the threshold outranks idle ones up to ~21x staler). Every weight is bounded, so a
         process passed over keeps gaining until it is read.
@@ -101,7 +102,9 @@ class SmapsBudget:
             if c.last_read is None or c.rss_at_last_read is None:
                 seen = now if c.first_seen is None else c.first_seen
                 age = policy.steady_refresh_s + max(0.0, now - seen)
-                moved = 0.0
+                # nothing known yet is worth a moved process's re-read: at one read a tick (a
+                # loaded box) a moving trainer otherwise kept a new worker unread for ~75 s
+                moved = policy.never_read_growth * policy.moved_fraction
             else:
                 age = now - c.last_read
                 changed = max(abs(c.rss_bytes - c.rss_at_last_read), c.faulted_bytes_since_read)
