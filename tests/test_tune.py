@@ -122,8 +122,9 @@ def test_a_configuration_beyond_the_cgroup_cap_is_stopped_and_the_sweep_goes_on(
     done = run_tune("sh", "-c", shell, "sh", *args)
     assert done.returncode == 0, done.stderr
     res = results_of(out_json)
-    assert res[(0, 8)]["outcome"] == "ok" and res[(1, 8)]["outcome"] == "ok"
+    assert res[(0, 8)]["outcome"] == "ok" and res[(1, 8)]["outcome"] == "ok", res
     assert res[(0, 256)]["outcome"] == "would_oom", res[(0, 256)]
+    assert res[(0, 256)]["peak_pss_bytes"] < 0.9 * 640 * 2**20, res[(0, 256)]  # stopped before the line
     assert res[(1, 256)]["outcome"] == "skipped"
     assert f"needs at least the memory of 0 workers {X} batch 256" in res[(1, 256)]["detail"]
     assert res[(0, 256)]["limit_source"] == "cgroup"

@@ -17,6 +17,7 @@ from dlmon.tune.model import (
     OK,
     WOULD_OOM,
     MemoryModel,
+    OomWatch,
     Result,
     fit_memory,
     knee,
@@ -253,3 +254,35 @@ def test_default_workers_follow_the_affinity_and_the_cgroup_cpu_quota() -> None:
         assert usable_cores_in('exec "$@"') == len(os.sched_getaffinity(0))
     finally:
         group.rmdir()
+
+
+def feed(watch: OomWatch, readings: list[tuple[int, int]], step: float = 0.25) -> int | None:
+    """Readings of (total, anon) MiB a tick apart; the index of the reading that said stop."""
+    for i, (total, anon) in enumerate(readings):
+        if watch.add(i * step, total * MIB, anon * MIB, horizon_s=3.5) is not None:
+            return i
+    return None
+
+
+def test_a_fork_burst_of_a_tick_or_two_does_not_stop_a_healthy_configuration() -> None:
+    """CI: a healthy 1 worker x batch 8 (0.2 GiB) was stopped as 'would OOM' under a 0.62 GiB cap:
+    one worker's fork and copy-on-write, a burst over a tick or two, extrapolated over 3.5 s."""
+    burst = [(200, 180), (200, 180), (290, 270), (330, 310), (332, 312), (333, 313), (333, 313)]
+    assert feed(OomWatch(640 * MIB), burst + [(333, 313)] * 12) is None
+
+
+def test_a_sustained_ramp_is_stopped_long_before_the_cap() -> None:
+    """batch 256: ~340 MiB/s of anonymous memory from 0.25 GiB: stopped within a few ticks and
+    while the total is still well under the 0.62 GiB cap (the kernel would kill at the cap)."""
+    ramp = [(250 + 85 * i, 230 + 85 * i) for i in range(10)]
+    stopped = feed(OomWatch(640 * MIB), ramp)
+    assert stopped is not None and stopped <= 4 and ramp[stopped][0] < 0.9 * 640
+
+
+def test_file_pages_swinging_under_reclaim_are_not_growth() -> None:
+    swings = [(200 + (120 if i % 3 == 1 else 0), 180) for i in range(20)]
+    assert feed(OomWatch(640 * MIB), swings) is None
+
+
+def test_a_total_already_past_the_line_stops_at_once() -> None:
+    assert feed(OomWatch(640 * MIB), [(300, 280), (590, 300)]) == 1

@@ -32,12 +32,11 @@ from dlmon.tune.model import (
     GIB,
     HOST_OOM,
     OK,
-    SAFETY,
     SHM,
     TIMED_OUT,
     WOULD_OOM,
+    OomWatch,
     Result,
-    projected_peak,
 )
 from dlmon.tune.plan import Config
 
@@ -263,9 +262,7 @@ def _measure(
     limit: int | None = None
     limit_source: str | None = None
     oom_before: int | None = None
-    mem_t: list[float] = []
-    mem_v: list[int] = []
-    loader_from: int | None = None  # the first memory reading after the agent reported the loader
+    oom_watch: OomWatch | None = None  # from the first reading after the agent reported the loader
     first_batch_at: float | None = None
     window_start: tuple[float, int, int] | None = None  # snapshot time, samples, batches
     window_end: tuple[float, int, int] | None = None
@@ -338,12 +335,6 @@ def _measure(
                 limit, limit_source = _memory_limit(snap)
                 oom_before = snap.cgroup.oom_kill_count if snap.cgroup is not None else None
             peaks.add(snap)
-            if snap.memory.pss_sum_bytes is not None:
-                mem_t.append(snap.time)
-                mem_v.append(snap.memory.pss_sum_bytes)
-                while mem_t and mem_t[-1] - mem_t[0] > GROWTH_WINDOW_S:
-                    mem_t.pop(0)
-                    mem_v.pop(0)
         status = read_status(status_path) or status
         code = training.exit_code()
         if code is not None:
@@ -364,21 +355,21 @@ def _measure(
             target = tuned[0] if tuned else target
             if target is not None and target.batch_size:
                 script_batch = script_batch or target.batch_size
-        if "loader" in status and loader_from is None:
-            loader_from = max(0, len(mem_v) - 1)
-        if limit and mem_v and loader_from is not None:  # not while it imports torch and builds the data
+        if "loader" in status and oom_watch is None and limit:
+            oom_watch = OomWatch(limit, window_s=GROWTH_WINDOW_S)
+        pss = snap.memory.pss_sum_bytes if snap is not None else None
+        if oom_watch is not None and snap is not None and pss is not None:
             remaining = opts.seconds or 5.0
             if window_start is not None and opts.seconds:
-                remaining = max(0.0, opts.seconds - (mem_t[-1] - window_start[0]))
-            # the growth since the loader was built: the import of torch before it is no trend
-            projected = projected_peak(
-                mem_t[loader_from:], mem_v[loader_from:], remaining + 2 * opts.interval_s
+                remaining = max(0.0, opts.seconds - (snap.time - window_start[0]))
+            projected = oom_watch.add(
+                snap.time, pss, snap.memory.pss_anon_sum_bytes, remaining + 2 * opts.interval_s
             )
-            if projected is not None and projected > SAFETY * limit:
+            if projected is not None:
                 return stop(
                     WOULD_OOM,
-                    f"at ~{projected / GIB:.2f} GiB (stopped at {mem_v[-1] / GIB:.2f} GiB, growing "
-                    f"toward the {limit / GIB:.2f} GiB {limit_source} limit)",
+                    f"at ~{projected / GIB:.2f} GiB (stopped at {pss / GIB:.2f} GiB, growing "
+                    f"toward the {oom_watch.limit_bytes / GIB:.2f} GiB {limit_source} limit)",
                 )
         samples_total = _sum([ls.samples_total for ls in tuned]) if snap is not None and tuned else None
         if snap is not None and target is not None and samples_total is not None:
