@@ -36,10 +36,11 @@ from export_support import (
 
 pytestmark = pytest.mark.slow
 
-# Small epochs without persistent workers: the workers are respawned about every second. The job
+# Small epochs without persistent workers: the workers are respawned every ~4 s (at 1 s, a loaded
+# CI machine read no worker's PSS within its life, and the worker series never showed). The job
 # outlives the module's tests on a slow machine (a 90 s job ended before the last one ran, and the
 # worker series went stale); the fixture kills it at the end.
-JOB = [LOADER_JOB, "--store", "tensor", "--items", "512", "--batch", "16", "--workers", "2"]
+JOB = [LOADER_JOB, "--store", "tensor", "--items", "2048", "--batch", "16", "--workers", "2"]
 JOB += ["--rate", "40", "--seconds", "900"]
 
 

