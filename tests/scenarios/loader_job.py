@@ -17,6 +17,8 @@ np.memmap: workers map more and more file pages (clean, reclaimable), which is n
 ``--preload BYTES --preload-seconds S``: the trainer first loads BYTES over S seconds and keeps them
 (a warm-up that levels off).
 ``--leak-main BYTES_PER_S``: the trainer itself keeps that many bytes per second (a steady leak).
+``--step-after-ready S``: after the first batch the trainer spends S seconds in one long step (an
+evaluation, a checkpoint), not waiting on the loader.
 SIGUSR1 to the trainer ends the job as ``--seconds`` would (exit 0), for a test that stops once it
 has seen what it waits for.
 
@@ -125,6 +127,7 @@ def main() -> None:
     p.add_argument("--keep-per-epoch", type=int, default=0, help="bytes the trainer keeps each epoch")
     p.add_argument("--preload", type=int, default=0, help="bytes the trainer loads at start (warm-up)")
     p.add_argument("--preload-seconds", type=float, default=20.0)
+    p.add_argument("--step-after-ready", type=float, default=0.0, help="one long step after READY (s)")
     args = p.parse_args()
 
     _preloaded = preload(args.preload, args.preload_seconds)  # kept for the whole run
@@ -163,7 +166,7 @@ def main() -> None:
     end = time.monotonic() + args.seconds
     held: list[object] = []  # the live iterator: while it exists, a dead worker stays a zombie
     try:
-        run(loader, end, args.rate, held, Hoard(args.leak_main), args.keep_per_epoch)
+        run(loader, end, args.rate, held, Hoard(args.leak_main), args.keep_per_epoch, args.step_after_ready)
     except RuntimeError as exc:  # a worker died (torch's SIGCHLD handler or the next batch)
         print(f"dataloader error: {exc}", file=sys.stderr, flush=True)
         while time.monotonic() < end:
@@ -211,6 +214,7 @@ def run(
     held: list[object],
     hoard: Hoard,
     keep_per_epoch: int = 0,
+    step_after_ready: float = 0.0,
 ) -> None:
     ready = False
     kept: list[bytes] = []  # --keep-per-epoch: a history kept by the loop, never given back
@@ -225,6 +229,7 @@ def run(
             if not ready:
                 print("READY", flush=True)
                 ready = True
+                time.sleep(step_after_ready)
             hoard.tick()
             if time.monotonic() >= end:
                 return
