@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -50,3 +51,28 @@ def spawn() -> Iterator[Spawn]:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+# -- long runs started with the suite's first long window -----------------------------------------
+# tests/test_analysis_scenarios.py's ``jobs`` asks for these: its side-by-side watch of the
+# rate-limited long jobs takes ~2.5 min, during which these (asleep most of the time too) run
+# in their own threads, instead of adding their minute or two each later in the suite.
+
+
+@pytest.fixture(scope="session")
+def deaths_early(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    from test_deaths import early_runs
+
+    with early_runs(tmp_path_factory) as found:
+        yield found
+
+
+@pytest.fixture(scope="session")
+def trainer_leak_run() -> Iterator[object]:
+    from test_trainer_leak import LeakRun
+
+    run = LeakRun()
+    run.start()
+    yield run
+    if run.thread is not None:
+        run.thread.join(timeout=200)

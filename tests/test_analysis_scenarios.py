@@ -227,7 +227,10 @@ register_long_jobs(__name__, _long_jobs)
 
 
 @pytest.fixture(scope="module")
-def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Watched]]:
+def jobs(
+    tmp_path_factory: pytest.TempPathFactory, deaths_early: object, trainer_leak_run: object
+) -> Iterator[dict[str, Watched]]:
+    # deaths_early and trainer_leak_run (conftest) are started first: their waits overlap this one
     yield long_jobs(__name__, tmp_path_factory)
     release_long_jobs(__name__)
 

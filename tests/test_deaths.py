@@ -436,8 +436,15 @@ def _live_lone_hang(run: Run, seen: dict[str, Any]) -> None:
     stop_run(run)
 
 
-@pytest.fixture(scope="module")
-def early(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Early]]:
+@pytest.fixture
+def early(deaths_early: dict[str, Early]) -> dict[str, Early]:
+    """The module's long runs: started by the session (conftest), with the suite's first long
+    window (tests/test_analysis_scenarios.py's jobs) when it runs, so they are over by now."""
+    return deaths_early
+
+
+@contextlib.contextmanager
+def early_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Early]]:
     """The module's long runs (each a minute or less, asleep most of it), all started at once."""
     runs: list[Run] = []
     fd_prefix = ["sh", "-c", 'ulimit -n 3000 && exec "$@"', "sh"]

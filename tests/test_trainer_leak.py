@@ -10,7 +10,9 @@ of this job). Both jobs run side by side, each watched by the real Sampler and a
 
 from __future__ import annotations
 
+import threading
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -45,27 +47,65 @@ def _growth(w: Watch) -> list[Alert]:
     return [a for s in w.snapshots for a in s.alerts if a.kind == "memory_growth"]
 
 
+@dataclass
+class LeakRun:
+    """Both jobs watched side by side, in a thread: started by the session (conftest) with the
+    suite's first long window (tests/test_analysis_scenarios.py's jobs), read by the test."""
+
+    found: float | None = None
+    leak_from: float = 0.0
+    leaky_pid: int = 0
+    ends: list[float] = field(default_factory=list)
+    watches: list[Watch] = field(default_factory=list)
+    error: BaseException | None = None
+    thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        def body() -> None:
+            try:
+                self._watch()
+            except BaseException as exc:  # re-raised in the test
+                self.error = exc
+
+        self.thread = threading.Thread(target=body, name="trainer-leak", daemon=True)
+        self.thread.start()
+
+    def result(self, timeout: float = 400.0) -> LeakRun:
+        assert self.thread is not None
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), f"not over within {timeout} s"
+        if self.error is not None:
+            raise self.error
+        return self
+
+    def _watch(self) -> None:
+        leak_cfg = {**SOAK_JOB, "leak_mb_per_epoch": LEAK_MIB_PER_EPOCH, "leak_from_s": LEAK_FROM_S}
+        with Job(leak_cfg) as leaky, Job(SOAK_JOB) as quiet:
+            self.leaky_pid = leaky.pid
+            self.leak_from = _started(leaky) + LEAK_FROM_S
+            _started(quiet)
+            leaky.wait_batches(5)
+            quiet.wait_batches(5)
+            self.watches = [Watch(leaky.pid), Watch(quiet.pid)]
+            try:
+                deadline = self.leak_from + CAUGHT_WITHIN_S
+                while time.monotonic() < deadline:  # both watched to the end, whenever it is caught
+                    for w in self.watches:
+                        w.tick()
+                    if self.found is None and _growth(self.watches[0]):
+                        self.found = time.monotonic()
+            finally:
+                for w in self.watches:
+                    w.close()
+            self.ends = _epoch_lines(leaky)
+
+
 @pytest.mark.slow
-def test_trainer_leak_under_respawning_workers_is_caught_and_the_churn_alone_is_not() -> None:
-    leak_cfg = {**SOAK_JOB, "leak_mb_per_epoch": LEAK_MIB_PER_EPOCH, "leak_from_s": LEAK_FROM_S}
-    with Job(leak_cfg) as leaky, Job(SOAK_JOB) as quiet:
-        leak_from = _started(leaky) + LEAK_FROM_S
-        _started(quiet)
-        leaky.wait_batches(5)
-        quiet.wait_batches(5)
-        watches = [Watch(leaky.pid), Watch(quiet.pid)]
-        try:
-            found: float | None = None
-            deadline = leak_from + CAUGHT_WITHIN_S
-            while time.monotonic() < deadline:  # both watched to the end, whenever the leak is caught
-                for w in watches:
-                    w.tick()
-                if found is None and _growth(watches[0]):
-                    found = time.monotonic()
-        finally:
-            for w in watches:
-                w.close()
-        ends = _epoch_lines(leaky)
+def test_trainer_leak_under_respawning_workers_is_caught_and_the_churn_alone_is_not(
+    trainer_leak_run: LeakRun,
+) -> None:
+    run = trainer_leak_run.result()
+    found, leak_from, ends, watches = run.found, run.leak_from, run.ends, run.watches
     assert found is not None, (
         f"no memory_growth within {CAUGHT_WITHIN_S:.0f} s of the trainer's leak "
         f"({len(ends)} epochs; alerts: {sorted(watches[0].kinds_seen())})"
@@ -75,15 +115,13 @@ def test_trainer_leak_under_respawning_workers_is_caught_and_the_churn_alone_is_
     assert alert.evidence["cause"] == "main_process", alert.message
     assert alert.evidence["signal"] == "trainer RssAnon", alert.message
     assert "The trainer's anonymous memory" in alert.message, alert.message
-    assert f"in the main (pid {leaky.pid})" in alert.message, alert.message
+    assert f"in the main (pid {run.leaky_pid})" in alert.message, alert.message
     assert "main (pid" in str(alert.evidence["top_process"])
-    # the rate is the leak's: 4 MiB per epoch at the epochs the job ran (several per window)
     rate = alert.evidence["rate_bytes_per_s"]
     assert isinstance(rate, float)
     kept = [t for t in ends if leak_from <= t <= found]
     leaked_per_s = LEAK_MIB_PER_EPOCH * MIB * len(kept) / (found - leak_from)
     assert 0.5 * leaked_per_s <= rate <= 2.0 * leaked_per_s, (rate, leaked_per_s, alert.message)
-    # the same churn without the leak, watched as long: the respawned workers' sawtooth is healthy
     assert not _growth(watches[1]), [a.message for a in _growth(watches[1])][:1]
     assert watches[1].elapsed() >= watches[0].elapsed() - 5.0
 
