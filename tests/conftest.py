@@ -76,3 +76,15 @@ def trainer_leak_run() -> Iterator[object]:
     yield run
     if run.thread is not None:
         run.thread.join(timeout=200)
+
+
+@pytest.fixture(scope="session")
+def report_recordings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from test_export_report import Recordings
+
+    made = Recordings(tmp_path_factory.mktemp("recordings"))
+    made.start()
+    try:
+        yield made
+    finally:
+        made.close()

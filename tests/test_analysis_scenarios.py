@@ -228,9 +228,12 @@ register_long_jobs(__name__, _long_jobs)
 
 @pytest.fixture(scope="module")
 def jobs(
-    tmp_path_factory: pytest.TempPathFactory, deaths_early: object, trainer_leak_run: object
+    tmp_path_factory: pytest.TempPathFactory,
+    deaths_early: object,
+    trainer_leak_run: object,
+    report_recordings: object,
 ) -> Iterator[dict[str, Watched]]:
-    # deaths_early and trainer_leak_run (conftest) are started first: their waits overlap this one
+    # the session's long runs (conftest) are started first: their waits overlap this one
     yield long_jobs(__name__, tmp_path_factory)
     release_long_jobs(__name__)
 

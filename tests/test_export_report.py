@@ -12,9 +12,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import tracemalloc
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,36 +53,64 @@ def record(path: Path, *job: str) -> subprocess.Popen[bytes]:
     )
 
 
-@pytest.fixture(scope="module")
-def recordings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
-    """Made side by side (about a minute): healthy, leak, death, healthy gzip'd, slow."""
-    tmp = tmp_path_factory.mktemp("recordings")
-    paths = {
-        "healthy": tmp / "healthy.jsonl",
-        "healthy_gz": tmp / "healthy.jsonl.gz",
-        "leak": tmp / "leak.jsonl",
-        "death": tmp / "death.jsonl",
-        "slow": tmp / "slow.jsonl",
-        "startup": tmp / "startup.jsonl",
-    }
-    runs = [
-        record(paths["healthy"], *JOB, "--seconds", "12"),
-        record(paths["healthy_gz"], *JOB, "--seconds", "8"),
-        record(paths["slow"], *JOB, "--seconds", "12", "--rate", "15"),  # the same job, throttled
-        # one long epoch, persistent workers: no respawn sawtooth over the steady leak
-        record(paths["leak"], *LEAK_JOB, "--seconds", str(LEAK_S)),
-        # short epochs, non-persistent workers that take STARTUP_SLEEP s to start each epoch
-        record(paths["startup"], *STARTUP_JOB, "--seconds", "14"),
-    ]
-    runs.append(record(paths["death"], DEATH_JOB, "16"))
-    try:
-        end_when_alerted(paths["leak"], "memory_growth", LEAK_S + 60)
-        for run in runs:
-            run.wait(timeout=LEAK_S + 120)
-        yield paths
-    finally:
-        for run in runs:
+class Recordings:
+    """Made side by side (about a minute): healthy, leak, death, healthy gzip'd, slow, start-up.
+    Started by the session (conftest) with the suite's first long window, so that they are made
+    by the time this module runs; its ``recordings`` waits for them."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.paths = {
+            "healthy": tmp / "healthy.jsonl",
+            "healthy_gz": tmp / "healthy.jsonl.gz",
+            "leak": tmp / "leak.jsonl",
+            "death": tmp / "death.jsonl",
+            "slow": tmp / "slow.jsonl",
+            "startup": tmp / "startup.jsonl",
+        }
+        self.runs: list[subprocess.Popen[bytes]] = []
+        self.thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    def start(self) -> None:
+        paths = self.paths
+        self.runs = [
+            record(paths["healthy"], *JOB, "--seconds", "12"),
+            record(paths["healthy_gz"], *JOB, "--seconds", "8"),
+            record(paths["slow"], *JOB, "--seconds", "12", "--rate", "15"),  # the same job, throttled
+            # one long epoch, persistent workers: no respawn sawtooth over the steady leak
+            record(paths["leak"], *LEAK_JOB, "--seconds", str(LEAK_S)),
+            # short epochs, non-persistent workers that take STARTUP_SLEEP s to start each epoch
+            record(paths["startup"], *STARTUP_JOB, "--seconds", "14"),
+            record(paths["death"], DEATH_JOB, "16"),
+        ]
+
+        def body() -> None:
+            try:
+                end_when_alerted(paths["leak"], "memory_growth", LEAK_S + 60)
+                for run in self.runs:
+                    run.wait(timeout=LEAK_S + 120)
+            except BaseException as exc:  # re-raised by the module's fixture
+                self.error = exc
+
+        self.thread = threading.Thread(target=body, name="report-recordings", daemon=True)
+        self.thread.start()
+
+    def result(self) -> dict[str, Path]:
+        assert self.thread is not None
+        self.thread.join(LEAK_S + 300)
+        assert not self.thread.is_alive(), "the recordings were not over in time"
+        if self.error is not None:
+            raise self.error
+        return self.paths
+
+    def close(self) -> None:
+        for run in self.runs:
             kill_group(run)
+
+
+@pytest.fixture(scope="module")
+def recordings(report_recordings: Recordings) -> dict[str, Path]:
+    return report_recordings.result()
 
 
 def end_when_alerted(path: Path, kind: str, timeout: float) -> None:
