@@ -89,9 +89,10 @@ class SmapsBudget:
         """Candidates that are due, most valuable first.
 
         urgency = age x worth. A never-read process counts as one steady period overdue plus the
-        time since it was first seen, and as grown by ``never_read_growth`` thresholds; worth = trainer weight x (1 + 4 x growth) x (1 + its share
-        of the largest RSS), growth = movement / moved_fraction capped at 5 (a process that moved
-        past the threshold outranks idle ones up to ~21x staler). Every weight is bounded, so a
+        time since it was first seen, and as grown by ``never_read_growth`` thresholds; worth =
+        trainer weight x (1 + 4 x growth) x (1 + its share of the largest RSS), growth =
+        movement / moved_fraction capped at 5 (a process that moved past the threshold outranks
+        idle ones up to ~21x staler). Every weight is bounded, so a
         process passed over keeps gaining until it is read.
         """
         pool = list(candidates)
