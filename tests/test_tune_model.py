@@ -286,3 +286,26 @@ def test_file_pages_swinging_under_reclaim_are_not_growth() -> None:
 
 def test_a_total_already_past_the_line_stops_at_once() -> None:
     assert feed(OomWatch(640 * MIB), [(300, 280), (590, 300)]) == 1
+
+
+def test_a_ramp_that_reaches_the_line_within_the_confirming_tick_is_stopped_at_once() -> None:
+    """A batch-256 ramp (85 MiB a tick) from 385 MiB: the slope is known at the third reading
+    (555 MiB) and the next one is past the line (640 MiB, the cap itself): waiting for a second
+    reading to confirm let the kernel's OOM killer come first."""
+    ramp = [(385 + 85 * i, 365 + 85 * i) for i in range(6)]
+    stopped = feed(OomWatch(640 * MIB), ramp)
+    assert stopped == 2 and ramp[stopped][0] < 0.9 * 640, stopped
+
+
+def test_a_wall_clock_step_back_does_not_hide_a_ramp() -> None:
+    """Readings a tick apart, the clock set back an hour at the fourth: the fit starts over
+    instead of fitting a ramp against times that go backwards (no growth seen until the line)."""
+    watch = OomWatch(640 * MIB)
+    stopped_at: int | None = None
+    for i in range(14):
+        t = i * 0.25 - (3600.0 if i >= 3 else 0.0)
+        total = 200 + 40 * i
+        if watch.add(t, total * MIB, (total - 20) * MIB, horizon_s=3.5) is not None:
+            stopped_at = total
+            break
+    assert stopped_at is not None and stopped_at < 0.9 * 640, stopped_at

@@ -95,11 +95,11 @@ class OomWatch:
     the last ``window_s``. The growth rate is fitted on the anonymous part (file pages are
     reclaimable: their swings under a cgroup's reclaim are not growth) and added to the total.
     It stops a configuration that would pass the line within ``act_s`` (the next few ticks:
-    the kernel's OOM killer comes at the limit itself) on ``confirm`` readings in a row, or whose
-    total is past the line already. Projected over the rest of the configuration's window
-    instead, one worker's fork and copy-on-write burst stopped a healthy 1 worker x batch 8 at
-    0.2 GiB of a 0.62 GiB cap (CI); that longer projection is what ``add`` returns, for the
-    message."""
+    the kernel's OOM killer comes at the limit itself) on ``confirm`` readings in a row, or at
+    once when the next reading (a tick on) would be past the line. Projected over the rest of the
+    configuration's window instead, one worker's fork and copy-on-write burst stopped a healthy
+    1 worker x batch 8 at 0.2 GiB of a 0.62 GiB cap (CI); that longer projection is what ``add``
+    returns, for the message."""
 
     limit_bytes: int
     window_s: float = 3.0
@@ -112,6 +112,10 @@ class OomWatch:
 
     def add(self, t: float, total: int, anon: int | None, horizon_s: float) -> float | None:
         """Take a reading; the peak projected ``horizon_s`` ahead when it says stop, else None."""
+        if self.times and t < self.times[-1]:  # the wall clock stepped back: the fit starts over
+            self.times.clear()
+            self.totals.clear()
+            self.anon.clear()
         self.times.append(t)
         self.totals.append(total)
         self.anon.append(total if anon is None else anon)
@@ -121,7 +125,10 @@ class OomWatch:
         rate_s = 0.0 if soon is None else (soon - self.anon[-1]) / self.act_s
         line = SAFETY * self.limit_bytes
         self.over = self.over + 1 if total + rate_s * self.act_s > line else 0
-        if total > line or self.over >= self.confirm:
+        # past the line by the next reading: no time left to confirm (the kernel kills at the
+        # limit, within a tick of the line at a batch-256 ramp's 85 MiB a tick)
+        tick_s = self.times[-1] - self.times[-2] if len(self.times) > 1 else 0.0
+        if total + rate_s * tick_s > line or self.over >= self.confirm:
             return total + rate_s * max(horizon_s, self.act_s)
         return None
 

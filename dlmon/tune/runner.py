@@ -362,8 +362,8 @@ def _measure(
             remaining = opts.seconds or 5.0
             if window_start is not None and opts.seconds:
                 remaining = max(0.0, opts.seconds - (snap.time - window_start[0]))
-            projected = oom_watch.add(
-                snap.time, pss, snap.memory.pss_anon_sum_bytes, remaining + 2 * opts.interval_s
+            projected = oom_watch.add(  # on the monotonic clock: a wall-clock step is no growth
+                tick, pss, snap.memory.pss_anon_sum_bytes, remaining + 2 * opts.interval_s
             )
             if projected is not None:
                 return stop(
