@@ -74,6 +74,7 @@ def trainer_leak_run() -> Iterator[object]:
     run = LeakRun()
     run.start()
     yield run
+    run.stopping.set()  # its test deselected or the session interrupted: its jobs end now
     if run.thread is not None:
         run.thread.join(timeout=200)
 

@@ -59,6 +59,7 @@ class LeakRun:
     watches: list[Watch] = field(default_factory=list)
     error: BaseException | None = None
     thread: threading.Thread | None = None
+    stopping: threading.Event = field(default_factory=threading.Event)
 
     def start(self) -> None:
         def body() -> None:
@@ -89,7 +90,8 @@ class LeakRun:
             self.watches = [Watch(leaky.pid), Watch(quiet.pid)]
             try:
                 deadline = self.leak_from + CAUGHT_WITHIN_S
-                while time.monotonic() < deadline:  # both watched to the end, whenever it is caught
+                # both watched to the end, whenever it is caught (or the session is ending)
+                while time.monotonic() < deadline and not self.stopping.is_set():
                     for w in self.watches:
                         w.tick()
                     if self.found is None and _growth(self.watches[0]):
