@@ -309,3 +309,12 @@ def test_a_wall_clock_step_back_does_not_hide_a_ramp() -> None:
             stopped_at = total
             break
     assert stopped_at is not None and stopped_at < 0.9 * 640, stopped_at
+
+
+def test_a_ramp_after_seconds_of_flat_memory_is_stopped_before_the_line() -> None:
+    """Memory flat for 3 s after the loader is built (a warm-up), then a batch-256 ramp: fitted over
+    all 3 s of readings the slope was a quarter of the ramp's, and the stop came at ~625 MiB of a
+    640 MiB cap (review); over the last second it is the ramp's own."""
+    readings = [(250, 230)] * 12 + [(250 + 85 * i, 230 + 85 * i) for i in range(1, 8)]
+    stopped = feed(OomWatch(640 * MIB), readings)
+    assert stopped is not None and readings[stopped][0] < 0.9 * 640, stopped

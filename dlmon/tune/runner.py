@@ -54,7 +54,7 @@ def kill_live_trainings() -> None:
 INTERRUPTED = "interrupted"  # Ctrl-C in dlmon: not a result, the configuration runs again on --resume
 WARM_BATCHES = 3  # batches of the tuned loader before the window opens
 WARM_SECONDS = 1.0  # and seconds after its first batch
-GROWTH_WINDOW_S = 3.0  # memory readings the growth rate is fitted over
+GROWTH_WINDOW_S = 1.0  # memory readings the growth rate is fitted over (tune/model.py OomWatch)
 LOG_TAIL_LINES = 5
 
 
