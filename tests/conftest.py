@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -53,39 +54,99 @@ def spawn() -> Iterator[Spawn]:
         proc.wait()
 
 
-# -- long runs started with the suite's first long window -----------------------------------------
-# tests/test_analysis_scenarios.py's ``jobs`` asks for these: its side-by-side watch of the
-# rate-limited long jobs takes ~2.5 min, during which these (asleep most of the time too) run
-# in their own threads, instead of adding their minute or two each later in the suite.
+# -- long runs started during the suite's first long window --------------------------------------
+# tests/test_analysis_scenarios.py's ``jobs`` starts these, each some seconds into its side-by-side
+# watch of the rate-limited long jobs (~2.8 min): they run in their own threads (asleep most of the
+# time too) instead of adding their minute or two each later in the suite. Each starts only once
+# the watched jobs whose verdicts are sensitive to load are decided (slow start-up 40 s, the
+# copy-on-read pair 62 s): started at once, they put the load average at ~12 and on CI the slow
+# start-up's data wait rose to 0.27 and copy-on-read was caught at 62 s instead of within 60 s.
+# Run without that window (a module alone), a test's ``get`` starts its run at once.
+
+
+class Background:
+    """A long run begun on demand on its own thread: ``start(delay_s)`` (the long window),
+    or ``get`` (the test that reads it, at once). What ``begin`` returns is ``get``'s value."""
+
+    def __init__(self, begin: Callable[[], Any]) -> None:
+        self._begin = begin
+        self._thread: threading.Thread | None = None
+        self._cancelled = threading.Event()
+        self._lock = threading.Lock()
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+    def start(self, delay_s: float = 0.0) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, args=(delay_s,), daemon=True)
+                self._thread.start()
+
+    def _run(self, delay_s: float) -> None:
+        if self._cancelled.wait(delay_s):
+            return
+        try:
+            self.value = self._begin()
+        except BaseException as exc:  # raised again in the test that reads it
+            self.error = exc
+
+    def get(self) -> Any:
+        self.start()
+        assert self._thread is not None
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+    def cancel(self) -> None:
+        """At the session's end: a run not begun yet never begins."""
+        self._cancelled.set()
+        if self._thread is not None:
+            self._thread.join()
 
 
 @pytest.fixture(scope="session")
-def deaths_early(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+def deaths_early(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Background]:
     from test_deaths import early_runs
 
-    with early_runs(tmp_path_factory) as found:
-        yield found
+    with contextlib.ExitStack() as stack:
+        runs = Background(lambda: stack.enter_context(early_runs(tmp_path_factory)))
+        yield runs
+        runs.cancel()
 
 
 @pytest.fixture(scope="session")
-def trainer_leak_run() -> Iterator[object]:
+def trainer_leak_run() -> Iterator[Background]:
     from test_trainer_leak import LeakRun
 
-    run = LeakRun()
-    run.start()
-    yield run
-    run.stopping.set()  # its test deselected or the session interrupted: its jobs end now
-    if run.thread is not None:
-        run.thread.join(timeout=200)
+    def begin() -> LeakRun:
+        run = LeakRun()
+        run.start()
+        return run
+
+    background = Background(begin)
+    yield background
+    background.cancel()
+    run = background.value
+    if run is not None:
+        run.stopping.set()  # its test deselected or the session interrupted: its jobs end now
+        if run.thread is not None:
+            run.thread.join(timeout=200)
 
 
 @pytest.fixture(scope="session")
-def report_recordings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def report_recordings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Background]:
     from test_export_report import Recordings
 
-    made = Recordings(tmp_path_factory.mktemp("recordings"))
-    made.start()
+    def begin() -> Recordings:
+        made = Recordings(tmp_path_factory.mktemp("recordings"))
+        made.start()
+        return made
+
+    background = Background(begin)
     try:
-        yield made
+        yield background
     finally:
-        made.close()
+        background.cancel()
+        if background.value is not None:
+            background.value.close()

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import Background
 from dlmon.analysis import Analyzer
 from dlmon.collect.sampler import Sampler
 from dlmon.flow.sources import LiveSource
@@ -229,11 +230,15 @@ register_long_jobs(__name__, _long_jobs)
 @pytest.fixture(scope="module")
 def jobs(
     tmp_path_factory: pytest.TempPathFactory,
-    deaths_early: object,
-    trainer_leak_run: object,
-    report_recordings: object,
+    deaths_early: Background,
+    trainer_leak_run: Background,
+    report_recordings: Background,
 ) -> Iterator[dict[str, Watched]]:
-    # the session's long runs (conftest) are started first: their waits overlap this one
+    # the session's other long runs (conftest), begun during this window once the load-sensitive
+    # watches are decided: their waits overlap this one instead of adding up
+    trainer_leak_run.start(delay_s=0.0)  # the longest (~2 min); 2 light jobs, passed at once
+    deaths_early.start(delay_s=55.0)  # after the slow start-up's 40 s (from its READY)
+    report_recordings.start(delay_s=75.0)  # after the copy-on-read pair's 62 s (from READY)
     yield long_jobs(__name__, tmp_path_factory)
     release_long_jobs(__name__)
 

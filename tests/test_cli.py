@@ -113,7 +113,8 @@ def test_attach_once_json_is_a_full_snapshot_with_rates(spawn: Spawn) -> None:
 
 
 def test_record_ends_when_the_target_exits(spawn: Spawn, tmp_path: Path) -> None:
-    proc = spawn('print("READY", flush=True)\nimport time; time.sleep(1.5)')
+    # 3 s: dlmon's own start-up on a loaded machine took most of 1.5 s (CI: 3 snapshots, not 4)
+    proc = spawn('print("READY", flush=True)\nimport time; time.sleep(3.0)')
     out = tmp_path / "rec.jsonl"
     result = dlmon("record", str(proc.pid), "-o", str(out), "--interval", "0.2")
     assert result.returncode == 0, result.stderr

@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from conftest import Background
 from dlmon.flow.sources import read_record
 from dlmon.model import Snapshot
 from tests.agent_support import ROOT, private_agent_env
@@ -437,10 +438,11 @@ def _live_lone_hang(run: Run, seen: dict[str, Any]) -> None:
 
 
 @pytest.fixture
-def early(deaths_early: dict[str, Early]) -> dict[str, Early]:
-    """The module's long runs: started by the session (conftest), with the suite's first long
+def early(deaths_early: Background) -> dict[str, Early]:
+    """The module's long runs: begun by the session (conftest) during the suite's first long
     window (tests/test_analysis_scenarios.py's jobs) when it runs, so they are over by now."""
-    return deaths_early
+    found: dict[str, Early] = deaths_early.get()
+    return found
 
 
 @contextlib.contextmanager

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from conftest import Background
 from dlmon.export.summary import SERIES_POINTS, summarize
 from dlmon.model.format import human_bytes
 from export_support import LOADER_JOB, dlmon_cmd, kill_group, read_snapshots, wait_for
@@ -109,8 +110,9 @@ class Recordings:
 
 
 @pytest.fixture(scope="module")
-def recordings(report_recordings: Recordings) -> dict[str, Path]:
-    return report_recordings.result()
+def recordings(report_recordings: Background) -> dict[str, Path]:
+    made: Recordings = report_recordings.get()
+    return made.result()
 
 
 def end_when_alerted(path: Path, kind: str, timeout: float) -> None:

@@ -19,6 +19,7 @@ import pytest
 from faults.support import Job
 from test_analysis_scenarios import Watch
 
+from conftest import Background
 from dlmon.model import Alert
 
 pytest.importorskip("torch")
@@ -104,9 +105,10 @@ class LeakRun:
 
 @pytest.mark.slow
 def test_trainer_leak_under_respawning_workers_is_caught_and_the_churn_alone_is_not(
-    trainer_leak_run: LeakRun,
+    trainer_leak_run: Background,
 ) -> None:
-    run = trainer_leak_run.result()
+    leak_run: LeakRun = trainer_leak_run.get()
+    run = leak_run.result()
     found, leak_from, ends, watches = run.found, run.leak_from, run.ends, run.watches
     assert found is not None, (
         f"no memory_growth within {CAUGHT_WITHIN_S:.0f} s of the trainer's leak "
