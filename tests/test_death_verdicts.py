@@ -388,3 +388,29 @@ def test_fds_run_out_is_in_the_exit_verdict() -> None:
     history.append(_ended(snap(120), 1))
     verdict = exit_verdict(analyze(history)[-1], 1)
     assert verdict is not None and "file descriptors" in verdict, verdict
+
+
+def test_a_stall_still_in_the_verdict_when_the_interrupted_training_takes_seconds_to_exit() -> None:
+    """Ctrl-C on a hung job: the trainer leaves the loader at once (the stall's condition is gone)
+    but takes seconds to exit (torch waits 5 s for a hung worker; more under load). With a 3 s
+    clear hold the stall was forgotten before the exit and the verdict said only 'ended by
+    SIGINT' (a real run of tests/test_deaths.py, on a loaded machine)."""
+    from dlmon.analysis.verdict import exit_verdict
+
+    history = []
+    total = 0
+    for k in range(200):
+        moving = k < 30
+        total += 2 if moving else 0
+        train = dataclasses.replace(
+            loader(id="T"), batches_total=total, batches_per_s=2.0 if moving else 0.0, in_call_s=0.0
+        )
+        main = proc(MAIN_PID, "main", uss=300 * MIB, pss=350 * MIB, cpu=50.0 if moving else 0.5)
+        history.append(snap(k, [main], loaders=[train]))
+    for k in range(200, 208):  # shutting down: the loader is gone, the trainer not yet
+        history.append(snap(k, [proc(MAIN_PID, "main", uss=300 * MIB, pss=350 * MIB, cpu=20.0)]))
+    history.append(_ended(snap(208), 130))
+    analyzed = analyze(history)
+    assert of_kind(analyzed[199], "stall")
+    verdict = exit_verdict(analyzed[-1], 130)
+    assert verdict is not None and "asleep outside the loader" in verdict, verdict

@@ -71,7 +71,10 @@ DEFAULT_HOLDS: Mapping[str, Hold] = MappingProxyType(
         VRAM_PRESSURE: Hold(3.0, 15.0),
         SWAP_ACTIVITY: Hold(0.0, 60.0),
         TRAINER_DIED: Hold(0.0, 0.0),  # the last snapshots of a run: say it at once
-        STALL: Hold(0.0, 3.0),  # the detector already waited 20 usual intervals (10 s at least)
+        # raised: the detector already waited 20 usual intervals (10 s at least); cleared: a hang
+        # ended with Ctrl-C leaves the loader at once but exits seconds later (torch waits 5 s
+        # for a hung worker), and the exit verdict must still name the hang
+        STALL: Hold(0.0, 15.0),
         FD_EXHAUSTION: Hold(0.0, 15.0),  # the detector demands a steady rise or a high share
     }
 )
