@@ -318,3 +318,12 @@ def test_a_ramp_after_seconds_of_flat_memory_is_stopped_before_the_line() -> Non
     readings = [(250, 230)] * 12 + [(250 + 85 * i, 230 + 85 * i) for i in range(1, 8)]
     stopped = feed(OomWatch(640 * MIB), readings)
     assert stopped is not None and readings[stopped][0] < 0.9 * 640, stopped
+
+
+def test_a_ramp_sampled_slower_than_every_half_second_is_still_fitted() -> None:
+    """The sampler reads every process's smaps each tick; under load a tick can take 0.55 s, and a
+    1 s window then held two readings, to which no slope is fitted: a ramp of 88 MiB a tick was
+    stopped only at the 640 MiB cap itself (the kernel's OOM killer first)."""
+    readings = [(200 + 88 * i, 180 + 88 * i) for i in range(10)]
+    stopped = feed(OomWatch(640 * MIB), readings, step=0.55)
+    assert stopped is not None and readings[stopped][0] < 0.9 * 640, stopped

@@ -87,6 +87,9 @@ def projected_peak(times: Sequence[float], values: Sequence[int], horizon_s: flo
     return values[-1] + max(0.0, slope) * horizon_s
 
 
+MIN_FIT_READINGS = 3  # projected_peak's least for a slope
+
+
 @dataclass(slots=True)
 class OomWatch:
     """Whether a running configuration is on its way past ``SAFETY`` x the memory limit.
@@ -121,7 +124,9 @@ class OomWatch:
         self.times.append(t)
         self.totals.append(total)
         self.anon.append(total if anon is None else anon)
-        while self.times[-1] - self.times[0] > self.window_s:
+        # at least MIN_FIT_READINGS: ticks slower than the window's half (a long smaps read under
+        # load) would leave two readings, which projected_peak fits no slope to (a ramp unseen)
+        while len(self.times) > MIN_FIT_READINGS and self.times[-1] - self.times[0] > self.window_s:
             del self.times[0], self.totals[0], self.anon[0]
         soon = projected_peak(self.times, self.anon, self.act_s)
         rate_s = 0.0 if soon is None else (soon - self.anon[-1]) / self.act_s
