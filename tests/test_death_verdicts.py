@@ -414,3 +414,29 @@ def test_a_stall_still_in_the_verdict_when_the_interrupted_training_takes_second
     assert of_kind(analyzed[199], "stall")
     verdict = exit_verdict(analyzed[-1], 130)
     assert verdict is not None and "asleep outside the loader" in verdict, verdict
+
+
+def test_a_stall_that_resolved_is_not_the_verdict_of_a_clean_exit_seconds_later() -> None:
+    """A 30 s hang (an NFS hiccup), then batches flow again and the job ends cleanly 10 s later.
+    With STALL's 15 s clear hold (kept for a hang cut short by Ctrl-C) the resolved stall stayed on
+    screen ("no batch for 30 s" while batches flowed) and 'training exited 0' blamed it."""
+    from dlmon.analysis.verdict import exit_verdict
+
+    history = []
+    total = 0
+    for k in range(70):
+        moving = k < 30 or k >= 60
+        total += 2 if moving else 0
+        train = dataclasses.replace(
+            loader(id="T"),
+            batches_total=total,
+            batches_per_s=2.0 if moving else 0.0,
+            in_call_s=0.0 if moving else float(k - 29),
+        )
+        main = proc(MAIN_PID, "main", uss=300 * MIB, pss=350 * MIB, cpu=50.0)
+        history.append(snap(k, [main], loaders=[train]))
+    history.append(_ended(snap(70), 0))
+    analyzed = analyze(history)
+    assert of_kind(analyzed[55], "stall"), "the premise: the hang is a stall"
+    assert not of_kind(analyzed[66], "stall"), "batches flow again: the stall is over"
+    assert exit_verdict(analyzed[-1], 0) is None

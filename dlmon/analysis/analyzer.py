@@ -82,6 +82,9 @@ _DEFAULT_HOLD = Hold(3.0, 15.0)
 # raised while the target lived, their detectors go quiet once it is gone (no process to read, no
 # loader to wait on): kept to the end, they say why it ended (a hang killed, fds run out)
 _LAST_WORDS = frozenset({STALL, FD_EXHAUSTION})
+# a stall its loader (or its worker) delivered again after: over, not a hang cut short by Ctrl-C,
+# so not kept for STALL's long clear hold (a stale "no batch for 30 s" on screen) nor at the exit
+RESUMED_STALL_CLEAR_S = 3.0
 
 
 @dataclass(slots=True)
@@ -237,9 +240,13 @@ class Analyzer:
                     continue
                 if track.absent_since is None:
                     track.absent_since = now
-                if ended and key[0] in _LAST_WORDS:
+                clear_after_s = hold.clear_after_s
+                resumed = key[0] == STALL and self._resumed(track)
+                if resumed:
+                    clear_after_s = min(clear_after_s, RESUMED_STALL_CLEAR_S)
+                if ended and key[0] in _LAST_WORDS and not resumed:
                     pass  # what the job was doing when it ended: the exit verdict's cause
-                elif ended or now - track.absent_since >= hold.clear_after_s:
+                elif ended or now - track.absent_since >= clear_after_s:
                     del self._tracks[key]
                     continue
             elif track.raised_at is None and now - track.present_since >= hold.raise_after_s:
@@ -259,3 +266,16 @@ class Analyzer:
                 )
         alerts.sort(key=lambda a: (-SEVERITY_RANK.get(a.severity, 0), a.since, a.kind, a.subject))
         return tuple(alerts)
+
+    def _resumed(self, track: _Track) -> bool:
+        """Whether the stalled loader (or, for one stuck worker, that worker) has delivered a batch
+        since the stall was last seen."""
+        evidence = track.candidate.evidence
+        memory = self.digest.loader_progress.get(str(evidence.get("loader_id")))
+        if memory is None or track.absent_since is None:
+            return False
+        if evidence.get("where") == "worker":
+            wid, pid = evidence.get("worker_id"), evidence.get("pid")
+            seen = memory.workers.get((wid, pid)) if isinstance(wid, int) and isinstance(pid, int) else None
+            return seen is not None and seen[1] >= track.absent_since
+        return memory.moved_at >= track.absent_since
