@@ -239,7 +239,10 @@ def jobs(
     trainer_leak_run.start(delay_s=0.0)  # the longest (~2 min); 2 light jobs, passed at once
     deaths_early.start(delay_s=55.0)  # after the slow start-up's 40 s (from its READY)
     report_recordings.start(delay_s=75.0)  # after the copy-on-read pair's 62 s (from READY)
-    yield long_jobs(__name__, tmp_path_factory)
+    watched = long_jobs(__name__, tmp_path_factory)
+    for run in (trainer_leak_run, deaths_early, report_recordings):
+        run.settle()
+    yield watched
     release_long_jobs(__name__)
 
 

@@ -90,7 +90,9 @@ def test_respawned_workers_keep_their_series_and_pids_are_values(served: tuple[i
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and len(pids_seen) < 6:
         metrics = parse_exposition(scrape(port))
-        for labels, _ in metrics.get("dlmon_process_pss_bytes", []):
+        # RSS, read every tick: a respawned worker's PSS may wait for the budget on a loaded
+        # machine (CI: slot 0's never came within 30 s); the rules test needs a worker PSS
+        for labels, _ in metrics.get("dlmon_process_rss_bytes", []):
             if labels["role"] == "worker":
                 label_sets.add(tuple(sorted(labels.items())))
         pids_seen |= {value for _, value in metrics.get("dlmon_worker_pid", [])}
