@@ -131,15 +131,10 @@ class OomWatch:
         soon = projected_peak(self.times, self.anon, self.act_s)
         rate_s = 0.0 if soon is None else (soon - self.anon[-1]) / self.act_s
         line = SAFETY * self.limit_bytes
-        tick_s = self.times[-1] - self.times[-2] if len(self.times) > 1 else 0.0
-        # a reading confirms only while memory still rises (its own step at least half the fitted
-        # rate's): a one-tick jump, then flat, was fitted at ~1.2x the jump per second and stopped
-        # a healthy plateau at 71% of the cap (review); a ramp's every step is the rate itself
-        step = self.anon[-1] - self.anon[-2] if len(self.anon) > 1 else 0
-        rising = rate_s > 0 and step >= 0.5 * rate_s * tick_s
-        self.over = self.over + 1 if rising and total + rate_s * self.act_s > line else 0
+        self.over = self.over + 1 if total + rate_s * self.act_s > line else 0
         # past the line by the next reading: no time left to confirm (the kernel kills at the
         # limit, within a tick of the line at a batch-256 ramp's 85 MiB a tick)
+        tick_s = self.times[-1] - self.times[-2] if len(self.times) > 1 else 0.0
         if total + rate_s * tick_s > line or self.over >= self.confirm:
             return total + rate_s * max(horizon_s, self.act_s)
         return None
