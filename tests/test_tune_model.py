@@ -327,3 +327,15 @@ def test_a_ramp_sampled_slower_than_every_half_second_is_still_fitted() -> None:
     readings = [(200 + 88 * i, 180 + 88 * i) for i in range(10)]
     stopped = feed(OomWatch(640 * MIB), readings, step=0.55)
     assert stopped is not None and readings[stopped][0] < 0.9 * 640, stopped
+
+
+def test_a_staircase_ramp_is_stopped_before_a_step_reaches_the_cap() -> None:
+    """A batch's 150 MiB every 0.5 s (a 4 Hz reading flat every other tick): only one reading in
+    two rises, so the rising readings alone never confirmed twice in a row, and the one past the
+    line by the next reading came only with the step that reached the 640 MiB cap itself."""
+    stairs = [(200 + 150 * (i // 2), 180 + 150 * (i // 2)) for i in range(10)]
+    stopped = feed(OomWatch(640 * MIB), [(200, 180)] * 4 + stairs)
+    assert stopped is not None and ([(200, 180)] * 4 + stairs)[stopped][0] < 640, stopped
+    slower = [(220 + 110 * (i // 4), 200 + 110 * (i // 4)) for i in range(20)]  # a step a second
+    stopped = feed(OomWatch(640 * MIB), [(220, 200)] * 4 + slower)
+    assert stopped is not None and ([(220, 200)] * 4 + slower)[stopped][0] < 640, stopped
