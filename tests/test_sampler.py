@@ -115,3 +115,27 @@ def test_target_exit_is_reported_and_sampling_goes_on(spawn: Spawn) -> None:
 def test_no_such_process() -> None:
     with pytest.raises(NoSuchProcess):
         Sampler(2**22 + 1)
+
+
+def test_a_target_seen_gone_gets_its_exit_code_even_when_the_launcher_answers_late() -> None:
+    """A SIGKILLed trainer is gone from /proc before its launcher can reap it (or while another
+    thread of the launcher is inside wait()): poll() said None for a few ms, the final snapshot
+    had no exit code, and the exit verdict lost "the trainer was killed by SIGKILL" (CI)."""
+    import signal
+    import subprocess
+
+    child = subprocess.Popen(["sleep", "60"])
+    answers: list[int | None] = [None, None, None]
+
+    def late_exit_code() -> int | None:
+        return answers.pop(0) if answers else 128 + signal.SIGKILL
+
+    sampler = Sampler(child.pid, exit_code=late_exit_code)
+    try:
+        child.kill()
+        child.wait()
+        s = sampler.sample()
+        assert not s.target.alive
+        assert s.target.exit_code == 137
+    finally:
+        sampler.close()

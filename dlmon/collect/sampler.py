@@ -99,6 +99,20 @@ class Sampler:
         self._job_shm = JobShm(proc_root)
         self._stall = StallProbe(self._agent)
 
+    def _dead_exit_code(self) -> int | None:
+        """The exit code of a target seen gone. Its launcher may be inside ``Popen.wait()`` on
+        another thread at that moment, and ``poll()`` then answers None until the wait returns
+        (a few ms): a final snapshot without the code lost "the trainer was killed by SIGKILL"
+        from the exit verdict (CI). Only at the death, so up to 1 s of retries costs nothing."""
+        if self._exit_code is None:
+            return None
+        for _ in range(20):
+            code = self._exit_code()
+            if code is not None:
+                return code
+            time.sleep(0.05)
+        return None
+
     def sample(self) -> Snapshot:
         cpu_start = time.thread_time()
         now = time.monotonic()
@@ -173,7 +187,7 @@ class Sampler:
                 start_time=self.processes.target_identity[1],
                 cmdline=self.cmdline,
                 alive=alive,
-                exit_code=None if alive or self._exit_code is None else self._exit_code(),
+                exit_code=None if alive else self._dead_exit_code(),
                 start_unix_time=self.start_unix_time,
             ),
             processes=processes,
