@@ -93,6 +93,7 @@ class Sampler:
         self._gpu = gpu if gpu is not None else GpuCollector()
         self._agent = agent if agent is not None else AgentClient()
         self._exit_code = exit_code
+        self._exit_retried = False
         self._last_time: float | None = None
         self.last_cost: TickCost | None = None
         self._kernel = KernelLog()
@@ -106,7 +107,9 @@ class Sampler:
         from the exit verdict (CI). Only at the death, so up to 1 s of retries costs nothing."""
         if self._exit_code is None:
             return None
-        for _ in range(20):
+        tries = 1 if self._exit_retried else 20  # waited once: the orphan watch's ticks never wait
+        self._exit_retried = True
+        for _ in range(tries):
             code = self._exit_code()
             if code is not None:
                 return code
