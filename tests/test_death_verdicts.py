@@ -356,9 +356,8 @@ def _ended(s: Snapshot, code: int) -> Snapshot:
     )
 
 
-def test_a_stall_the_user_ended_with_ctrl_c_is_in_the_exit_verdict() -> None:
-    from dlmon.analysis.verdict import exit_verdict
-
+def _trainer_asleep_after_30_s() -> list[Snapshot]:
+    """200 s of a trainer that delivered 2 batches/s for 30 s, then sleeps outside its loader."""
     history = []
     total = 0
     for k in range(200):
@@ -369,6 +368,13 @@ def test_a_stall_the_user_ended_with_ctrl_c_is_in_the_exit_verdict() -> None:
         )
         main = proc(MAIN_PID, "main", uss=300 * MIB, pss=350 * MIB, cpu=50.0 if moving else 0.5)
         history.append(snap(k, [main], loaders=[train]))
+    return history
+
+
+def test_a_stall_the_user_ended_with_ctrl_c_is_in_the_exit_verdict() -> None:
+    from dlmon.analysis.verdict import exit_verdict
+
+    history = _trainer_asleep_after_30_s()
     history.append(_ended(snap(200), 130))
     last = analyze(history)[-1]
     assert of_kind(last, "stall")
@@ -397,16 +403,7 @@ def test_a_stall_still_in_the_verdict_when_the_interrupted_training_takes_second
     SIGINT' (a real run of tests/test_deaths.py, on a loaded machine)."""
     from dlmon.analysis.verdict import exit_verdict
 
-    history = []
-    total = 0
-    for k in range(200):
-        moving = k < 30
-        total += 2 if moving else 0
-        train = dataclasses.replace(
-            loader(id="T"), batches_total=total, batches_per_s=2.0 if moving else 0.0, in_call_s=0.0
-        )
-        main = proc(MAIN_PID, "main", uss=300 * MIB, pss=350 * MIB, cpu=50.0 if moving else 0.5)
-        history.append(snap(k, [main], loaders=[train]))
+    history = _trainer_asleep_after_30_s()
     for k in range(200, 208):  # shutting down: the loader is gone, the trainer not yet
         history.append(snap(k, [proc(MAIN_PID, "main", uss=300 * MIB, pss=350 * MIB, cpu=20.0)]))
     history.append(_ended(snap(208), 130))
