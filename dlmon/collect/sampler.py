@@ -101,10 +101,10 @@ class Sampler:
         self._stall = StallProbe(self._agent)
 
     def _dead_exit_code(self) -> int | None:
-        """The exit code of a target seen gone. Its launcher may be inside ``Popen.wait()`` on
-        another thread at that moment, and ``poll()`` then answers None until the wait returns
-        (a few ms): a final snapshot without the code lost "the trainer was killed by SIGKILL"
-        from the exit verdict (CI). Only at the death, so up to 1 s of retries costs nothing."""
+        """The exit code of a target seen gone. It is not reapable yet while its other threads
+        are still exiting (or while the launcher's own ``wait()`` holds the lock), and ``poll()``
+        then answers None for a few ms: a final snapshot without the code lost "the trainer was
+        killed by SIGKILL" from the exit verdict (CI). Up to 1 s of retries, once per sampler."""
         if self._exit_code is None:
             return None
         tries = 1 if self._exit_retried else 20  # waited once: the orphan watch's ticks never wait

@@ -92,8 +92,8 @@ class SmapsBudget:
         time since it was first seen, and as grown by ``never_read_growth`` thresholds; worth =
         trainer weight x (1 + 4 x growth) x (1 + its share of the largest RSS), growth =
         movement / moved_fraction capped at 5 (a process that moved past the threshold outranks
-        idle ones up to ~21x staler). Every weight is bounded, so a
-        process passed over keeps gaining until it is read.
+        idle ones up to ~21x staler). Every weight is bounded, so a process passed over keeps
+        gaining until it is read.
         """
         pool = list(candidates)
         largest = max((c.rss_bytes for c in pool), default=0) or 1
