@@ -11,8 +11,8 @@ wall time (the budget is per wall second):
   (``Sampler.last_cost``: per-process reads, discovery, fds, smaps, building rows, NVML, agent
   polls, system files, building the snapshot);
 - floor: a bare loop doing only the raw reads of the same files dlmon read on that tick
-  (held fds + pread for stat/status/io, the same fd listings and children files, smaps_rollup
-  of exactly the processes dlmon read, the same system files);
+  (held fds + pread for stat, and for status/io where dlmon read them; the same fd listings
+  and children files, smaps_rollup of exactly the processes dlmon read, the same system files);
 - psutil: ``memory_full_info()`` (plus cpu/io) on every process, every tick: the naive way,
   measured on the first ``--psutil-ticks`` ticks only, as it is slow.
 
@@ -114,11 +114,14 @@ class Floor:
 
     def tick(self, sampler: Sampler) -> None:
         tracker = sampler.processes
-        for pid in tracker.read_last_tick:  # in rotation on a big tree: not every pid
-            for name in self.PER_TICK:
-                fd = self.fds.get((pid, name))
-                if fd is not None:
-                    os.pread(fd, 8192, 0)
+        # in rotation on a big tree: not every pid; status and io only of the processes that moved
+        per_tick = ((("stat",), tracker.read_last_tick), (("status", "io"), tracker.status_read_last_tick))
+        for names, pids in per_tick:
+            for pid in pids:
+                for name in names:
+                    fd = self.fds.get((pid, name))
+                    if fd is not None:
+                        os.pread(fd, 8192, 0)
         for pid in tracker.fd_counts_last_tick:
             os.listdir(f"{self.proc_root}/{pid}/fd")
         for pid, tids in tracker.children_reads_last_tick:

@@ -558,3 +558,25 @@ def test_real_usable_cores_are_the_targets_affinity_and_cpu_quota(
                 break
             except OSError:
                 time.sleep(0.05)
+
+
+def test_usable_cores_are_kept_for_their_refresh_then_read_again(
+    children: list[subprocess.Popen[str]],
+) -> None:
+    """Issue 14: affinity and quotas were read every tick, as costly as the rest of the
+    machine-wide files; they are set at launch, so a reading stands for ``refresh_s``."""
+    from dlmon.collect.cgroup import UsableCores
+
+    mine = os.sched_getaffinity(0)
+    if len(mine) < 2:
+        pytest.skip("needs two CPUs")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.readline()"], stdin=subprocess.PIPE, text=True
+    )
+    children.append(proc)
+    cores = UsableCores(proc.pid, refresh_s=0.3)
+    assert cores.read() == len(mine)
+    os.sched_setaffinity(proc.pid, {min(mine)})
+    assert cores.read() == len(mine)  # the reading stands for refresh_s
+    time.sleep(0.35)
+    assert cores.read() == 1.0

@@ -696,3 +696,71 @@ def test_a_small_tree_at_10_hz_is_not_put_in_rotation_where_it_would_buy_nothing
         assert set(seen) == {1}, seen
     finally:
         sampler.close()
+
+
+def test_status_and_io_are_read_again_when_stat_shows_the_process_moved_else_on_a_slow_cadence(
+    spawn: Spawn,
+) -> None:
+    """Issue 14: status and io of every process, every tick, were most of the fixed per-process
+    cost, and an idle worker's do not change. A process that moved is read at once (its row shows
+    the new memory on that very tick); one that did not, every ``unmoved_refresh_s``."""
+    proc = spawn(
+        """
+        import sys
+        held = []
+        print("READY", flush=True)
+        for line in sys.stdin:
+            held.append(b"x" * int(line))  # written, so resident
+            print("DONE", flush=True)
+        """
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    clock = [1000.0]
+    tracker = ProcessTracker(proc.pid, clock=lambda: clock[0])
+    first = tracker.sample()[0]
+    assert tracker.status_read_last_tick == [proc.pid] and first.rss_anon_bytes is not None
+    for _ in range(5):  # the first tick may catch the end of its start-up
+        clock[0] += 1.0
+        tracker.sample()
+        if not tracker.status_read_last_tick:
+            break
+    assert tracker.status_read_last_tick == []
+
+    proc.stdin.write(f"{64 * MiB}\n")
+    proc.stdin.flush()
+    assert proc.stdout.readline().strip() == "DONE"
+    clock[0] += 1.0
+    moved = tracker.sample()[0]
+    assert tracker.status_read_last_tick == [proc.pid]
+    assert moved.rss_anon_bytes is not None and moved.rss_anon_bytes >= first.rss_anon_bytes + 60 * MiB
+    assert moved.rss_bytes is not None and moved.rss_bytes >= moved.rss_anon_bytes
+
+    for _ in range(5):
+        clock[0] += 1.0
+        tracker.sample()
+        if not tracker.status_read_last_tick:
+            break
+    assert tracker.status_read_last_tick == []
+    clock[0] += tracker.cadence.unmoved_refresh_s
+    tracker.sample()
+    assert tracker.status_read_last_tick == [proc.pid]
+
+
+def test_a_transient_status_error_is_not_kept_while_the_process_rests(
+    spawn: Spawn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a resting process keeps must be a whole reading: an empty status from a transient
+    error would have stood for five seconds of rows without RSS."""
+    proc = spawn('print("READY", flush=True)\nimport time; time.sleep(120)')
+    tracker = ProcessTracker(proc.pid)
+    real_read = ProcHandle.read
+
+    def failing_read(self: ProcHandle, name: str) -> bytes:
+        if name == "status":
+            raise OSError(errno.EIO, "transient")
+        return real_read(self, name)
+
+    monkeypatch.setattr(ProcHandle, "read", failing_read)
+    assert tracker.sample()[0].rss_anon_bytes is None
+    monkeypatch.setattr(ProcHandle, "read", real_read)
+    assert tracker.sample()[0].rss_anon_bytes is not None

@@ -263,14 +263,19 @@ class AgentClient:
     def read_raw(self, pids: Iterable[int], request: bytes = REQUEST) -> dict[int, dict[str, Any]]:
         """One raw (cumulative) reply per pid whose agent answered within the deadline."""
         deadline = time.monotonic() + self.timeout_s
-        sel = selectors.DefaultSelector()
+        sockets: list[tuple[int, socket.socket]] = []
+        for pid in dict.fromkeys(int(p) for p in pids):
+            sock = self._connect(pid, request)
+            if sock is not None:
+                sockets.append((pid, sock))
+        if not sockets:  # no agent (attach to a job without one): no selector to make and close
+            return {}
         bufs: dict[int, bytearray] = {}
         out: dict[int, dict[str, Any]] = {}
+        sel: selectors.BaseSelector | None = None
         try:
-            for pid in dict.fromkeys(int(p) for p in pids):
-                sock = self._connect(pid, request)
-                if sock is None:
-                    continue
+            sel = selectors.DefaultSelector()
+            for pid, sock in sockets:
                 bufs[pid] = bytearray()
                 sel.register(sock, selectors.EVENT_READ, pid)
             while bufs.keys() - out.keys():
@@ -297,12 +302,11 @@ class AgentClient:
                         parsed = self._parse(bytes(buf), pid)
                         out[pid] = parsed if parsed is not None else {}
         finally:
-            for key in list(sel.get_map().values()):
-                fobj = key.fileobj
-                if isinstance(fobj, socket.socket):
-                    with contextlib.suppress(OSError):
-                        fobj.close()
-            sel.close()
+            for _pid, sock in sockets:  # closing twice is harmless; a socket never registered is not lost
+                with contextlib.suppress(OSError):
+                    sock.close()
+            if sel is not None:
+                sel.close()
         return {pid: r for pid, r in out.items() if r}
 
     @staticmethod

@@ -552,11 +552,23 @@ class UsableCores:
     whichever is smaller. The cgroup is located once; ``read()`` is a syscall and a few small files.
     """
 
-    def __init__(self, pid: int, proc_root: str = "/proc") -> None:
+    def __init__(self, pid: int, proc_root: str = "/proc", refresh_s: float = 5.0) -> None:
         self.pid = pid
         self._dirs = _cpu_cgroup_dirs(pid, proc_root)
+        self.refresh_s = refresh_s
+        self._last: tuple[float, float | None] | None = None
 
     def read(self) -> float | None:
+        """As of at most ``refresh_s`` ago: affinity and quotas are set at launch and rarely
+        changed, and their reads cost as much as the rest of the machine-wide files together."""
+        now = time.monotonic()
+        if self._last is not None and now - self._last[0] < self.refresh_s:
+            return self._last[1]
+        value = self.read_now()
+        self._last = (now, value)
+        return value
+
+    def read_now(self) -> float | None:
         try:
             affinity: float | None = float(len(os.sched_getaffinity(self.pid)))
         except (AttributeError, OSError):

@@ -3,8 +3,9 @@ process that was once in the tree and is still alive (orphaned DataLoader worker
 row after the trainer dies, reparented to init).
 
 What each tick reads, and what it reads less often (docs/performance.md):
-- every process, every tick: stat, status, io through held fds (one read each, plus a stat
-  read after each open by path below: the identity check of procfs.py);
+- every process, every tick: stat through a held fd (plus a stat read after each open by path
+  below: the identity check of procfs.py); status and io too when stat shows it moved (CPU
+  time, faults, RSS, threads, state), else every ``unmoved_refresh_s``;
 - children: every tick only from the threads that fork (the main thread and any thread seen
   with children) of processes that can start workers (the trainer, launchers, ranks); every
   thread when the thread count changed or every ``thread_list_s``; workers' own children every
@@ -66,6 +67,11 @@ class Cadence:
     """How often the slow per-process reads are refreshed, before stretching."""
 
     fd_refresh_s: float = 5.0
+    # status and io of a process that did not move (CPU time, faults, RSS, threads and state
+    # all as at the last read: nothing in those files can have changed but by ticks too short
+    # to be charged) are read again after this long; their counters are cumulative, so a late
+    # read loses nothing
+    unmoved_refresh_s: float = 5.0
     thread_list_s: float = 5.0
     worker_children_s: float = 10.0
     max_stretch: float = 12.0
@@ -154,6 +160,10 @@ class _Tracked:
     children_time: float | None = None
     unavailable: dict[str, str] = field(default_factory=dict)
     slot: int = 0  # its turn in the rotation
+    status: dict[str, int] | None = None  # the last status and io read, kept while it rests
+    io: dict[str, int] | None = None
+    status_time: float = 0.0
+    moved_key: tuple[int, int, int, int, str] | None = None
     last_sample: ProcessSample | None = None  # shown again on ticks it is not read
 
 
@@ -178,6 +188,15 @@ def _rate(now: int | None, prev: int | None, dt: float | None) -> float | None:
 
 
 _Row = tuple[_Tracked, StatFields, dict[str, int], dict[str, int]]  # tracked, stat, status, io
+
+
+def _moved_key(stat: StatFields) -> tuple[int, int, int, int, str]:
+    """What moves in stat when anything in status or io can have: a process that did not run
+    (CPU time, page faults) and whose memory no one else changed (RSS: reclaim, swap-out, a
+    truncated shared file) has the same status and io. CPU time counts 10 ms ticks, so a process
+    that ran less than that can look unmoved: its counters wait for the next read."""
+    cpu = stat.utime_ticks + stat.stime_ticks
+    return (cpu, stat.minor_faults, stat.rss_pages, stat.num_threads, stat.state)
 
 
 class ProcessTracker:
@@ -212,7 +231,8 @@ class ProcessTracker:
         # Read workers every ``rotation`` ticks (1: every tick); see record_tick_cost.
         self.rotation = 1
         self.rotated_last_tick = 0  # rows shown again without a read on the last tick
-        self.read_last_tick: list[int] = []  # pids whose stat/status/io were read on the last tick
+        self.read_last_tick: list[int] = []  # pids whose stat was read on the last tick
+        self.status_read_last_tick: list[int] = []  # ... and whose status and io were read too
         self._tick = 0
         self._next_slot = 0
         self._rotation_changed = 0
@@ -404,13 +424,28 @@ class ProcessTracker:
         self._wake_the_unlisted(resting, stats)
         t2 = time.thread_time()
         rows: dict[Identity, _Row] = {}
+        self.status_read_last_tick = []
+        unmoved_refresh_s = self.cadence.unmoved_refresh_s * self.stretch
         for identity, tracked in self._tracked.items():
             stat = stats.get(identity)
             if stat is None:
                 continue  # a transient error this tick: kept, no row
-            zombie = stat.state in ("Z", "X")
-            status = self._read_optional(tracked, "status", STATUS_FIELDS)
-            io = {} if zombie else self._read_optional(tracked, "io", IO_FIELDS)
+            key = _moved_key(stat)
+            status, io = tracked.status, tracked.io
+            if (
+                status is None
+                or io is None
+                or key != tracked.moved_key
+                or now - tracked.status_time >= unmoved_refresh_s
+            ):
+                zombie = stat.state in ("Z", "X")
+                status = self._read_optional(tracked, "status", STATUS_FIELDS)
+                io = {} if zombie else self._read_optional(tracked, "io", IO_FIELDS)
+                self.status_read_last_tick.append(identity[0])
+                # kept only when whole or refused for good: a transient error is read again
+                whole = status and (io or zombie or "io" in tracked.unavailable)
+                tracked.status, tracked.io = (status, io) if whole else (None, None)
+                tracked.status_time, tracked.moved_key = now, key
             rows[identity] = (tracked, stat, status, io)
         t3 = time.thread_time()
         for tracked, stat, status, _io in rows.values():

@@ -25,6 +25,9 @@ __all__ = [
 ]
 
 
+_READ_SIZE = 65536
+
+
 def parse_count(token: str) -> int | None:
     """A kernel counter: ASCII digits only (``int()`` also takes "-5", "1_000" and "٣"), at most
     as many as 2**64 - 1 has; anything else is None."""
@@ -37,11 +40,19 @@ def parse_count(token: str) -> int | None:
 def read_text(path: str) -> str | None:
     """The whole file as text, or None when it cannot be read (missing, permission, EOPNOTSUPP)."""
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
-    return data.decode("utf-8", "replace")
+    # os-level reads: a buffered file object costs more than the read of a small proc file
+    try:
+        chunks = [os.read(fd, _READ_SIZE)]
+        while chunks[-1]:
+            chunks.append(os.read(fd, _READ_SIZE))
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode("utf-8", "replace")
 
 
 # --------------------------------------------------------------------------- /proc/meminfo
