@@ -71,9 +71,11 @@ class SmapsBudget:
             elapsed = max(0.0, now - self._last_refill)
             fraction = max(self.policy.min_smaps_fraction, self.policy.cpu_fraction - cheap_cost_per_s)
             if self._first_refill:
-                # What the first tick's allowance left is not spent later: it was for filling
-                # the screen at once, not a saving (it showed as ~50 ms over the next ticks).
-                self.tokens = min(self.tokens, 0.0)
+                # The first tick's allowance is its own, for filling the screen at once: what it
+                # left is not spent later (it showed as ~50 ms over the next ticks), and the one
+                # read it overran by is not repaid (a 4 GiB worker's ~50 ms held every PSS read
+                # back for the next ~8 s).
+                self.tokens = 0.0
                 self._first_refill = False
             self.tokens = min(self.tokens + fraction * elapsed, self.policy.burst_s)
         self._last_refill = now
