@@ -848,3 +848,47 @@ def test_cuda_and_pinned_figures_are_read_defensively() -> None:
     older = SimpleNamespace(cuda=SimpleNamespace(**{**vars(fake.cuda), "host_memory_stats": None}))
     del older.cuda.host_memory_stats
     assert _cuda_figures(older)[2] is None  # absent on older torch: pinned unknown, not 0
+
+
+def test_a_pid_without_an_agent_is_looked_for_less_often_and_a_late_agent_is_still_found(
+    env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 14: attached to a job without an agent, every tick looked for its socket (stat
+    calls: the whole cost of the poll). After its first polls a pid is looked for every
+    ABSENT_RECHECK_S, and an agent that starts later is found within that."""
+    from dlmon.collect import agent_client
+
+    monkeypatch.setattr(agent_client, "ABSENT_RECHECK_S", 0.5)
+    plain = {k: v for k, v in env.items() if k != "PYTHONPATH"}  # no agent at start-up
+    plain["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
+    code = "import sys; sys.stdin.readline(); import dlmon.agent; dlmon.agent.start(); print('UP', flush=True); sys.stdin.readline()"  # noqa: E501
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=plain
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    lookups = Counter[int]()
+    real = AgentClient._candidates
+
+    def counted(pid: int, where: Any = None) -> Any:
+        lookups[pid] += 1
+        return real(pid, where)
+
+    monkeypatch.setattr(AgentClient, "_candidates", staticmethod(counted))
+    try:
+        client = AgentClient()
+        for _ in range(agent_client.ABSENT_FAST_POLLS + 5):
+            assert client.poll(proc.pid) is None
+        assert lookups[proc.pid] == agent_client.ABSENT_FAST_POLLS  # then it rests
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "UP"
+        started = time.monotonic()
+        reading = None
+        while reading is None and time.monotonic() - started < 5.0:
+            reading = client.poll(proc.pid)
+            time.sleep(0.05)
+        assert reading is not None and proc.pid in reading.pids
+        assert time.monotonic() - started < 0.5 + 0.4
+    finally:
+        proc.kill()
+        proc.wait()

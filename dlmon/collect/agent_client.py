@@ -42,6 +42,11 @@ MAX_JOURNALS = 64
 MAX_JOURNAL_READ = 256 * 1024
 MAX_KNOWN_DEATHS = 256
 WHERE_CACHE_S = 10.0  # how long a target's uid and agent directories are trusted
+# A pid without an agent socket (attach to a job that has none) is looked for on every poll this
+# many times (an agent starts within the first second of its process), then every ABSENT_RECHECK_S
+# seconds: the lookup's stat calls were the whole cost of polling a job without an agent.
+ABSENT_FAST_POLLS = 10
+ABSENT_RECHECK_S = 2.0
 MAX_REPLY = 4 * 1024 * 1024
 DEFAULT_TIMEOUT_S = 0.2
 
@@ -183,6 +188,7 @@ class AgentClient:
         self._journals: dict[int, list[Any]] = {}
         self._deaths: dict[tuple[int, int | None], WorkerDeath] = {}  # (pid, reported_by) -> death
         self._socket_of: dict[int, str] = {}
+        self._absent: dict[int, tuple[int, float]] = {}  # pid -> (lookups without a socket, next one)
 
     # -- transport -----------------------------------------------------------------------------
 
@@ -239,9 +245,15 @@ class AgentClient:
 
         The process listening must be ``pid`` itself, running as the target's uid or as root.
         """
-        got = self._candidates(pid, self._where_cached(pid))
-        if got is None:
+        now = time.monotonic()
+        absent = self._absent.get(pid)
+        if absent is not None and absent[0] >= ABSENT_FAST_POLLS and now < absent[1]:
             return None
+        got = self._candidates(pid, self._where_cached(pid))
+        if got is None or not got[1]:
+            self._absent[pid] = (1 if absent is None else absent[0] + 1, now + ABSENT_RECHECK_S)
+            return None
+        self._absent.pop(pid, None)
         uids, paths = got
         for path in paths:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -335,6 +347,8 @@ class AgentClient:
             del self._prev[gone]
         for gone in set(self._dirs) - set(want):
             del self._dirs[gone]
+        for gone in set(self._absent) - set(want):
+            del self._absent[gone]
         self._read_journals()
         if not raw:
             return None

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from dlmon.collect.system import read_text
@@ -50,15 +51,17 @@ class DiskCounters:
     weighted_ticks: int  # ms * requests in flight
 
 
-def parse_diskstats(text: str) -> dict[str, DiskCounters]:
-    """All devices of /proc/diskstats text (14/18/20 fields per line), in file order.
+def parse_diskstats(text: str, keep: Callable[[str], bool] | None = None) -> dict[str, DiskCounters]:
+    """All devices of /proc/diskstats text (14/18/20 fields per line), in file order; only those
+    ``keep`` accepts when given (read every tick: a box's loop devices and partitions cost more
+    to build than its disks).
 
     Lines of other lengths (the 7-field partition lines of kernels before 2.6.25) are skipped.
     """
     out: dict[str, DiskCounters] = {}
     for line in text.splitlines():
         f = line.split()
-        if len(f) < 14:
+        if len(f) < 14 or (keep is not None and not keep(f[2])):
             continue
         try:
             out[f[2]] = DiskCounters(
@@ -152,10 +155,10 @@ class DiskStatsReader:
 
     def sample_text(self, text: str, now: float) -> tuple[DiskSample, ...]:
         """As :meth:`sample`, from /proc/diskstats text already read."""
-        counters = parse_diskstats(text)
-        if len(self._is_disk) > 4 * len(counters) + 64:  # forget devices that went away
+        counters = parse_diskstats(text, self._whole_disk)
+        if len(self._is_disk) > 4 * text.count("\n") + 64:  # forget devices that went away
             self._is_disk = {n: v for n, v in self._is_disk.items() if n in counters}
-        disks = {name: c for name, c in counters.items() if (c.reads or c.writes) and self._whole_disk(name)}
+        disks = {name: c for name, c in counters.items() if c.reads or c.writes}
         dt = None if self._prev_time is None else now - self._prev_time
         out: list[DiskSample] = []
         for name, cur in disks.items():

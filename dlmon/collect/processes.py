@@ -405,7 +405,11 @@ class ProcessTracker:
         self._unlisted = self._listed - self.worker_hints.keys()
         self._listed = set(self.worker_hints)
         stats: dict[Identity, StatFields] = {}
-        resting = {identity for identity, tracked in self._tracked.items() if not self._due(tracked)}
+        resting = (
+            {identity for identity, tracked in self._tracked.items() if not self._due(tracked)}
+            if self.rotation > 1
+            else set()
+        )
         # Drop the dead before discovery, so a reused pid is seen as the new process it is.
         for identity, tracked in list(self._tracked.items()):
             if identity in resting:

@@ -195,6 +195,17 @@ class ProcHandle:
     def stat(self) -> StatFields:
         if not self.hold_fds:
             return self._stat_by_path()
+        fd = self._fds.get("stat")
+        if fd is not None:  # the every-tick path, in one call: one read of the held fd, parsed
+            try:
+                raw = os.pread(fd, _READ_SIZE, 0)
+            except OSError as exc:
+                raise _translate(exc) from exc
+            if raw and len(raw) < _READ_SIZE:
+                try:
+                    return parse_stat(raw)
+                except (ValueError, IndexError) as exc:  # truncated read of an exiting process
+                    raise ProcessGone(str(exc)) from exc
         try:
             return parse_stat(self.read("stat"))
         except (ValueError, IndexError) as exc:  # truncated read of an exiting process

@@ -54,11 +54,11 @@ class MemoryPanel(StatePanel):
         if chart.display:
             plan = memory_chart_plan(state)
             chart.unit, chart.scale = plan.unit, plan.scale
-            lines = [ChartLine("job PSS", state.pss_sum, "cyan")]
+            lines = [ChartLine("job PSS", state.pss_sum, "pss")]
             if plan.anon:
-                lines.append(ChartLine("job anon", state.pss_anon_sum, "yellow"))
+                lines.append(ChartLine("job anon", state.pss_anon_sum, "anon"))
             if plan.limit:
-                lines.append(ChartLine("cgroup limit", state.limit, "red"))
+                lines.append(ChartLine("cgroup limit", state.limit, "limit"))
             chart.show(lines, ctx.now, ctx.interval, ctx.fresh)
 
 
@@ -132,8 +132,8 @@ class ThroughputPanel(StatePanel):
         chart.set_class(not loaders, "-nodata")
         if loaders and chart.size.height:
             lines: list[ChartLine] = []
-            colours = (("cyan", "red"), ("blue", "magenta"))
-            for hist, (rate, wait) in zip(loaders, colours[: len(loaders)], strict=True):
+            kinds = (("rate", "wait"), ("rate-2", "wait-2"))
+            for hist, (rate, wait) in zip(loaders, kinds[: len(loaders)], strict=True):
                 name = f" {hist.loader.name}" if len(loaders) > 1 else ""
                 lines.append(ChartLine(f"batch/s{name}", hist.batches_per_s, rate))
                 lines.append(ChartLine(f"data wait %{name}", hist.data_wait_percent, wait, right=True))

@@ -211,16 +211,16 @@ class WorkerDetailScreen(Screen[None]):
         self.query_one("#detail-lines", LinesView).set_lines(detail_lines(row, state.latest, width))
         self.query_one("#detail-memory", TimeChart).show(
             [
-                ChartLine("PSS", row.pss, "cyan"),
-                ChartLine("USS", row.uss, "green"),
-                ChartLine("RSS", row.rss, "orange"),
+                ChartLine("PSS", row.pss, "pss"),
+                ChartLine("USS", row.uss, "uss"),
+                ChartLine("RSS", row.rss, "rss"),
             ],
             now,
             interval,
             ctx.fresh,
         )
         self.query_one("#detail-cpu", TimeChart).show(
-            [ChartLine("CPU %", row.cpu, "magenta"), ChartLine("read MB/s", row.read, "yellow", right=True)],
+            [ChartLine("CPU %", row.cpu, "cpu"), ChartLine("read MB/s", row.read, "read", right=True)],
             now,
             interval,
             ctx.fresh,

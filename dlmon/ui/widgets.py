@@ -12,6 +12,7 @@ import math
 from collections.abc import Reversible, Sequence
 from dataclasses import dataclass
 
+from rich.color import ColorType
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
@@ -143,11 +144,19 @@ class Panel(Vertical):
 CHART_REBUILD_S = 15.0  # a chart whose only change is time moves on at most this often
 
 
+# What a chart line stands for; its colour is the component class ``timechart--<kind>`` in
+# dlmon.tcss (plotext draws the plot, so the widget hands it the colour the stylesheet gives).
+CHART_LINE_KINDS = (
+    "pss", "anon", "limit", "uss", "rss", "cpu", "read", "rate", "wait", "rate-2", "wait-2",
+)  # fmt: skip
+PlotextColour = int | tuple[int, int, int] | str
+
+
 @dataclass(frozen=True, slots=True)
 class ChartLine:
     label: str
     series: Series
-    color: str
+    kind: str  # one of CHART_LINE_KINDS
     right: bool = False  # on the right-hand y axis
 
 
@@ -164,6 +173,7 @@ class TimeChart(PlotextPlot):
     DEFAULT_CSS = """
     TimeChart { height: 1fr; min-height: 5; }
     """
+    COMPONENT_CLASSES = {f"timechart--{kind}" for kind in CHART_LINE_KINDS}
 
     def __init__(
         self,
@@ -220,7 +230,8 @@ class TimeChart(PlotextPlot):
         # the step keeps the rebuilds rare; the window shows what there is (at least a minute)
         window = min(dots * step, math.ceil(max(span, 60.0, 4 * step) / step) * step)
         self.plotted_labels = tuple(cl.label for cl in lines)
-        signature = (width, height, step, bucket, window, self.plotted_labels, self.unit, self.scale)
+        colours = tuple(self.line_colour(cl.kind) for cl in lines)
+        signature = (width, height, step, bucket, window, self.plotted_labels, self.unit, self.scale, colours)
         if signature == self._signature:
             return False
         old = self._signature
@@ -245,7 +256,7 @@ class TimeChart(PlotextPlot):
         top = {False: 0.0, True: 0.0}
         low = math.inf
         used: set[bool] = set()
-        for cl in lines:
+        for cl, colour in zip(lines, colours, strict=True):
             points = cl.series.resample(start, end, step)
             if not points:
                 continue
@@ -261,7 +272,7 @@ class TimeChart(PlotextPlot):
                 xs,
                 ys,
                 label=cl.label,
-                color=cl.color,
+                color=colour,
                 marker="braille",
                 yside="right" if cl.right else "left",
             )
@@ -286,6 +297,18 @@ class TimeChart(PlotextPlot):
         self._data_version += 1
         self.refresh()
         return True
+
+    def line_colour(self, kind: str) -> PlotextColour:
+        """The stylesheet's colour of a line kind, as plotext takes it: an ANSI colour by its
+        number (the terminal's palette, as plotext's own colour names), any other by RGB;
+        "default" (the text colour) where the stylesheet sets none."""
+        colour = self.get_component_rich_style(f"timechart--{kind}", partial=True).color
+        if colour is None or colour.is_default:
+            return "default"
+        if colour.number is not None and colour.type in (ColorType.STANDARD, ColorType.EIGHT_BIT):
+            return colour.number
+        r, g, b = colour.get_truecolor()
+        return (r, g, b)
 
     def render(self) -> RenderResult:
         key = (self.size.width, self.size.height, self.app.theme, self._data_version)
