@@ -192,6 +192,8 @@ def run_size(args: argparse.Namespace, gib: float) -> dict[str, float]:
     floor_costs: list[float] = []
     psutil_costs: list[float] = []
     moving_ages: list[float] = []
+    warmup_moving_ages: list[float] = []
+    all_read_at: int | None = None
     idle_ages: list[float] = []
     oldest_ages: list[float] = []
     smaps_wall: list[float] = []
@@ -224,10 +226,15 @@ def run_size(args: argparse.Namespace, gib: float) -> dict[str, float]:
                 live = [p for p in snapshot.processes if p.state not in ("Z", "X")]
                 ages = [p.pss_age_s for p in live if p.pss_age_s is not None]
                 oldest_ages.append(max(ages, default=float("nan")))
+                if all_read_at is None and len(ages) == len(live):
+                    all_read_at = tick  # every process's PSS read once: the warm-up is over
                 for p in live:
                     if p.pss_age_s is None:
                         continue
-                    (moving_ages if p.pid == moving_pid else idle_ages).append(p.pss_age_s)
+                    if p.pid == moving_pid:
+                        (moving_ages if all_read_at is not None else warmup_moving_ages).append(p.pss_age_s)
+                    else:
+                        idle_ages.append(p.pss_age_s)
             next_tick += 1.0
             time.sleep(max(0.0, next_tick - time.monotonic()))
         for tracked in sampler.processes._tracked.values():
@@ -276,15 +283,30 @@ def run_size(args: argparse.Namespace, gib: float) -> dict[str, float]:
         f"rotation: workers read every {rotations[-1]} tick(s) at the end (most {max(rotations)});"
         f" rows shown again without a read: {statistics.fmean(shown_again):.1f} per tick"
     )
+
+    def ages(values: list[float]) -> str:
+        if not values:
+            return "none"
+        return f"median {statistics.median(values):.1f} s, max {max(values):.1f} s"
+
+    # Until every process's PSS was read once, never-read processes outrank a moving one (a new
+    # worker must get its first PSS within seconds): report that warm-up apart.
+    warmup = "never" if all_read_at is None else f"at tick {all_read_at}"
+    print(f"every process's PSS read once: {warmup}")
+    print(f"moving worker's PSS age: after that {ages(moving_ages)}; before it {ages(warmup_moving_ages)}")
     print(
-        f"PSS age, steady: moving worker max {max(moving_ages, default=float('nan')):.1f} s"
-        f" (median {statistics.median(moving_ages) if moving_ages else float('nan'):.1f} s);"
-        f" idle processes max {max(idle_ages, default=float('nan')):.1f} s;"
+        f"idle processes' PSS age max {max(idle_ages, default=float('nan')):.1f} s;"
         f" oldest at the last tick {oldest_ages[-1] if oldest_ages else float('nan'):.1f} s"
     )
     print()
     sys.stdout.flush()
-    return {"gib": gib, "dlmon": ours, "floor": floor_mean}
+    return {
+        "gib": gib,
+        "dlmon": ours,
+        "floor": floor_mean,
+        "moving_median": statistics.median(moving_ages) if moving_ages else float("nan"),
+        "moving_max": max(moving_ages, default=float("nan")),
+    }
 
 
 def main() -> None:
@@ -299,12 +321,16 @@ def main() -> None:
     parser.add_argument("--psutil-ticks", type=int, default=3)
     args = parser.parse_args()
     results = [run_size(args, gib) for gib in args.gib]
-    print("| GiB per worker | dlmon ms/tick | % of a core | floor ms/tick | dlmon / floor |")
-    print("|---:|---:|---:|---:|---:|")
+    print(
+        "| GiB per worker | dlmon ms/tick | % of a core | floor ms/tick | dlmon / floor"
+        " | moving worker's PSS age after warm-up, median / max |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|")
     for r in results:
         print(
             f"| {r['gib']:g} | {r['dlmon'] * 1e3:.2f} | {r['dlmon'] * 100:.2f}% |"
             f" {r['floor'] * 1e3:.2f} | {r['dlmon'] / r['floor']:.2f}x |"
+            f" {r['moving_median']:.0f} / {r['moving_max']:.0f} s |"
         )
 
 
