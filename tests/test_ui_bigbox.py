@@ -533,3 +533,41 @@ def test_the_cursor_stays_on_screen_on_the_last_folded_rank(size: tuple[int, int
     assert isinstance(cursor, tuple) and cursor[:2] == ("p", "5007"), cursor
     assert isinstance(seen["cursor_line"], int) and isinstance(seen["height"], int)
     assert seen["cursor_line"] < seen["height"], seen
+
+
+def _chart_colours(chart: TimeChart) -> set[object]:
+    """The colours of the plot's lines as drawn (ANSI number or RGB triplet)."""
+    text = chart.render()
+    assert not isinstance(text, str) and hasattr(text, "spans")
+    out: set[object] = set()
+    for span in text.spans:
+        colour = getattr(span.style, "color", None)
+        if colour is not None:
+            out.add(colour.number if colour.triplet is None else tuple(colour.triplet))
+    return out
+
+
+def test_chart_lines_take_their_colours_from_the_stylesheet() -> None:
+    """Issue 12: chart colours were Python literals (and "yellow", no plotext colour, drew the
+    anon and read lines uncoloured). They are component classes of dlmon.tcss: the PSS line is
+    the terminal's cyan, and a stylesheet rule recolours it."""
+    seen: dict[str, object] = {}
+
+    async def scenario(app: DlmonApp, pilot: Pilot[DashboardResult]) -> None:
+        await settle(pilot)
+        chart = app.main_screen.query_one("#memory-chart", TimeChart)
+        seen["default"] = {kind: chart.line_colour(kind) for kind in ("pss", "anon", "limit")}
+        seen["drawn"] = _chart_colours(chart)
+        app.stylesheet.add_source("TimeChart > .timechart--pss { color: #ff0000; }", ("test", "recolour"))
+        app.refresh_css()
+        app.refresh_view(True)
+        await settle(pilot)
+        seen["after"] = chart.line_colour("pss")
+        seen["drawn_after"] = _chart_colours(chart)
+
+    drive(make(FakeSource(_big_host(16 * GiB))), scenario, (160, 50))
+    assert seen["default"] == {"pss": 6, "anon": 3, "limit": 1}
+    assert 6 in seen["drawn"]  # type: ignore[operator]
+    assert seen["after"] == (255, 0, 0)
+    drawn_after = seen["drawn_after"]
+    assert isinstance(drawn_after, set) and (255, 0, 0) in drawn_after and 6 not in drawn_after
