@@ -22,6 +22,7 @@ from test_ui_support import (
     make_snapshot,
     run_of,
 )
+from textual.color import Color
 from textual.events import MouseScrollDown
 from textual.pilot import Pilot
 
@@ -34,7 +35,7 @@ from dlmon.ui.app import LOG_KEEP, MIN_RENDER_GAP_S, DlmonApp
 from dlmon.ui.screens import AdviceScreen
 from dlmon.ui.state import HISTORY_CAPACITY, DashboardState
 from dlmon.ui.views import memory_lines, memory_trend, text_of
-from dlmon.ui.widgets import LinesView, LogView, Panel, TimeChart, WorkerTable
+from dlmon.ui.widgets import CHART_LINE_KINDS, LinesView, LogView, Panel, TimeChart, WorkerTable
 
 Scenario = Callable[[DlmonApp, Pilot[DashboardResult]], Awaitable[None]]
 
@@ -557,6 +558,7 @@ def test_chart_lines_take_their_colours_from_the_stylesheet() -> None:
         await settle(pilot)
         chart = app.main_screen.query_one("#memory-chart", TimeChart)
         seen["default"] = {kind: chart.line_colour(kind) for kind in ("pss", "anon", "limit")}
+        seen["every"] = {kind: chart.line_colour(kind) for kind in CHART_LINE_KINDS}
         seen["drawn"] = _chart_colours(chart)
         app.stylesheet.add_source("TimeChart > .timechart--pss { color: #ff0000; }", ("test", "recolour"))
         app.refresh_css()
@@ -567,7 +569,46 @@ def test_chart_lines_take_their_colours_from_the_stylesheet() -> None:
 
     drive(make(FakeSource(_big_host(16 * GiB))), scenario, (160, 50))
     assert seen["default"] == {"pss": 6, "anon": 3, "limit": 1}
+    every = seen["every"]
+    assert isinstance(every, dict) and all(isinstance(c, int) for c in every.values()), every  # a rule each
     assert 6 in seen["drawn"]  # type: ignore[operator]
     assert seen["after"] == (255, 0, 0)
     drawn_after = seen["drawn_after"]
     assert isinstance(drawn_after, set) and (255, 0, 0) in drawn_after and 6 not in drawn_after
+
+
+def _chart_rgb(chart: TimeChart) -> set[tuple[int, int, int]]:
+    """The RGB colours (text and background) the chart's plot paints."""
+    text = chart.render()
+    assert not isinstance(text, str) and hasattr(text, "spans")
+    out: set[tuple[int, int, int]] = set()
+    for span in text.spans:
+        for colour in (getattr(span.style, "color", None), getattr(span.style, "bgcolor", None)):
+            if colour is not None and colour.triplet is not None:
+                out.add(tuple(colour.triplet))
+    return out
+
+
+def test_charts_leave_an_ansi_themes_colours_to_the_terminal() -> None:
+    """The ANSI themes of the theme switcher (ansi-dark, ansi-light) set the surface and the text
+    colour to the terminal's own ("ansi_default"); textual-plotext read those as RGB black, so the
+    chart was a black box with black axis numbers. Under an ANSI theme the plot paints no RGB
+    colour (the lines keep their ANSI colours); back on an RGB theme it is on its surface again."""
+    seen: dict[str, object] = {}
+
+    async def scenario(app: DlmonApp, pilot: Pilot[DashboardResult]) -> None:
+        await settle(pilot)
+        chart = app.main_screen.query_one("#memory-chart", TimeChart)
+        for theme in ("ansi-dark", "ansi-light", "nord"):  # nord: an "auto" plot theme not yet made
+            app.theme = theme
+            await settle(pilot)
+            seen[theme] = (_chart_rgb(chart), _chart_colours(chart))
+        seen["surface"] = Color.parse(app.theme_variables["surface"]).rgb
+
+    drive(make(FakeSource(_big_host(16 * GiB))), scenario, (160, 50))
+    for theme in ("ansi-dark", "ansi-light"):
+        rgb, drawn = seen[theme]  # type: ignore[misc]
+        assert rgb == set(), (theme, rgb)
+        assert 6 in drawn, (theme, drawn)  # the PSS line is still the terminal's cyan
+    rgb, drawn = seen["nord"]  # type: ignore[misc]
+    assert seen["surface"] in rgb and 6 in drawn, (rgb, drawn)

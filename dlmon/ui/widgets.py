@@ -298,6 +298,18 @@ class TimeChart(PlotextPlot):
         self.refresh()
         return True
 
+    def on_mount(self) -> None:
+        # runs before PlotextPlot's on_mount (handlers go down the MRO) and, on a theme change,
+        # before its theme signal: the plot theme is set before textual-plotext registers one
+        self.watch(self.app, "theme", self._follow_theme)
+
+    def _follow_theme(self, name: str) -> None:
+        """An ANSI theme (ansi-dark, ansi-light) leaves the background and the text colour to the
+        terminal ("ansi_default"), which textual-plotext's "auto" theme reads as RGB black: the
+        plot was black on black. Plotext's "clear" theme paints neither; the lines keep theirs."""
+        theme = self.app.get_theme(name)
+        self.theme = "clear" if theme is not None and theme.ansi else "auto"
+
     def line_colour(self, kind: str) -> PlotextColour:
         """The stylesheet's colour of a line kind, as plotext takes it: an ANSI colour by its
         number (the terminal's palette, as plotext's own colour names), any other by RGB;
