@@ -892,3 +892,26 @@ def test_a_pid_without_an_agent_is_looked_for_less_often_and_a_late_agent_is_sti
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_sockets_already_connected_are_closed_when_a_later_connect_raises(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A poll of several ranks connects one by one: when a later one raises (socket() at the fd
+    limit: EMFILE), the sockets connected before it are closed, not left to the garbage collector."""
+    mine, theirs = socket.socketpair()
+    client = AgentClient()
+
+    def connect(pid: int, request: bytes = b"") -> socket.socket | None:
+        if pid == 1:
+            return mine
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(client, "_connect", connect)
+    try:
+        with pytest.raises(OSError):
+            client.read_raw([1, 2])
+        assert mine.fileno() == -1
+    finally:
+        mine.close()
+        theirs.close()

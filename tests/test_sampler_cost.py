@@ -764,3 +764,54 @@ def test_a_transient_status_error_is_not_kept_while_the_process_rests(
     assert tracker.sample()[0].rss_anon_bytes is None
     monkeypatch.setattr(ProcHandle, "read", real_read)
     assert tracker.sample()[0].rss_anon_bytes is not None
+
+
+def test_io_rates_after_an_unmoved_stretch_are_over_the_time_since_the_last_read(
+    spawn: Spawn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """IO the CPU barely touches (O_DIRECT, big blocks) moves /proc/PID/io while stat stays put.
+    The read after such a stretch held all its bytes, and its rate was taken over the last tick
+    only: 1 MiB/s shown as 4 MiB/s once every 5 s, 0 in between. The rate is over the time since
+    the last read, and a process whose bytes moved at a read is read again on the next tick."""
+    proc = spawn('print("READY", flush=True)\nimport time; time.sleep(120)')
+    read_bytes = [0]
+    real_read = ProcHandle.read
+
+    def fake_io(self: ProcHandle, name: str) -> bytes:
+        if name == "io":
+            return f"rchar: 0\nwchar: 0\nread_bytes: {read_bytes[0]}\nwrite_bytes: 0\n".encode()
+        return real_read(self, name)
+
+    monkeypatch.setattr(ProcHandle, "read", fake_io)
+    clock = [1000.0]
+    tracker = ProcessTracker(proc.pid, clock=lambda: clock[0])
+
+    def tick(grow: int) -> tuple[float | None, bool]:
+        clock[0] += 1.0
+        read_bytes[0] += grow
+        row = tracker.sample()[0]
+        return row.read_bytes_per_s, tracker.status_read_last_tick == [proc.pid]
+
+    assert tracker.sample()[0].read_bytes_per_s is None  # no interval yet
+    for _ in range(8):  # idle: no bytes; settles once its start-up is over
+        rate, was_read = tick(0)
+        if not was_read:
+            break
+    assert not was_read and rate == 0.0
+    last_read = clock[0] - 1.0  # the tick before read it (nothing moved there)
+    for _ in range(8):  # 1 MiB a second while stat stays put: read at the latest after 5 s
+        rate, was_read = tick(MiB)
+        if was_read:
+            break
+        assert rate == 0.0
+    assert was_read
+    # the bytes of this whole stretch over its length; it read nothing on the tick after last_read
+    grown = clock[0] - last_read - 1.0
+    assert rate == pytest.approx(grown * MiB / (clock[0] - last_read))
+    for _ in range(3):  # moving bytes: read every tick, at the true rate
+        rate, was_read = tick(MiB)
+        assert was_read and rate == pytest.approx(MiB)
+    rate, was_read = tick(0)  # stopped: read once more (it moved at the last read), then rests
+    assert was_read and rate == 0.0
+    rate, was_read = tick(0)
+    assert not was_read and rate == 0.0

@@ -276,16 +276,16 @@ class AgentClient:
         """One raw (cumulative) reply per pid whose agent answered within the deadline."""
         deadline = time.monotonic() + self.timeout_s
         sockets: list[tuple[int, socket.socket]] = []
-        for pid in dict.fromkeys(int(p) for p in pids):
-            sock = self._connect(pid, request)
-            if sock is not None:
-                sockets.append((pid, sock))
-        if not sockets:  # no agent (attach to a job without one): no selector to make and close
-            return {}
         bufs: dict[int, bytearray] = {}
         out: dict[int, dict[str, Any]] = {}
         sel: selectors.BaseSelector | None = None
         try:
+            for pid in dict.fromkeys(int(p) for p in pids):
+                sock = self._connect(pid, request)  # may raise (EMFILE): the ones before are closed
+                if sock is not None:
+                    sockets.append((pid, sock))
+            if not sockets:  # no agent (attach to a job without one): no selector to make and close
+                return {}
             sel = selectors.DefaultSelector()
             for pid, sock in sockets:
                 bufs[pid] = bytearray()

@@ -5,7 +5,8 @@ row after the trainer dies, reparented to init).
 What each tick reads, and what it reads less often (docs/performance.md):
 - every process, every tick: stat through a held fd (plus a stat read after each open by path
   below: the identity check of procfs.py); status and io too when stat shows it moved (CPU
-  time, faults, RSS, threads, state), else every ``unmoved_refresh_s``;
+  time, faults, RSS, threads, state) or its bytes read or written moved at their last read,
+  else every ``unmoved_refresh_s``; their rates are over the time since their last read;
 - children: every tick only from the threads that fork (the main thread and any thread seen
   with children) of processes that can start workers (the trainer, launchers, ranks); every
   thread when the thread count changed or every ``thread_list_s``; workers' own children every
@@ -68,9 +69,10 @@ class Cadence:
 
     fd_refresh_s: float = 5.0
     # status and io of a process that did not move (CPU time, faults, RSS, threads and state
-    # all as at the last read: nothing in those files can have changed but by ticks too short
-    # to be charged) are read again after this long; their counters are cumulative, so a late
-    # read loses nothing
+    # all as at the last read, and no bytes read or written at that read: what changes there
+    # meanwhile is done with less than a CPU tick) are read again after this long; their
+    # counters are cumulative, so a late read loses nothing, and its rates are over the time
+    # since the read before
     unmoved_refresh_s: float = 5.0
     thread_list_s: float = 5.0
     worker_children_s: float = 10.0
@@ -93,7 +95,7 @@ class Cadence:
 class PhaseCost:
     """CPU seconds of the sampler thread in one tick of the tracker, by phase."""
 
-    reads: float = 0.0  # stat, status, io of every process
+    reads: float = 0.0  # stat of every process; status and io of those that moved
     discovery: float = 0.0  # children files, thread lists, adding processes
     fds: float = 0.0  # fd directory listings
     smaps: float = 0.0  # smaps_rollup reads and parsing
@@ -139,7 +141,7 @@ class _Tracked:
     handle: ProcHandle
     role: str
     first_seen: float
-    prev_time: float | None = None
+    prev_time: float | None = None  # the last tick it was read (stat: the CPU rate's start)
     prev_cpu_ticks: int | None = None
     prev_read_bytes: int | None = None
     prev_write_bytes: int | None = None
@@ -164,6 +166,8 @@ class _Tracked:
     io: dict[str, int] | None = None
     status_time: float = 0.0
     moved_key: tuple[int, int, int, int, str] | None = None
+    counters_time: float | None = None  # when the prev_* counters below were read (their rates' start)
+    io_moved: bool = False  # bytes read or written moved at the last read: read again next tick
     last_sample: ProcessSample | None = None  # shown again on ticks it is not read
 
 
@@ -191,10 +195,12 @@ _Row = tuple[_Tracked, StatFields, dict[str, int], dict[str, int]]  # tracked, s
 
 
 def _moved_key(stat: StatFields) -> tuple[int, int, int, int, str]:
-    """What moves in stat when anything in status or io can have: a process that did not run
-    (CPU time, page faults) and whose memory no one else changed (RSS: reclaim, swap-out, a
-    truncated shared file) has the same status and io. CPU time counts 10 ms ticks, so a process
-    that ran less than that can look unmoved: its counters wait for the next read."""
+    """What moves in stat when most of status and io can have: a process that did not run (CPU
+    time, page faults) and whose memory no one else changed (RSS: reclaim, swap-out, a truncated
+    shared file) has the same status and io. CPU time counts 10 ms ticks, so a process that ran
+    less than that can look unmoved: what it did meanwhile (IO that the CPU barely touches, such
+    as O_DIRECT; context switches; an munmap of swapped-out pages: VmSwap) waits for the next
+    read, and the rates of that read are over the whole time since the one before."""
     cpu = stat.utime_ticks + stat.stime_ticks
     return (cpu, stat.minor_faults, stat.rss_pages, stat.num_threads, stat.state)
 
@@ -430,6 +436,7 @@ class ProcessTracker:
         rows: dict[Identity, _Row] = {}
         self.status_read_last_tick = []
         unmoved_refresh_s = self.cadence.unmoved_refresh_s * self.stretch
+        fresh: set[Identity] = set()  # status and io read this tick
         for identity, tracked in self._tracked.items():
             stat = stats.get(identity)
             if stat is None:
@@ -439,9 +446,11 @@ class ProcessTracker:
             if (
                 status is None
                 or io is None
+                or tracked.io_moved
                 or key != tracked.moved_key
                 or now - tracked.status_time >= unmoved_refresh_s
             ):
+                fresh.add(identity)
                 zombie = stat.state in ("Z", "X")
                 status = self._read_optional(tracked, "status", STATUS_FIELDS)
                 io = {} if zombie else self._read_optional(tracked, "io", IO_FIELDS)
@@ -458,7 +467,7 @@ class ProcessTracker:
         self._spend_on_smaps(rows, now)
         t5 = time.thread_time()
         samples = [
-            self._build(identity, tracked, stat, status, io, now)
+            self._build(identity, tracked, stat, status, io, now, identity in fresh)
             for identity, (tracked, stat, status, io) in rows.items()
         ]
         shown_again = []
@@ -612,7 +621,10 @@ class ProcessTracker:
         status: dict[str, int],
         io: dict[str, int],
         now: float,
+        fresh: bool = True,
     ) -> ProcessSample:
+        """The row; ``fresh``: status and io were read this tick (else they are the last read's,
+        unmoved since)."""
         pid = identity[0]
         worker_id = self.worker_hints.get(pid)
         if tracked.role == "child" and (stat.comm in WORKER_COMMS or worker_id is not None):
@@ -624,12 +636,27 @@ class ProcessTracker:
         read_bytes = io.get("read_bytes")
         write_bytes = io.get("write_bytes")
         nvcsw = status.get("nonvoluntary_ctxt_switches")
+        if fresh:
+            # over the time since they were last read, not since the last tick: a read after an
+            # unmoved stretch holds that whole stretch's bytes (per tick, 5-60x too high)
+            cdt = None if tracked.counters_time is None else now - tracked.counters_time
+            read_rate = _rate(read_bytes, tracked.prev_read_bytes, cdt)
+            write_rate = _rate(write_bytes, tracked.prev_write_bytes, cdt)
+            nvcsw_rate = _rate(nvcsw, tracked.prev_nvcsw, cdt)
+            prev_io = (tracked.prev_read_bytes, tracked.prev_write_bytes)
+            tracked.io_moved = (read_bytes, write_bytes) != prev_io
+            tracked.prev_read_bytes, tracked.prev_write_bytes = read_bytes, write_bytes
+            tracked.prev_nvcsw, tracked.counters_time = nvcsw, now
+        else:  # the last read's counters: no bytes moved at it, and it ran under a CPU tick since
+            read_rate = None if read_bytes is None else 0.0
+            write_rate = None if write_bytes is None else 0.0
+            nvcsw_rate = None if nvcsw is None else 0.0
         if tracked.smaps_denied:
             tracked.unavailable["smaps"] = tracked.smaps_denied
         if zombie:
             tracked.unavailable["memory"] = "zombie: the process has exited and holds no memory"
         smaps = None if zombie else tracked.smaps
-        swap = status.get("VmSwap")  # fresh every tick; smaps Swap may be minutes old
+        swap = status.get("VmSwap")  # as of the last status read (<= 5 s); smaps Swap may be minutes old
         if swap is None and smaps is not None:
             swap = smaps.swap_bytes
         sample = ProcessSample(
@@ -656,11 +683,11 @@ class ProcessTracker:
             pinned_bytes=status.get("VmPin"),
             read_bytes=read_bytes,
             write_bytes=write_bytes,
-            read_bytes_per_s=_rate(read_bytes, tracked.prev_read_bytes, dt),
-            write_bytes_per_s=_rate(write_bytes, tracked.prev_write_bytes, dt),
+            read_bytes_per_s=read_rate,
+            write_bytes_per_s=write_rate,
             voluntary_ctxt_switches=status.get("voluntary_ctxt_switches"),
             nonvoluntary_ctxt_switches=nvcsw,
-            nonvoluntary_ctxt_switches_per_s=_rate(nvcsw, tracked.prev_nvcsw, dt),
+            nonvoluntary_ctxt_switches_per_s=nvcsw_rate,
             num_fds=None if zombie else tracked.num_fds,
             fd_limit=(
                 None if zombie or tracked.num_fds is None else self.fd_limits.limit(pid, identity[1], now)
@@ -676,9 +703,6 @@ class ProcessTracker:
         )
         tracked.prev_time = now
         tracked.prev_cpu_ticks = cpu_ticks
-        tracked.prev_read_bytes = read_bytes
-        tracked.prev_write_bytes = write_bytes
-        tracked.prev_nvcsw = nvcsw
         tracked.last_sample = sample
         return sample
 

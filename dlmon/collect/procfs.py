@@ -2,7 +2,8 @@
 
 An fd opened on /proc/PID/stat stays bound to that process: after it exits, reads fail with
 ESRCH even if the pid is reused, so a handle can never mix two processes. ``os.pread`` at
-offset 0 makes the kernel regenerate the file, so fds are opened once and read every tick.
+offset 0 makes the kernel regenerate the file, so fds are opened once and read again on each
+tick that needs the file (stat every tick; status and io when the process moved, processes.py).
 
 Anything opened by path (smaps_rollup, the fd and task directories, or every file of a handle
 that holds no fds because dlmon reached its fd cap) is checked after the open: the held stat fd
@@ -74,7 +75,7 @@ MAX_COUNTER_DIGITS = 20  # 2**64 - 1 has 20 digits
 class FieldPicker:
     """Pulls only the named keys out of a ``Key: value [kB]`` file.
 
-    /proc/PID/status has ~55 lines and is read for every process every tick; splitting all of
+    /proc/PID/status has ~55 lines and is read for every process that moved; splitting all of
     them in Python cost more than reading the file, and a regex over every line start still
     cost 1.6x the read. ``bytes.find`` per wanted key (C, memchr-fast) costs less than the read.
     """

@@ -34,7 +34,7 @@ class TickCost:
     """CPU seconds of the sampler thread in one ``Sampler.sample()``, by part
     (benchmarks/sampler.py prints it; the whole is what the budget covers)."""
 
-    reads: float  # stat, status, io of every process
+    reads: float  # stat of every process; status and io of those that moved
     discovery: float  # children files, thread lists
     fds: float  # fd directory listings
     smaps: float  # smaps_rollup reads (the budgeted part)
