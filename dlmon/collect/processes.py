@@ -162,6 +162,10 @@ class _Tracked:
     children_time: float | None = None
     unavailable: dict[str, str] = field(default_factory=dict)
     slot: int = 0  # its turn in the rotation
+    stat_pair: tuple[bytes, StatFields] | None = None  # the last stat line read, and its fields
+    # The last row was built on a tick when nothing it shows had moved, so its rates are 0: on the
+    # next such tick it is shown again (with its PSS age advanced) instead of built anew.
+    quiet_row: bool = False
     status: dict[str, int] | None = None  # the last status and io read, kept while it rests
     io: dict[str, int] | None = None
     status_time: float = 0.0
@@ -232,6 +236,9 @@ class ProcessTracker:
         self.children_reads_last_tick: list[tuple[int, list[int] | None]] = []  # pid, tids (None: all)
         self.without_held_fds = 0  # processes read by path: dlmon reached its fd cap
         self._new_stats: dict[Identity, StatFields] = {}
+        self._unchanged: set[Identity] = set()  # stat read the same bytes as on the last read
+        self._smaps_touched: set[Identity] = set()  # smaps_rollup read (or refused) this tick
+        self.rows_shown_again_quiet = 0  # rows of idle processes copied, not built, on the last tick
         self._now = clock()
         self.fd_limits = FdLimits(proc_root)
         # Read workers every ``rotation`` ticks (1: every tick); see record_tick_cost.
@@ -411,6 +418,7 @@ class ProcessTracker:
         self._unlisted = self._listed - self.worker_hints.keys()
         self._listed = set(self.worker_hints)
         stats: dict[Identity, StatFields] = {}
+        self._unchanged = set()
         resting = (
             {identity for identity, tracked in self._tracked.items() if not self._due(tracked)}
             if self.rotation > 1
@@ -434,6 +442,7 @@ class ProcessTracker:
         self._wake_the_unlisted(resting, stats)
         t2 = time.thread_time()
         rows: dict[Identity, _Row] = {}
+        quiet: set[Identity] = set()  # nothing moved: stat's bytes the same, status/io not read again
         self.status_read_last_tick = []
         unmoved_refresh_s = self.cadence.unmoved_refresh_s * self.stretch
         fresh: set[Identity] = set()  # status and io read this tick
@@ -459,6 +468,8 @@ class ProcessTracker:
                 whole = status and (io or zombie or "io" in tracked.unavailable)
                 tracked.status, tracked.io = (status, io) if whole else (None, None)
                 tracked.status_time, tracked.moved_key = now, key
+            elif identity in self._unchanged:
+                quiet.add(identity)
             rows[identity] = (tracked, stat, status, io)
         t3 = time.thread_time()
         for tracked, stat, status, _io in rows.values():
@@ -466,10 +477,16 @@ class ProcessTracker:
         t4 = time.thread_time()
         self._spend_on_smaps(rows, now)
         t5 = time.thread_time()
-        samples = [
-            self._build(identity, tracked, stat, status, io, now, identity in fresh)
-            for identity, (tracked, stat, status, io) in rows.items()
-        ]
+        samples = []
+        self.rows_shown_again_quiet = 0
+        for identity, (tracked, stat, status, io) in rows.items():
+            again = self._quiet_row(identity, tracked, stat, now) if identity in quiet else None
+            if again is None:
+                samples.append(self._build(identity, tracked, stat, status, io, now, identity in fresh))
+                tracked.quiet_row = identity in quiet
+            else:
+                samples.append(again)
+                self.rows_shown_again_quiet += 1
         shown_again = []
         for identity in resting:
             resting_one = self._tracked.get(identity)
@@ -522,13 +539,45 @@ class ProcessTracker:
 
     def _stat_or_drop(self, identity: Identity, tracked: _Tracked) -> StatFields | None:
         try:
-            return tracked.handle.stat()
+            previous = tracked.stat_pair
+            pair = tracked.stat_pair = tracked.handle.stat_unless(previous)
+            if pair is previous:
+                self._unchanged.add(identity)
+            return pair[1]
         except ProcessGone:
             tracked.handle.close()
             del self._tracked[identity]
             return None
         except (AccessDenied, OSError):
             return None  # transient: dropping it would lose an orphan for good
+
+    def _quiet_row(
+        self, identity: Identity, tracked: _Tracked, stat: StatFields, now: float
+    ) -> ProcessSample | None:
+        """The last row again, for a process that did not move since a row with zero rates was
+        built (only its PSS age advances); None when anything that row shows may differ: its
+        smaps read this tick, its fd count, the agent's worker id or thread count, its role, a
+        reason something is unavailable, its fd limit. Half the cost of building it."""
+        last = tracked.last_sample
+        if last is None or not tracked.quiet_row or identity in self._smaps_touched:
+            return None
+        pid = identity[0]
+        worker_id = self.worker_hints.get(pid)
+        if (
+            last.worker_id != worker_id
+            or last.torch_threads != self.thread_hints.get(pid)
+            or (tracked.role == "child" and (stat.comm in WORKER_COMMS or worker_id is not None))
+            or last.role != tracked.role
+            or last.num_fds != (None if stat.state in ("Z", "X") else tracked.num_fds)
+            or ((tracked.unavailable or last.unavailable) and dict(last.unavailable) != tracked.unavailable)
+            or (last.num_fds is not None and last.fd_limit != self.fd_limits.limit(pid, identity[1], now))
+        ):
+            return None
+        if last.pss_age_s is not None and tracked.smaps_time is not None:
+            last = _aged(last, round(now - tracked.smaps_time, 3))
+        tracked.prev_time = now  # the next rates count from here: nothing moved before it
+        tracked.last_sample = last
+        return last
 
     def _read_optional(self, tracked: _Tracked, name: str, fields: FieldPicker) -> dict[str, int]:
         """The named fields of /proc/PID/<name>; {} and a reason in ``unavailable`` if denied."""
@@ -590,9 +639,11 @@ class ProcessTracker:
             for identity, (tracked, stat, _status, _io) in rows.items()
             if stat.state not in ("Z", "X") and tracked.smaps_denied is None
         ]
+        self._smaps_touched = set()
         for candidate in self.budget.order(candidates, now):
             if not self.budget.can_spend():
                 break
+            self._smaps_touched.add(candidate.key)  # type: ignore[arg-type]
             tracked = rows[candidate.key][0]  # type: ignore[index]
             before = time.thread_time()
             wall_before = time.perf_counter()

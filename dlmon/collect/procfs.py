@@ -212,6 +212,26 @@ class ProcHandle:
         except (ValueError, IndexError) as exc:  # truncated read of an exiting process
             raise ProcessGone(str(exc)) from exc
 
+    def stat_unless(self, previous: tuple[bytes, StatFields] | None) -> tuple[bytes, StatFields]:
+        """(the stat line, its fields); ``previous`` itself when the held fd reads exactly its
+        bytes: an idle process's line does not change (CPU times, faults, the CPU it last ran
+        on, RSS: all stand still), so there is nothing to parse. Read by path (no held fd), the
+        line is always parsed and given as b"", which no reading equals."""
+        fd = self._fds.get("stat") if self.hold_fds else None
+        if fd is not None:
+            try:
+                raw = os.pread(fd, _READ_SIZE, 0)
+            except OSError as exc:
+                raise _translate(exc) from exc
+            if raw and len(raw) < _READ_SIZE:
+                if previous is not None and raw == previous[0]:
+                    return previous
+                try:
+                    return raw, parse_stat(raw)
+                except (ValueError, IndexError) as exc:  # truncated read of an exiting process
+                    raise ProcessGone(str(exc)) from exc
+        return b"", self.stat()
+
     def _open_dir(self, name: str) -> int:
         """An open fd on a directory of this process, verified to be this process's."""
         fd = self._open(name, os.O_RDONLY | os.O_DIRECTORY)
