@@ -164,7 +164,9 @@ class _Tracked:
     slot: int = 0  # its turn in the rotation
     stat_pair: tuple[bytes, StatFields] | None = None  # the last stat line read, and its fields
     # The last row was built on a tick when nothing it shows had moved, so its rates are 0: on the
-    # next such tick it is shown again (with its PSS age advanced) instead of built anew.
+    # next such tick it is shown again (with its PSS age advanced) instead of built anew. Cleared
+    # by every read that can move it (a new stat line, status and io, smaps_rollup) at the read, so
+    # a tick that raised after the read (the watch loop goes on) leaves no stale row to be copied.
     quiet_row: bool = False
     status: dict[str, int] | None = None  # the last status and io read, kept while it rests
     io: dict[str, int] | None = None
@@ -237,7 +239,6 @@ class ProcessTracker:
         self.without_held_fds = 0  # processes read by path: dlmon reached its fd cap
         self._new_stats: dict[Identity, StatFields] = {}
         self._unchanged: set[Identity] = set()  # stat read the same bytes as on the last read
-        self._smaps_touched: set[Identity] = set()  # smaps_rollup read (or refused) this tick
         self.rows_shown_again_quiet = 0  # rows of idle processes copied, not built, on the last tick
         self._now = clock()
         self.fd_limits = FdLimits(proc_root)
@@ -460,6 +461,7 @@ class ProcessTracker:
                 or now - tracked.status_time >= unmoved_refresh_s
             ):
                 fresh.add(identity)
+                tracked.quiet_row = False
                 zombie = stat.state in ("Z", "X")
                 status = self._read_optional(tracked, "status", STATUS_FIELDS)
                 io = {} if zombie else self._read_optional(tracked, "io", IO_FIELDS)
@@ -543,6 +545,8 @@ class ProcessTracker:
             pair = tracked.stat_pair = tracked.handle.stat_unless(previous)
             if pair is previous:
                 self._unchanged.add(identity)
+            else:
+                tracked.quiet_row = False  # the last row shows an older line
             return pair[1]
         except ProcessGone:
             tracked.handle.close()
@@ -555,11 +559,12 @@ class ProcessTracker:
         self, identity: Identity, tracked: _Tracked, stat: StatFields, now: float
     ) -> ProcessSample | None:
         """The last row again, for a process that did not move since a row with zero rates was
-        built (only its PSS age advances); None when anything that row shows may differ: its
-        smaps read this tick, its fd count, the agent's worker id or thread count, its role, a
-        reason something is unavailable, its fd limit. Half the cost of building it."""
+        built (only its PSS age advances); None when anything that row shows may differ: a read
+        since (stat, status and io, smaps: ``quiet_row`` cleared), its fd count, the agent's
+        worker id or thread count, its role, a reason something is unavailable, its fd limit.
+        Half the cost of building it."""
         last = tracked.last_sample
-        if last is None or not tracked.quiet_row or identity in self._smaps_touched:
+        if last is None or not tracked.quiet_row:
             return None
         pid = identity[0]
         worker_id = self.worker_hints.get(pid)
@@ -639,12 +644,11 @@ class ProcessTracker:
             for identity, (tracked, stat, _status, _io) in rows.items()
             if stat.state not in ("Z", "X") and tracked.smaps_denied is None
         ]
-        self._smaps_touched = set()
         for candidate in self.budget.order(candidates, now):
             if not self.budget.can_spend():
                 break
-            self._smaps_touched.add(candidate.key)  # type: ignore[arg-type]
             tracked = rows[candidate.key][0]  # type: ignore[index]
+            tracked.quiet_row = False  # read (or refused): its row shows what it read
             before = time.thread_time()
             wall_before = time.perf_counter()
             try:
