@@ -788,14 +788,9 @@ def test_a_transient_status_error_is_not_kept_while_the_process_rests(
     assert tracker.sample()[0].rss_anon_bytes is not None
 
 
-def test_io_rates_after_an_unmoved_stretch_are_over_the_time_since_the_last_read(
-    spawn: Spawn, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """IO the CPU barely touches (O_DIRECT, big blocks) moves /proc/PID/io while stat stays put.
-    The read after such a stretch held all its bytes, and its rate was taken over the last tick
-    only: 1 MiB/s shown as 4 MiB/s once every 5 s, 0 in between. The rate is over the time since
-    the last read, and a process whose bytes moved at a read is read again on the next tick."""
-    proc = spawn('print("READY", flush=True)\nimport time; time.sleep(120)')
+def _fake_io_read_bytes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Every /proc/PID/io read shows ``read_bytes`` as the returned list's one item (IO that
+    moves while stat stays put: O_DIRECT, big blocks); set it to move the counter."""
     read_bytes = [0]
     real_read = ProcHandle.read
 
@@ -805,6 +800,18 @@ def test_io_rates_after_an_unmoved_stretch_are_over_the_time_since_the_last_read
         return real_read(self, name)
 
     monkeypatch.setattr(ProcHandle, "read", fake_io)
+    return read_bytes
+
+
+def test_io_rates_after_an_unmoved_stretch_are_over_the_time_since_the_last_read(
+    spawn: Spawn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """IO the CPU barely touches (O_DIRECT, big blocks) moves /proc/PID/io while stat stays put.
+    The read after such a stretch held all its bytes, and its rate was taken over the last tick
+    only: 1 MiB/s shown as 4 MiB/s once every 5 s, 0 in between. The rate is over the time since
+    the last read, and a process whose bytes moved at a read is read again on the next tick."""
+    proc = spawn('print("READY", flush=True)\nimport time; time.sleep(120)')
+    read_bytes = _fake_io_read_bytes(monkeypatch)
     clock = [1000.0]
     tracker = ProcessTracker(proc.pid, clock=lambda: clock[0])
 
@@ -1129,15 +1136,7 @@ def test_status_and_io_read_on_a_tick_that_raised_are_shown_on_the_next(
     """status and io read again on a tick that raised (the slow refresh of an idle process) were
     kept, not due again for another 5 s: the next ticks copied the row from before that read."""
     proc = spawn('print("READY", flush=True)\nimport time; time.sleep(120)')
-    read_bytes = [0]
-    real_read = ProcHandle.read
-
-    def fake_io(self: ProcHandle, name: str) -> bytes:
-        if name == "io":
-            return f"rchar: 0\nwchar: 0\nread_bytes: {read_bytes[0]}\nwrite_bytes: 0\n".encode()
-        return real_read(self, name)
-
-    monkeypatch.setattr(ProcHandle, "read", fake_io)
+    read_bytes = _fake_io_read_bytes(monkeypatch)
     clock = [1000.0]
     cadence = Cadence(unmoved_refresh_s=5.0, fd_refresh_s=1e6)
     tracker = ProcessTracker(proc.pid, clock=lambda: clock[0], cadence=cadence)

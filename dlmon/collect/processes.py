@@ -561,8 +561,8 @@ class ProcessTracker:
         """The last row again, for a process that did not move since a row with zero rates was
         built (only its PSS age advances); None when anything that row shows may differ: a read
         since (stat, status and io, smaps: ``quiet_row`` cleared), its fd count, the agent's
-        worker id or thread count, its role, a reason something is unavailable, its fd limit.
-        Half the cost of building it."""
+        worker id or thread count (which also decides a child's role: its comm is as it was when
+        the row was built), a reason something is unavailable, its fd limit."""
         last = tracked.last_sample
         if last is None or not tracked.quiet_row:
             return None
@@ -571,8 +571,6 @@ class ProcessTracker:
         if (
             last.worker_id != worker_id
             or last.torch_threads != self.thread_hints.get(pid)
-            or (tracked.role == "child" and (stat.comm in WORKER_COMMS or worker_id is not None))
-            or last.role != tracked.role
             or last.num_fds != (None if stat.state in ("Z", "X") else tracked.num_fds)
             or ((tracked.unavailable or last.unavailable) and dict(last.unavailable) != tracked.unavailable)
             or (last.num_fds is not None and last.fd_limit != self.fd_limits.limit(pid, identity[1], now))
