@@ -1157,3 +1157,88 @@ def test_status_and_io_read_on_a_tick_that_raised_are_shown_on_the_next(
         tick(5.0)
     assert tracker.status_read_last_tick == [proc.pid]
     assert tick().read_bytes == MiB
+
+
+def test_a_tree_that_stands_still_is_read_again_only_every_few_minutes_and_at_once_after_it_moves(
+    spawn: Spawn,
+) -> None:
+    """Issue 12 (cost): an idle tree's PSS was re-read every 10 s whatever happened, the whole
+    PSS budget spent on readings that could not have changed. While no process of the tree
+    faults, changes RSS, joins or leaves, a reading is taken again only every
+    ``still_refresh_s``; any movement brings every process back to the steady cadence."""
+    proc = spawn(
+        """
+        import os, signal, sys, time
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped as they exit
+        for _ in range(2):
+            if os.fork() == 0:
+                time.sleep(300); os._exit(0)
+        held = []
+        print("READY", flush=True)
+        for line in sys.stdin:
+            if line.strip() == "fork":
+                if os.fork() == 0:
+                    time.sleep(300); os._exit(0)
+            else:
+                held.append(b"x" * int(line))  # written, so faulted in
+            print("DONE", flush=True)
+        """
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    clock = [1000.0]
+    policy = BudgetPolicy(cpu_fraction=1.0, burst_s=10.0, initial_s=10.0)
+    tracker = ProcessTracker(proc.pid, SmapsBudget(policy), clock=lambda: clock[0])
+
+    def tick(seconds: float) -> set[int]:
+        clock[0] += seconds
+        tracker.sample()
+        return {pid for pid, _ in tracker.smaps_reads_last_tick}
+
+    def command(line: str) -> None:
+        proc.stdin.write(line + "\n")  # type: ignore[union-attr]
+        proc.stdin.flush()  # type: ignore[union-attr]
+        assert proc.stdout.readline().strip() == "DONE"  # type: ignore[union-attr]
+
+    def settle() -> None:
+        """Ticks until three in a row saw no movement (a process's start-up, or a fork, faults
+        pages for a while), then one that takes every reading, all of them after the last
+        movement."""
+        quiet = 0
+        for _ in range(100):
+            moved_at = tracker.memory_moved_at
+            time.sleep(0.05)
+            tick(1.0)
+            quiet = quiet + 1 if tracker.memory_moved_at == moved_at else 0
+            if quiet == 3:
+                assert tick(policy.still_refresh_s) == pids
+                return
+        raise AssertionError("the tree never stood still")
+
+    pids = {s.pid for s in tracker.sample()}
+    assert len(pids) == 3 and {pid for pid, _ in tracker.smaps_reads_last_tick} == pids
+    settle()
+    assert tick(policy.steady_refresh_s + 1) == set()  # still: no read at the steady cadence
+    assert tick(policy.still_refresh_s / 2) == set()
+    assert tick(policy.still_refresh_s / 2) == pids  # ... but every still_refresh_s
+
+    command("fork")  # a process joins: every reading of the tree is due at the steady cadence
+    joined = tick(1.0) - {proc.pid}  # the new one, never read (and the main if its fork faulted)
+    assert len(joined) == 1 and not joined & pids
+    assert tick(policy.steady_refresh_s) >= pids - {proc.pid}
+    pids |= joined
+    settle()
+
+    command(str(8 * MiB))  # the main faults memory in: its own reading and its sharers' are due
+    assert tick(1.0) == {proc.pid}  # moved past the threshold: at the moved cadence
+    # the idle children at the steady cadence (the main was read after the movement)
+    assert tick(policy.steady_refresh_s) == pids - {proc.pid}
+    assert tick(policy.steady_refresh_s + 1) == set()  # read since the movement: still again
+
+    settle()
+    (leaving,) = joined  # it leaves, and nothing else moves (no parent wakes up to reap it)
+    os.kill(leaving, signal.SIGKILL)
+    while os.path.exists(f"/proc/{leaving}"):
+        time.sleep(0.01)
+    pids.remove(leaving)
+    assert tick(1.0) == set()
+    assert tick(policy.steady_refresh_s) == pids  # its sharers' readings at the steady cadence

@@ -175,6 +175,7 @@ class _Tracked:
     counters_time: float | None = None  # when the prev_* counters below were read (their rates' start)
     io_moved: bool = False  # bytes read or written moved at the last read: read again next tick
     last_sample: ProcessSample | None = None  # shown again on ticks it is not read
+    memory_key: tuple[int, int] | None = None  # minor faults and RSS pages at its last stat read
 
 
 _SAMPLE_FIELDS = tuple(f.name for f in fields(ProcessSample))
@@ -258,6 +259,10 @@ class ProcessTracker:
         self.worker_hints: Mapping[int, int] = MappingProxyType({})
         self.thread_hints: Mapping[int, int] = MappingProxyType({})
         self._listed: set[int] = set()  # worker pids in the agent's reading before the last one
+        # When a process of the tree last faulted a page in, changed its RSS, joined or left (the
+        # tick it was seen): a reading taken since is still true unless a sharer outside moved.
+        self.memory_moved_at: float | None = None
+        self._members: frozenset[Identity] = frozenset()
         self._unlisted: set[int] = set()  # ... and no longer in the last one: read them now
         self.target = ProcHandle(target_pid, proc_root)  # raises ProcessGone for no such pid
         self.target_identity: Identity = (target_pid, self.target.start_time)
@@ -477,6 +482,7 @@ class ProcessTracker:
         for tracked, stat, status, _io in rows.values():
             self._maybe_count_fds(tracked, stat, status)
         t4 = time.thread_time()
+        self._note_memory_movement(rows, now)
         self._spend_on_smaps(rows, now)
         t5 = time.thread_time()
         samples = []
@@ -620,10 +626,25 @@ class ProcessTracker:
         except (ProcessGone, OSError):
             tracked.num_fds = None
 
+    def _note_memory_movement(self, rows: dict[Identity, _Row], now: float) -> None:
+        moved = self._members != self._tracked.keys()
+        if moved:
+            self._members = frozenset(self._tracked)
+        for identity, (tracked, stat, _status, _io) in rows.items():
+            if identity in self._unchanged:
+                continue  # the same stat line: nothing moved
+            key = (stat.minor_faults, stat.rss_pages)
+            if key != tracked.memory_key:
+                tracked.memory_key = key
+                moved = True
+        if moved:
+            self.memory_moved_at = now
+
     def _spend_on_smaps(self, rows: dict[Identity, _Row], now: float) -> None:
         self.budget.refill(now, self._cheap_cost_per_s)
         self.smaps_reads_last_tick = []
         self.smaps_cpu_last_tick = 0.0
+        moved_at = self.memory_moved_at
         candidates = [
             SmapsCandidate(
                 identity,
@@ -638,6 +659,9 @@ class ProcessTracker:
                 is_main=tracked.role == "main",
                 first_seen=tracked.first_seen,
                 last_read_wall_s=tracked.smaps_wall_s,
+                tree_still_since_read=(
+                    tracked.smaps_time is not None and moved_at is not None and tracked.smaps_time >= moved_at
+                ),
             )
             for identity, (tracked, stat, _status, _io) in rows.items()
             if stat.state not in ("Z", "X") and tracked.smaps_denied is None

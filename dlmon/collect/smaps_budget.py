@@ -13,6 +13,15 @@ leak), then by growth evidence (RSS movement, pages faulted in), size and age. U
 age for every process and the weights are bounded, so no process's PSS age grows without bound:
 never-read processes do not starve the trainer when a DataLoader respawns its workers every epoch.
 
+A process's PSS moves when its own pages do (a fault, RSS up or down) or when a sharer of its
+pages maps or drops them: in a forked tree, mostly another process of the tree. So while the
+whole tree stands still (no fault, no RSS change, no process in or out since a process's last
+read) its reading is re-taken only every ``still_refresh_s``: a paused, hung or idle job costs
+next to nothing, and a change anywhere in the tree brings every process back to the steady
+cadence. What this misses is a sharer outside the tree (another job mapping the same library
+or dataset file, a /dev/shm segment another process fills); that reading ages visibly, up to
+``still_refresh_s``.
+
 A read also stalls the target: the kernel holds its mmap lock across the walk of each VMA, so an
 mmap/munmap in the training waits for it. A process is therefore never read more often than its
 last read's wall time divided by ``max_stall_fraction`` (docs/performance.md).
@@ -36,6 +45,9 @@ class SmapsCandidate:
     is_main: bool = False  # the trainer: read first, weighted up
     first_seen: float | None = None  # monotonic time the process joined the tree
     last_read_wall_s: float | None = None  # how long its last read held its mmap lock
+    # No process of the tree faulted a page in, changed its RSS, joined or left since this one's
+    # last read: its PSS can have moved only through sharers outside the tree.
+    tree_still_since_read: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +60,8 @@ class BudgetPolicy:
     initial_s: float = 0.25  # first tick: fill the screen quickly
     steady_refresh_s: float = 10.0  # re-read a process whose RSS did not move at most this often
     moved_refresh_s: float = 1.0  # ... and one whose RSS moved by more than moved_fraction
+    # ... and one whose whole tree stood still since its read (see the module docstring)
+    still_refresh_s: float = 300.0
     moved_fraction: float = 0.02  # of RSS: changed by RSS or by pages faulted in
     # At most this fraction of a process's wall time under dlmon's smaps read (its mmap lock).
     max_stall_fraction: float = 0.02
@@ -112,7 +126,12 @@ class SmapsBudget:
                 age = now - c.last_read
                 changed = max(abs(c.rss_bytes - c.rss_at_last_read), c.faulted_bytes_since_read)
                 moved = changed / max(c.rss_at_last_read, 1)
-                limit = policy.moved_refresh_s if moved > policy.moved_fraction else policy.steady_refresh_s
+                if moved > policy.moved_fraction:
+                    limit = policy.moved_refresh_s
+                elif c.tree_still_since_read:
+                    limit = policy.still_refresh_s
+                else:
+                    limit = policy.steady_refresh_s
                 if c.last_read_wall_s is not None and policy.max_stall_fraction > 0:
                     limit = max(limit, c.last_read_wall_s / policy.max_stall_fraction)
                 if not self.unlimited and age < limit:
