@@ -17,7 +17,14 @@ ratio to htop, a markdown table, and for dlmon the split between the sampling th
 UI. It also reports the time to the first frame and to the first data (polling capture-pane)
 and dlmon's RSS at the start and the end of the window.
 
+The tree's memory stands still unless ``--moving`` (one worker faults in 64 MiB/s); ``--busy F``
+makes every worker compute F of a core without touching memory. The default warm-up (45 s)
+covers the first PSS reading of every process, which the budget spreads over ~30 s at 32 x 1 GiB
+on this VM (~14 ms per read); a shorter one measures part of that one-off fill.
+
     python benchmarks/dashboard_cpu.py                    # 32 workers x 1 GiB, 60 s window
+    python benchmarks/dashboard_cpu.py --busy 0.02        # ... each computing 2% of a core
+    python benchmarks/dashboard_cpu.py --moving           # ... one of them faulting memory in
     python benchmarks/dashboard_cpu.py --workers 8 --gib 0.25 --seconds 20 --warmup 5
 """
 
@@ -143,8 +150,14 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=32)
     parser.add_argument("--gib", type=float, default=1.0)
     parser.add_argument("--seconds", type=float, default=60.0, help="the measured window")
-    parser.add_argument("--warmup", type=float, default=20.0, help="seconds before the window")
+    parser.add_argument("--warmup", type=float, default=45.0, help="seconds before the window")
     parser.add_argument("--size", default="160x50", help="terminal size of each session, WxH")
+    parser.add_argument(
+        "--busy", type=float, default=0.0, help="fraction of a core each worker computes (0: idle)"
+    )
+    parser.add_argument(
+        "--moving", action="store_true", help="one worker faults in 64 MiB/s (its memory moves)"
+    )
     parser.add_argument("--naive", action="store_true", help="also run a naive DataTable app")
     parser.add_argument("--htop-pss", action="store_true", help="also run htop with PSS columns")
     parser.add_argument(
@@ -156,10 +169,11 @@ def main() -> None:
     width, height = (int(v) for v in args.size.split("x"))
 
     t0 = time.monotonic()
-    main_pid = build_tree(args.workers, args.gib)
+    main_pid = build_tree(args.workers, args.gib, moving_worker=args.moving, busy=args.busy)
     pids = tree_pids(main_pid)
     print(
-        f"tree: 1 main + {len(pids) - 1} workers sharing {args.gib} GiB, "
+        f"tree: 1 main + {len(pids) - 1} workers sharing {args.gib} GiB, each busy {args.busy:.0%}"
+        f"{', one moving' if args.moving else ''}, "
         f"built in {time.monotonic() - t0:.1f} s; terminal {width}x{height}"
     )
     home = tempfile.mkdtemp(prefix="dlmon-bench-")  # htop with its default config

@@ -44,8 +44,11 @@ PR_SET_NAME = 15
 MiB = 1024 * 1024
 
 
-def build_tree(workers: int, gib: float, moving_worker: bool = False) -> int:
-    """Fork the tree; returns the main pid once every worker has touched the memory."""
+def build_tree(workers: int, gib: float, moving_worker: bool = False, busy: float = 0.0) -> int:
+    """Fork the tree; returns the main pid once every worker has touched the memory.
+
+    ``busy``: the fraction of a core each worker spends computing (no memory touched), so the
+    CPU columns move every tick while memory stands still."""
     ready_r, ready_w = os.pipe()
     main = os.fork()
     if main:
@@ -69,10 +72,22 @@ def build_tree(workers: int, gib: float, moving_worker: bool = False) -> int:
             os.write(ready_w, b"x")
             if moving_worker and index == 0:
                 keep_moving()
+            if busy > 0:
+                keep_busy(busy)
             signal.pause()
             os._exit(0)
     signal.pause()
     os._exit(0)
+
+
+def keep_busy(fraction: float, period: float = 0.1) -> None:
+    """Spin ``fraction`` of every ``period`` and sleep the rest, touching no new memory."""
+    clock = time.monotonic
+    while True:
+        start = clock()
+        while clock() - start < fraction * period:
+            pass
+        time.sleep(period * (1.0 - fraction))
 
 
 def keep_moving(rate: int = 64 * MiB, size: int = 256 * MiB) -> None:
