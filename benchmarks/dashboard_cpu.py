@@ -113,6 +113,20 @@ def thread_cpu(pid: int) -> dict[str, float]:
     return out
 
 
+def tree_memory(pids: list[int]) -> tuple[int, int]:
+    """Page faults (minor + major) and RSS pages summed over the tree: what dlmon calls movement."""
+    faults = pages = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        faults += int(fields[7]) + int(fields[9])
+        pages += int(fields[21])
+    return faults, pages
+
+
 def rss_mib(pid: int) -> float:
     with open(f"/proc/{pid}/status") as fh:
         for line in fh:
@@ -153,7 +167,10 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=45.0, help="seconds before the window")
     parser.add_argument("--size", default="160x50", help="terminal size of each session, WxH")
     parser.add_argument(
-        "--busy", type=float, default=0.0, help="fraction of a core each worker computes (0: idle)"
+        "--busy",
+        type=float,
+        default=0.0,
+        help="fraction of a core each worker (but a --moving one) computes, 0 <= F < 1 (0: idle)",
     )
     parser.add_argument(
         "--moving", action="store_true", help="one worker faults in 64 MiB/s (its memory moves)"
@@ -164,6 +181,8 @@ def main() -> None:
         "--rss-every", type=float, default=0.0, help="print dlmon's RSS every this many seconds of the window"
     )
     args = parser.parse_args()
+    if not 0.0 <= args.busy < 1.0:
+        parser.error("--busy takes a fraction of a core, 0 <= F < 1")
     if shutil.which("tmux") is None or shutil.which("htop") is None:
         sys.exit("needs tmux and htop")
     width, height = (int(v) for v in args.size.split("x"))
@@ -204,6 +223,7 @@ def main() -> None:
         print(f"dlmon: first frame after {_s(first_frame)}, first data after {_s(first_data)}")
         time.sleep(max(0.0, args.warmup - (time.monotonic() - launched)))
 
+        memory_before = tree_memory(pids)
         before = {name: cpu_seconds(pid) for name, pid in runs.items()}
         threads_before = thread_cpu(runs["dlmon"])
         rss_before = rss_mib(runs["dlmon"])
@@ -219,6 +239,7 @@ def main() -> None:
             time.sleep(args.seconds)
         elapsed = time.monotonic() - window_start
         after = {name: cpu_seconds(pid) for name, pid in runs.items()}
+        memory_after = tree_memory(pids)
         threads_after = thread_cpu(runs["dlmon"])
         rss_after = rss_mib(runs["dlmon"])
         screen = tmux("capture-pane", "-p", "-t", "dlmon")
@@ -241,6 +262,11 @@ def main() -> None:
     ui = per_min["dlmon"] - sampler
     htop = per_min["htop"]
     print(f"window: {elapsed:.1f} s; dlmon quit with q: {'yes' if quit_ok else 'NO'}")
+    faults, pages = (after_ - before_ for after_, before_ in zip(memory_after, memory_before, strict=True))
+    print(
+        f"the tree over the window: {faults} page faults, RSS {pages:+d} pages "
+        f"({'stood still' if not faults and not pages else 'moved'})"
+    )
     print(f"dlmon RSS: {rss_before:.1f} MiB at the start of the window, {rss_after:.1f} MiB at the end")
     print()
     print("| process (1 Hz, same tree, same minute) | CPU-s per minute | % of one core | vs htop |")

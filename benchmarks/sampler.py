@@ -47,8 +47,8 @@ MiB = 1024 * 1024
 def build_tree(workers: int, gib: float, moving_worker: bool = False, busy: float = 0.0) -> int:
     """Fork the tree; returns the main pid once every worker has touched the memory.
 
-    ``busy``: the fraction of a core each worker spends computing (no memory touched), so the
-    CPU columns move every tick while memory stands still."""
+    ``busy``: the fraction of a core each worker (but a moving one) spends computing, touching no
+    new memory, so the CPU columns move every tick while memory stands still."""
     ready_r, ready_w = os.pipe()
     main = os.fork()
     if main:

@@ -1159,86 +1159,132 @@ def test_status_and_io_read_on_a_tick_that_raised_are_shown_on_the_next(
     assert tick().read_bytes == MiB
 
 
+STILL_TREE = """
+    import os, signal, sys, time
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped as they exit
+    r, w = os.pipe()
+
+    def child():
+        if os.fork() == 0:
+            os.write(w, b"x")  # it ran: its start-up faults are (nearly) over
+            time.sleep(300); os._exit(0)
+        os.read(r, 1)
+
+    for _ in range(2):
+        child()
+    held = []
+    print("READY", flush=True)
+    for line in sys.stdin:
+        if line.strip() == "fork":
+            child()
+        else:
+            held.append(b"x" * int(line))  # written, so faulted in
+        print("DONE", flush=True)
+"""
+
+
+class StillTree:
+    """A main and two sleeping children, watched by a tracker on a fake clock with a budget
+    that never runs short (the stall limit off: on a loaded machine a preempted read's wall
+    time would push a process's next read past the cadence under test)."""
+
+    def __init__(self, spawn: Spawn) -> None:
+        self.proc = spawn(STILL_TREE)
+        self.clock = [1000.0]
+        self.policy = BudgetPolicy(cpu_fraction=1.0, burst_s=10.0, initial_s=10.0, max_stall_fraction=0.0)
+        self.tracker = ProcessTracker(self.proc.pid, SmapsBudget(self.policy), clock=lambda: self.clock[0])
+        self.samples = self.tracker.sample()
+        self.pids = {s.pid for s in self.samples}
+
+    def tick(self, seconds: float) -> set[int]:
+        self.clock[0] += seconds
+        self.samples = self.tracker.sample()
+        return {pid for pid, _ in self.tracker.smaps_reads_last_tick}
+
+    def command(self, line: str) -> None:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        assert self.proc.stdout.readline().strip() == "DONE"
+
+    def still(self) -> dict[int, bool]:
+        return {s.pid: s.pss_still for s in self.samples}
+
+    def settle(self) -> None:
+        """Ticks until three in a row, 0.1 s apart, saw no movement, then one that takes every
+        reading, all of them after the last movement."""
+        quiet = 0
+        for _ in range(100):
+            moved_at = self.tracker.memory_moved_at
+            time.sleep(0.1)
+            self.tick(1.0)
+            quiet = quiet + 1 if self.tracker.memory_moved_at == moved_at else 0
+            if quiet == 3:
+                assert self.tick(self.policy.still_refresh_s) == self.pids
+                return
+        raise AssertionError("the tree never stood still")
+
+
 def test_a_tree_that_stands_still_is_read_again_only_every_few_minutes_and_at_once_after_it_moves(
     spawn: Spawn,
 ) -> None:
     """Issue 12 (cost): an idle tree's PSS was re-read every 10 s whatever happened, the whole
     PSS budget spent on readings that could not have changed. While no process of the tree
     faults, changes RSS, joins or leaves, a reading is taken again only every
-    ``still_refresh_s``; any movement brings every process back to the steady cadence."""
-    proc = spawn(
-        """
-        import os, signal, sys, time
-        signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped as they exit
-        for _ in range(2):
-            if os.fork() == 0:
-                time.sleep(300); os._exit(0)
-        held = []
-        print("READY", flush=True)
-        for line in sys.stdin:
-            if line.strip() == "fork":
-                if os.fork() == 0:
-                    time.sleep(300); os._exit(0)
-            else:
-                held.append(b"x" * int(line))  # written, so faulted in
-            print("DONE", flush=True)
-        """
-    )
-    assert proc.stdin is not None and proc.stdout is not None
-    clock = [1000.0]
-    policy = BudgetPolicy(cpu_fraction=1.0, burst_s=10.0, initial_s=10.0)
-    tracker = ProcessTracker(proc.pid, SmapsBudget(policy), clock=lambda: clock[0])
-
-    def tick(seconds: float) -> set[int]:
-        clock[0] += seconds
-        tracker.sample()
-        return {pid for pid, _ in tracker.smaps_reads_last_tick}
-
-    def command(line: str) -> None:
-        proc.stdin.write(line + "\n")  # type: ignore[union-attr]
-        proc.stdin.flush()  # type: ignore[union-attr]
-        assert proc.stdout.readline().strip() == "DONE"  # type: ignore[union-attr]
-
-    def settle() -> None:
-        """Ticks until three in a row saw no movement (a process's start-up, or a fork, faults
-        pages for a while), then one that takes every reading, all of them after the last
-        movement."""
-        quiet = 0
-        for _ in range(100):
-            moved_at = tracker.memory_moved_at
-            time.sleep(0.05)
-            tick(1.0)
-            quiet = quiet + 1 if tracker.memory_moved_at == moved_at else 0
-            if quiet == 3:
-                assert tick(policy.still_refresh_s) == pids
-                return
-        raise AssertionError("the tree never stood still")
-
-    pids = {s.pid for s in tracker.sample()}
-    assert len(pids) == 3 and {pid for pid, _ in tracker.smaps_reads_last_tick} == pids
-    settle()
+    ``still_refresh_s``; any movement brings every process back to the steady cadence, and each
+    row says whether its reading stood still since (the screen marks the others' age)."""
+    tree = StillTree(spawn)
+    main, policy, tick = tree.proc.pid, tree.policy, tree.tick
+    assert len(tree.pids) == 3 and {pid for pid, _ in tree.tracker.smaps_reads_last_tick} == tree.pids
+    tree.settle()
     assert tick(policy.steady_refresh_s + 1) == set()  # still: no read at the steady cadence
     assert tick(policy.still_refresh_s / 2) == set()
-    assert tick(policy.still_refresh_s / 2) == pids  # ... but every still_refresh_s
+    assert tree.still() == dict.fromkeys(tree.pids, True)  # 150 s old, and still true
+    assert tick(policy.still_refresh_s / 2) == tree.pids  # ... but re-taken every still_refresh_s
 
-    command("fork")  # a process joins: every reading of the tree is due at the steady cadence
-    joined = tick(1.0) - {proc.pid}  # the new one, never read (and the main if its fork faulted)
-    assert len(joined) == 1 and not joined & pids
-    assert tick(policy.steady_refresh_s) >= pids - {proc.pid}
-    pids |= joined
-    settle()
+    tree.command("fork")  # a process joins: every reading of the tree is due at the steady cadence
+    joined = tick(1.0) - {main}  # the new one, never read (and the main if its fork faulted)
+    assert len(joined) == 1 and not joined & tree.pids
+    assert tick(policy.steady_refresh_s) >= tree.pids - {main}
+    tree.pids |= joined
+    tree.settle()
 
-    command(str(8 * MiB))  # the main faults memory in: its own reading and its sharers' are due
-    assert tick(1.0) == {proc.pid}  # moved past the threshold: at the moved cadence
+    tree.command(str(8 * MiB))  # the main faults memory in: its own reading and its sharers' are due
+    assert tick(1.0) == {main}  # moved past the threshold: at the moved cadence
+    assert tree.still() == {pid: pid == main for pid in tree.pids}  # the others' are from before
     # the idle children at the steady cadence (the main was read after the movement)
-    assert tick(policy.steady_refresh_s) == pids - {proc.pid}
+    assert tick(policy.steady_refresh_s) == tree.pids - {main}
     assert tick(policy.steady_refresh_s + 1) == set()  # read since the movement: still again
 
-    settle()
+    tree.settle()
     (leaving,) = joined  # it leaves, and nothing else moves (no parent wakes up to reap it)
     os.kill(leaving, signal.SIGKILL)
     while os.path.exists(f"/proc/{leaving}"):
         time.sleep(0.01)
-    pids.remove(leaving)
+    tree.pids.remove(leaving)
     assert tick(1.0) == set()
-    assert tick(policy.steady_refresh_s) == pids  # its sharers' readings at the steady cadence
+    assert tick(policy.steady_refresh_s) == tree.pids  # its sharers' readings at the steady cadence
+
+
+def test_a_movement_read_on_a_tick_that_raised_is_not_lost(
+    spawn: Spawn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review: a tick that raised after reading a moved stat line kept the line but not its
+    movement; the next tick read the same bytes, skipped the process, and the readings taken
+    before the movement counted as still for five minutes."""
+    tree = StillTree(spawn)
+    tree.settle()
+    tree.command(str(8 * MiB))
+    real = ProcessTracker._maybe_count_fds
+
+    def raise_once(self: ProcessTracker, *args: Any) -> None:
+        monkeypatch.setattr(ProcessTracker, "_maybe_count_fds", real)
+        raise OSError(errno.EIO, "a tick that raised after its stat reads")
+
+    monkeypatch.setattr(ProcessTracker, "_maybe_count_fds", raise_once)
+    with pytest.raises(OSError):
+        tree.tick(1.0)
+    tree.tick(1.0)
+    assert tree.still()[tree.proc.pid] is True  # read after the movement
+    assert [still for pid, still in tree.still().items() if pid != tree.proc.pid] == [False, False]
+    assert tree.tick(tree.policy.steady_refresh_s) == tree.pids - {tree.proc.pid}

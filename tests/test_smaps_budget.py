@@ -205,3 +205,20 @@ def test_a_new_worker_is_read_within_seconds_while_a_moving_trainer_takes_the_wh
                 worker_read_at = now
     assert worker_read_at is not None and worker_read_at - 10.0 <= 5.0, worker_read_at
     assert trainer_last is not None and ticks[-1] - trainer_last <= 5.0  # the trainer is still read
+
+
+def test_a_reading_of_a_still_tree_is_due_only_every_still_refresh() -> None:
+    """Issue 12: while the tree stood still since a reading, it is due every still_refresh_s,
+    not every steady_refresh_s; its own movement still makes it due at the moved cadence."""
+    policy = BudgetPolicy(max_stall_fraction=0.0)
+    budget = SmapsBudget(policy)
+
+    def due(age: float, still: bool, rss: int = 1000 * MiB) -> bool:
+        c = SmapsCandidate("p", rss, 0.0, 1000 * MiB, tree_still_since_read=still)
+        return budget.order([c], age) == [c]
+
+    assert due(policy.steady_refresh_s, still=False)
+    assert not due(policy.steady_refresh_s, still=True)
+    assert not due(policy.still_refresh_s - 1, still=True)
+    assert due(policy.still_refresh_s, still=True)
+    assert due(policy.moved_refresh_s, still=True, rss=1100 * MiB)  # its own RSS moved 10%

@@ -175,20 +175,23 @@ class _Tracked:
     counters_time: float | None = None  # when the prev_* counters below were read (their rates' start)
     io_moved: bool = False  # bytes read or written moved at the last read: read again next tick
     last_sample: ProcessSample | None = None  # shown again on ticks it is not read
-    memory_key: tuple[int, int] | None = None  # minor faults and RSS pages at its last stat read
+    memory_key: tuple[int, int, int] | None = None  # minor and major faults, RSS pages at its last stat
 
 
 _SAMPLE_FIELDS = tuple(f.name for f in fields(ProcessSample))
 _sample_values = operator.attrgetter(*_SAMPLE_FIELDS)
 _PSS_AGE = _SAMPLE_FIELDS.index("pss_age_s")
+_PSS_STILL = _SAMPLE_FIELDS.index("pss_still")
 
 
-def _aged(sample: ProcessSample, pss_age_s: float) -> ProcessSample:
+def _aged(sample: ProcessSample, pss_age_s: float, pss_still: bool) -> ProcessSample:
     """``sample`` with its PSS age as of now: a row shown again in rotation holds the same smaps
     reading, and the digest places a reading at snapshot time - pss_age_s (a frozen age made every
-    re-show a new reading). Half the cost of dataclasses.replace."""
+    re-show a new reading); whether the tree stood still since moves with the tree, not the row.
+    Half the cost of dataclasses.replace."""
     values = list(_sample_values(sample))
     values[_PSS_AGE] = pss_age_s
+    values[_PSS_STILL] = pss_still
     return ProcessSample(*values)
 
 
@@ -502,7 +505,7 @@ class ProcessTracker:
                 continue
             last, smaps_time = resting_one.last_sample, resting_one.smaps_time
             if last.pss_age_s is not None and smaps_time is not None:
-                last = _aged(last, round(now - smaps_time, 3))
+                last = _aged(last, round(now - smaps_time, 3), self._still_since(smaps_time))
             shown_again.append(last)
         self.rotated_last_tick = len(shown_again)
         self.read_last_tick = [pid for pid, _ in rows]
@@ -583,7 +586,7 @@ class ProcessTracker:
         ):
             return None
         if last.pss_age_s is not None and tracked.smaps_time is not None:
-            last = _aged(last, round(now - tracked.smaps_time, 3))
+            last = _aged(last, round(now - tracked.smaps_time, 3), self._still_since(tracked.smaps_time))
         tracked.prev_time = now  # the next rates count from here: nothing moved before it
         tracked.last_sample = last
         return last
@@ -627,24 +630,28 @@ class ProcessTracker:
             tracked.num_fds = None
 
     def _note_memory_movement(self, rows: dict[Identity, _Row], now: float) -> None:
+        # A leave shows only here; a join also as a process without a key yet. No shortcut for an
+        # unchanged stat line: a tick that raised after reading a new one kept the line, not its key.
         moved = self._members != self._tracked.keys()
         if moved:
             self._members = frozenset(self._tracked)
-        for identity, (tracked, stat, _status, _io) in rows.items():
-            if identity in self._unchanged:
-                continue  # the same stat line: nothing moved
-            key = (stat.minor_faults, stat.rss_pages)
+        for tracked, stat, _status, _io in rows.values():
+            key = (stat.minor_faults, stat.major_faults, stat.rss_pages)
             if key != tracked.memory_key:
                 tracked.memory_key = key
                 moved = True
         if moved:
             self.memory_moved_at = now
 
+    def _still_since(self, smaps_time: float | None) -> bool:
+        """Nothing in the tree moved since a reading taken at ``smaps_time``."""
+        moved_at = self.memory_moved_at
+        return smaps_time is not None and moved_at is not None and smaps_time >= moved_at
+
     def _spend_on_smaps(self, rows: dict[Identity, _Row], now: float) -> None:
         self.budget.refill(now, self._cheap_cost_per_s)
         self.smaps_reads_last_tick = []
         self.smaps_cpu_last_tick = 0.0
-        moved_at = self.memory_moved_at
         candidates = [
             SmapsCandidate(
                 identity,
@@ -659,9 +666,7 @@ class ProcessTracker:
                 is_main=tracked.role == "main",
                 first_seen=tracked.first_seen,
                 last_read_wall_s=tracked.smaps_wall_s,
-                tree_still_since_read=(
-                    tracked.smaps_time is not None and moved_at is not None and tracked.smaps_time >= moved_at
-                ),
+                tree_still_since_read=self._still_since(tracked.smaps_time),
             )
             for identity, (tracked, stat, _status, _io) in rows.items()
             if stat.state not in ("Z", "X") and tracked.smaps_denied is None
@@ -756,6 +761,7 @@ class ProcessTracker:
             pss_age_s=(
                 None if smaps is None or tracked.smaps_time is None else round(now - tracked.smaps_time, 3)
             ),
+            pss_still=smaps is not None and self._still_since(tracked.smaps_time),
             locked_bytes=status.get("VmLck"),
             pinned_bytes=status.get("VmPin"),
             read_bytes=read_bytes,

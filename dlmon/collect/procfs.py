@@ -42,6 +42,7 @@ class StatFields:
     state: str
     ppid: int
     minor_faults: int  # minflt: every copy-on-write break and first touch of a page counts one
+    major_faults: int  # majflt: a page read in from disk or swap
     utime_ticks: int
     stime_ticks: int
     num_threads: int
@@ -61,6 +62,7 @@ def parse_stat(raw: bytes) -> StatFields:
         rest[0].decode(),  # state
         int(rest[1]),  # ppid
         int(rest[7]),  # minor_faults
+        int(rest[9]),  # major_faults
         int(rest[11]),  # utime_ticks
         int(rest[12]),  # stime_ticks
         int(rest[17]),  # num_threads

@@ -18,9 +18,13 @@ pages maps or drops them: in a forked tree, mostly another process of the tree. 
 whole tree stands still (no fault, no RSS change, no process in or out since a process's last
 read) its reading is re-taken only every ``still_refresh_s``: a paused, hung or idle job costs
 next to nothing, and a change anywhere in the tree brings every process back to the steady
-cadence. What this misses is a sharer outside the tree (another job mapping the same library
-or dataset file, a /dev/shm segment another process fills); that reading ages visibly, up to
-``still_refresh_s``.
+cadence (movement: a change in minor or major faults or RSS pages in /proc/PID/stat, or a
+process in or out). What this misses, for up to ``still_refresh_s``: a sharer outside the tree
+(another job mapping the same library or dataset file, a /dev/shm segment another process
+fills); the kernel changing sharing with no fault and no RSS change (khugepaged collapsing
+copy-on-write pages into a huge page where THP is "always", KSM merging); and an RSS change
+smaller than the kernel's batching of the counter stat shows (tens of pages). The row says
+which readings stood still (``pss_still``); the others age visibly.
 
 A read also stalls the target: the kernel holds its mmap lock across the walk of each VMA, so an
 mmap/munmap in the training waits for it. A process is therefore never read more often than its

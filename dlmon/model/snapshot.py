@@ -64,6 +64,9 @@ class ProcessSample:
     pss_file_bytes: int | None = None  # PSS of file-backed pages: mmapped datasets, libraries
     anonymous_bytes: int | None = None  # anonymous pages resident (shared copy-on-write ones too)
     fd_limit: int | None = None  # RLIMIT_NOFILE soft limit (/proc/PID/limits "Max open files"), read rarely
+    # Nothing in the tree faulted a page in, changed RSS, joined or left since the smaps reading
+    # (however old): it holds unless a sharer outside the tree moved (collect/smaps_budget.py).
+    pss_still: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,8 +40,9 @@ HELP_TEXT = """\
   processes counts 1/N in each), so the PSS sum is the job's true total.
   RSS counts shared pages in every process: the RSS sum of forked workers
   double-counts. USS: memory only that process holds.
-  [b]~[/b] before a PSS: read more than a few samples ago (PSS is read on a
-  CPU budget; the detail says how long ago). [b]\u2013[/b] or [b]n/a[/b]: not measured.
+  [b]~[/b] before a PSS: read more than a few samples ago, and memory in the job
+  moved since (PSS is read on a CPU budget; the detail says how long ago).
+  [b]\u2013[/b] or [b]n/a[/b]: not measured.
   STATE: run, sleep, disk (waiting on IO), zombie (exited, not reaped),
   gone (no longer there), killed / SIGn / exit n (seen dying by the agent).
 """

@@ -708,7 +708,9 @@ def table_columns(width: int, *, batches: bool, gpu: bool) -> tuple[Column, ...]
 
 
 def pss_stale(p: ProcessSample, interval: float | None) -> bool:
-    return p.pss_age_s is not None and p.pss_age_s > max(5.0, 3 * (interval or 1.0))
+    """Read more than a few samples ago while memory in the job moved (a reading of a tree that
+    stood still since is as good as a new one, whatever its age)."""
+    return not p.pss_still and p.pss_age_s is not None and p.pss_age_s > max(5.0, 3 * (interval or 1.0))
 
 
 def row_state(row: ProcessRow) -> tuple[str, str]:
@@ -890,7 +892,9 @@ def detail_lines(row: ProcessRow, snapshot: Snapshot | None, width: int) -> Line
                 [
                     ("read ", "dim"),
                     (
-                        f"{duration(age)} ago" if age is not None else NA,
+                        (f"{duration(age)} ago" + (", nothing moved since" if p.pss_still else ""))
+                        if age is not None
+                        else NA,
                         "stale" if pss_stale(p, interval) else "",
                     ),
                 ],
