@@ -6,17 +6,20 @@ would show ~ on every row)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import subprocess
 import sys
 import textwrap
 import time
+
+from test_ui_support import make_snapshot
 
 from dlmon.collect.sampler import Sampler
 from dlmon.collect.smaps_budget import BudgetPolicy
 from dlmon.flow.sources import LiveSource
 from dlmon.ui import create_app
 from dlmon.ui.app import DlmonApp, MainScreen
-from dlmon.ui.views import detail_lines
+from dlmon.ui.views import detail_lines, pss_stale
 from dlmon.ui.widgets import WorkerTable
 
 TREE = """
@@ -36,6 +39,24 @@ TREE = """
 """
 
 
+def _settled(pids: list[int]) -> None:
+    """Until three reads of the tree's faults and RSS, 0.1 s apart, agree: the first readings are
+    then taken after the last movement (a child's start-up, the main's first read of stdin)."""
+    seen: list[list[str]] = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        now = []
+        for pid in pids:
+            with open(f"/proc/{pid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            now.append(" ".join((fields[7], fields[9], fields[21])))
+        seen = [*seen[-2:], now]
+        if len(seen) == 3 and seen[0] == seen[1] == seen[2]:
+            return
+        time.sleep(0.1)
+    raise AssertionError("the tree never stood still")
+
+
 def _pss_cells(app: DlmonApp) -> list[str]:
     table = app.main_screen.query_one("#table", WorkerTable)
     rows = table.text.splitlines()
@@ -52,6 +73,8 @@ def test_old_readings_of_a_still_tree_are_plain_and_marked_once_it_moves() -> No
     )
     assert proc.stdin is not None and proc.stdout is not None
     assert proc.stdout.readline().strip() == "READY"
+    with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as fh:
+        _settled([proc.pid, *map(int, fh.read().split())])
     # Workers are due again only after a minute once the tree moves, so their marked readings
     # stay on screen long enough to be seen on a loaded machine; the mark shows past 5 s.
     sampler = Sampler(proc.pid, policy=BudgetPolicy(steady_refresh_s=60.0, initial_s=10.0))
@@ -65,7 +88,8 @@ def test_old_readings_of_a_still_tree_are_plain_and_marked_once_it_moves() -> No
             while time.monotonic() < deadline:  # every reading older than the mark's 5 s
                 latest = app.state.latest
                 ages = [p.pss_age_s for p in latest.processes] if latest is not None else []
-                if len(ages) == 3 and all(a is not None and a > 6.0 for a in ages):
+                still = latest is not None and all(p.pss_still for p in latest.processes)
+                if len(ages) == 3 and all(a is not None and a > 6.0 for a in ages) and still:
                     break
                 await pilot.pause(0.2)
             app.refresh_view(True)
@@ -97,3 +121,11 @@ def test_old_readings_of_a_still_tree_are_plain_and_marked_once_it_moves() -> No
     assert any("ago, nothing moved since" in text for text in seen["detail"]), seen  # the detail says why
     # the workers' readings are as old as before, but the tree moved since: marked
     assert sum(cell.startswith("~") for cell in seen["moved"]) >= 2, seen
+
+
+def test_an_old_pss_reading_is_marked_only_when_the_tree_moved_since() -> None:
+    worker = make_snapshot().processes[1]
+    old = dataclasses.replace(worker, pss_age_s=120.0)
+    assert pss_stale(old, 1.0)
+    assert not pss_stale(dataclasses.replace(old, pss_still=True), 1.0)
+    assert not pss_stale(dataclasses.replace(worker, pss_age_s=1.0), 1.0)

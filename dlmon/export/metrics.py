@@ -150,6 +150,11 @@ PROCESS: Group[ProcessSample] = Group(
             "Age of the PSS/USS/swap figures (read on a budget).",
             attr("pss_age_s"),
         ),
+        gauge(
+            "dlmon_process_pss_still",
+            "1 when nothing in the process tree moved since the PSS reading: it holds however old.",
+            attr("pss_still"),
+        ),
         gauge("dlmon_process_cpu_ratio", "CPU use in cores (1 = one core busy).", attr("cpu_percent", 0.01)),
         gauge("dlmon_process_threads", "Threads of the process.", attr("num_threads")),
         gauge("dlmon_process_open_fds", "Open file descriptors.", attr("num_fds")),
