@@ -1160,12 +1160,13 @@ def test_status_and_io_read_on_a_tick_that_raised_are_shown_on_the_next(
 
 
 STILL_TREE = """
-    import os, signal, sys, time
+    import ctypes, os, signal, sys, time
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped as they exit
     r, w = os.pipe()
 
     def child():
         if os.fork() == 0:
+            ctypes.CDLL(None).prctl(15, b"pt_data_worker", 0, 0, 0)  # a DataLoader worker's name
             os.write(w, b"x")  # it ran: its start-up faults are (nearly) over
             time.sleep(300); os._exit(0)
         os.read(r, 1)
@@ -1184,7 +1185,7 @@ STILL_TREE = """
 
 
 class StillTree:
-    """A main and two sleeping children, watched by a tracker on a fake clock with a budget
+    """A main and two sleeping workers (STILL_TREE), watched by a tracker on a fake clock with a budget
     that never runs short (the stall limit off: on a loaded machine a preempted read's wall
     time would push a process's next read past the cadence under test)."""
 

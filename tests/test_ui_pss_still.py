@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import subprocess
-import sys
-import textwrap
 import time
+from pathlib import Path
 
+from test_sampler_cost import STILL_TREE, MiB
 from test_ui_support import make_snapshot
 
+from conftest import Spawn
+from dlmon.collect.procfs import parse_stat
 from dlmon.collect.sampler import Sampler
 from dlmon.collect.smaps_budget import BudgetPolicy
 from dlmon.flow.sources import LiveSource
@@ -22,35 +23,15 @@ from dlmon.ui.app import DlmonApp, MainScreen
 from dlmon.ui.views import detail_lines, pss_stale
 from dlmon.ui.widgets import WorkerTable
 
-TREE = """
-    import ctypes, os, sys, time
-    r, w = os.pipe()
-    for _ in range(2):
-        if os.fork() == 0:
-            ctypes.CDLL(None).prctl(15, b"pt_data_worker", 0, 0, 0)
-            os.write(w, b"x")
-            time.sleep(300); os._exit(0)
-    os.read(r, 1); os.read(r, 1)
-    print("READY", flush=True)
-    held = []
-    for line in sys.stdin:
-        held.append(b"x" * (16 << 20))  # faulted in: the tree moved
-        print("DONE", flush=True)
-"""
-
 
 def _settled(pids: list[int]) -> None:
     """Until three reads of the tree's faults and RSS, 0.1 s apart, agree: the first readings are
     then taken after the last movement (a child's start-up, the main's first read of stdin)."""
-    seen: list[list[str]] = []
+    seen: list[list[tuple[int, int, int]]] = []
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        now = []
-        for pid in pids:
-            with open(f"/proc/{pid}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-            now.append(" ".join((fields[7], fields[9], fields[21])))
-        seen = [*seen[-2:], now]
+        stats = [parse_stat(Path(f"/proc/{pid}/stat").read_bytes()) for pid in pids]
+        seen = [*seen[-2:], [(st.minor_faults, st.major_faults, st.rss_pages) for st in stats]]
         if len(seen) == 3 and seen[0] == seen[1] == seen[2]:
             return
         time.sleep(0.1)
@@ -64,15 +45,9 @@ def _pss_cells(app: DlmonApp) -> list[str]:
     return [row.split()[at] for row in rows[1:] if row.split()]
 
 
-def test_old_readings_of_a_still_tree_are_plain_and_marked_once_it_moves() -> None:
-    proc = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(TREE)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+def test_old_readings_of_a_still_tree_are_plain_and_marked_once_it_moves(spawn: Spawn) -> None:
+    proc = spawn(STILL_TREE)
     assert proc.stdin is not None and proc.stdout is not None
-    assert proc.stdout.readline().strip() == "READY"
     with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as fh:
         _settled([proc.pid, *map(int, fh.read().split())])
     # Workers are due again only after a minute once the tree moves, so their marked readings
@@ -100,7 +75,7 @@ def test_old_readings_of_a_still_tree_are_plain_and_marked_once_it_moves() -> No
             seen["still_flags"] = [str(p.pss_still) for p in latest.processes]
             worker = next(r for r in app.state.rows.values() if r.process.role == "worker")
             seen["detail"] = [text for line in detail_lines(worker, latest, 160) for text, _ in line]
-            proc.stdin.write("\n")  # type: ignore[union-attr]
+            proc.stdin.write(f"{16 * MiB}\n")  # type: ignore[union-attr]  # faulted in: it moved
             proc.stdin.flush()  # type: ignore[union-attr]
             assert proc.stdout.readline().strip() == "DONE"  # type: ignore[union-attr]
             while time.monotonic() < deadline:
@@ -111,11 +86,7 @@ def test_old_readings_of_a_still_tree_are_plain_and_marked_once_it_moves() -> No
             seen["moved"] = _pss_cells(app)
             await pilot.press("q")
 
-    try:
-        asyncio.run(main())
-    finally:
-        proc.kill()
-        proc.wait()
+    asyncio.run(main())  # the spawn fixture ends the whole tree
     assert len(seen["still"]) == 3 and seen["still_flags"] == ["True"] * 3, seen
     assert not any(cell.startswith("~") for cell in seen["still"]), seen
     assert any("ago, nothing moved since" in text for text in seen["detail"]), seen  # the detail says why

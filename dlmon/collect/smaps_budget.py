@@ -15,16 +15,16 @@ never-read processes do not starve the trainer when a DataLoader respawns its wo
 
 A process's PSS moves when its own pages do (a fault, RSS up or down) or when a sharer of its
 pages maps or drops them: in a forked tree, mostly another process of the tree. So while the
-whole tree stands still (no fault, no RSS change, no process in or out since a process's last
-read) its reading is re-taken only every ``still_refresh_s``: a paused, hung or idle job costs
-next to nothing, and a change anywhere in the tree brings every process back to the steady
-cadence (movement: a change in minor or major faults or RSS pages in /proc/PID/stat, or a
-process in or out). What this misses, for up to ``still_refresh_s``: a sharer outside the tree
-(another job mapping the same library or dataset file, a /dev/shm segment another process
-fills); the kernel changing sharing with no fault and no RSS change (khugepaged collapsing
-copy-on-write pages into a huge page where THP is "always", KSM merging); and an RSS change
-smaller than the kernel's batching of the counter stat shows (tens of pages). The row says
-which readings stood still (``pss_still``); the others age visibly.
+whole tree stands still since a process's last read (no change in any member's minor or major
+faults or RSS pages in /proc/PID/stat, no process in or out) its reading is due again only
+after ``still_refresh_s``: a paused, hung or idle job costs next to nothing, and a change
+anywhere in the tree brings every process back to the steady cadence. What this misses, for up
+to ``still_refresh_s``: a sharer outside the tree (another job mapping the same library or
+dataset file, a /dev/shm segment another process fills); the kernel changing sharing with no
+fault and no RSS change (khugepaged collapsing copy-on-write pages into a huge page where THP is
+"always", KSM merging); and an RSS change smaller than the kernel's batching of the counter stat
+shows (tens of pages). The row says which readings stood still (``pss_still``); the others age
+visibly.
 
 A read also stalls the target: the kernel holds its mmap lock across the walk of each VMA, so an
 mmap/munmap in the training waits for it. A process is therefore never read more often than its
