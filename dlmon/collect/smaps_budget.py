@@ -22,8 +22,9 @@ anywhere in the tree brings every process back to the steady cadence. What this 
 to ``still_refresh_s``: a sharer outside the tree (another job mapping the same library or
 dataset file, a /dev/shm segment another process fills); the kernel changing sharing with no
 fault and no RSS change (khugepaged collapsing copy-on-write pages into a huge page where THP is
-"always", KSM merging); and an RSS change smaller than the kernel's batching of the counter stat
-shows (tens of pages). The row says which readings stood still (``pss_still``); the others age
+"always", KSM merging); an RSS change smaller than the kernel's batching of the counter stat
+shows (tens of pages); and a worker resting in rotation, whose movement shows at its turn. The
+row says which readings stood still (``pss_still``); the others age
 visibly.
 
 A read also stalls the target: the kernel holds its mmap lock across the walk of each VMA, so an
