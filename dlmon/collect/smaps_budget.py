@@ -24,8 +24,7 @@ dataset file, a /dev/shm segment another process fills); the kernel changing sha
 fault and no RSS change (khugepaged collapsing copy-on-write pages into a huge page where THP is
 "always", KSM merging); an RSS change smaller than the kernel's batching of the counter stat
 shows (tens of pages); and a worker resting in rotation, whose movement shows at its turn. The
-row says which readings stood still (``pss_still``); the others age
-visibly.
+row says which readings stood still (``pss_still``); the others age visibly.
 
 A read also stalls the target: the kernel holds its mmap lock across the walk of each VMA, so an
 mmap/munmap in the training waits for it. A process is therefore never read more often than its
