@@ -25,7 +25,7 @@ import os
 import threading
 from typing import Any
 
-from dlmon.agent import _hooks, _journal
+from dlmon.agent import _hooks, _journal, _last_words
 from dlmon.agent._paths import socket_dir, socket_path
 
 __all__ = ["arm", "counters", "serving_path", "socket_dir", "socket_path", "start"]
@@ -117,6 +117,7 @@ def _start() -> None:
             return
         _serving = srv
         _started_pid = pid
+        _last_words.install()  # its lines go to the journal, which exists from now on
         _server_error = None
         _hooks.R.degraded.pop("server", None)
         if not _atexit_registered:
@@ -135,6 +136,7 @@ def _after_fork_child() -> None:
     _started_pid = None
     _hooks.R.by_key.clear()  # the parent's workers are our siblings, not our children
     _journal.after_fork_child()
+    _last_words.after_fork_child()
     if srv is not None:
         with contextlib.suppress(Exception):
             srv.close(unlink=False)

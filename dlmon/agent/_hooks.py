@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import FrameType, ModuleType
 from typing import Any
 
-from dlmon.agent import _journal, _tune
+from dlmon.agent import _journal, _last_words, _tune
 
 DATALOADER_MODULE = "torch.utils.data.dataloader"
 TORCH_SIGNAL_MODULE = "torch.utils.data._utils.signal_handling"
@@ -514,9 +514,10 @@ def _make_next(orig: Callable[[Any], Any]) -> Callable[[Any], Any]:
             if st is not None:
                 _on_stop(st, t0, first)
             raise
-        except BaseException:
+        except BaseException as exc:
             if st is not None:
                 _call_ended(st)
+            _last_words.left_next(st, exc)  # never raises
             raise
         t1 = pc()
         if st is None:
@@ -530,6 +531,7 @@ def _make_next(orig: Callable[[Any], Any]) -> Callable[[Any], Any]:
                 c[7] += 1  # B_EPOCHS_STARTED
                 st.in_epoch = True
                 sample_num_threads()
+                _last_words.note_batch(st, data)  # once an epoch: its size, for a shm verdict
             else:
                 c[2] += t1 - t0  # B_WAIT
                 lr = st.last_ret

@@ -6,6 +6,10 @@ the trainer dies the next millisecond (torch raises at once and nobody polls the
 The file is left behind on purpose: dlmon reads it after the trainer has exited. A new agent
 with the same pid removes its predecessor's; the socket sweep removes old ones.
 
+Exceptions that end the training (``dlmon.agent._last_words``) go to the same journal, as lines
+with ``kind: "exception"``. An exception may be "Too many open files": a descriptor is kept in
+reserve (``/dev/null``) and given up for the moment of that write.
+
 ``<pid>.stack``: a DataLoader worker's stack dump file. The worker registers ``faulthandler``
 for :data:`STACK_SIGNAL` at start (C-level handler: it dumps even while the worker is stuck in C
 code holding the GIL; nothing runs until the signal comes). Its first line says which process
@@ -33,6 +37,7 @@ STACK_SIGNAL = signal.SIGRTMIN + 7 if hasattr(signal, "SIGRTMIN") else None
 STACK_HEADER = "dlmon-stack"
 
 _dir: str | None = None  # the agent's directory, once it serves
+_reserve_fd: int | None = None  # freed to write last words when the process has run out of fds
 
 
 def set_directory(directory: str, pid: int) -> None:
@@ -41,6 +46,14 @@ def set_directory(directory: str, pid: int) -> None:
     _dir = directory
     with contextlib.suppress(OSError):
         os.unlink(os.path.join(directory, f"{pid}{DEATHS_SUFFIX}"))
+    _hold_reserve()
+
+
+def _hold_reserve() -> None:
+    global _reserve_fd
+    if _reserve_fd is None:
+        with contextlib.suppress(OSError):
+            _reserve_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
 
 
 def directory() -> str | None:
@@ -49,13 +62,82 @@ def directory() -> str | None:
 
 def append_death(rec: dict[str, Any]) -> None:
     """One line, one write, O_APPEND: a reader never sees half a line from a live writer."""
-    d = _dir
-    if d is None:
-        return
     try:
         line = json.dumps(rec, separators=(",", ":"), default=str).encode("utf-8") + b"\n"
         if len(line) > MAX_LINE:
             return
+        _append(line)
+    except Exception:
+        pass
+
+
+# the fields of a last-words line that may be long, cut in this order until the line fits
+_SHRINKABLE = ("traceback", "message", "worker_message", "loader_name", "thread", "file", "function")
+
+
+def fit_line(rec: dict[str, Any], limit: int = MAX_LINE) -> bytes:
+    """``rec`` as one JSON line of at most ``limit`` bytes: long text fields are cut (the
+    traceback keeps its end, where the error is; messages their start), never dropped."""
+    rec = dict(rec)
+    line = json.dumps(rec, separators=(",", ":"), default=str).encode("utf-8") + b"\n"
+    for key in _SHRINKABLE:
+        while len(line) > limit and isinstance(rec.get(key), str) and len(rec[key]) > 40:
+            text = rec[key]
+            over = len(line) - limit
+            keep = max(40, len(text) - over - 8)
+            rec[key] = "…" + text[-keep:] if key == "traceback" else text[:keep] + "…"
+            line = json.dumps(rec, separators=(",", ":"), default=str).encode("utf-8") + b"\n"
+    return line
+
+
+def append_last_words(rec: dict[str, Any]) -> None:
+    """An exception's line, written even when the process has no descriptor left: the reserve
+    one is closed for the write (and for counting the open ones), then taken again."""
+    global _reserve_fd
+    if _dir is None:
+        return
+    try:
+        reserve, _reserve_fd = _reserve_fd, None
+        if reserve is not None:
+            with contextlib.suppress(OSError):
+                os.close(reserve)
+        try:
+            fds = open_fd_count()
+            if fds is not None:
+                rec["open_fds"] = fds
+            limit = _fd_limit()
+            if limit is not None:
+                rec["fd_limit"] = limit
+            _append(fit_line(rec))
+        finally:
+            _hold_reserve()
+    except Exception:
+        pass
+
+
+def open_fd_count() -> int | None:
+    """Descriptors open in this process, the one that lists them standing for the reserve one."""
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return None
+
+
+def _fd_limit() -> int | None:
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        return None if soft == resource.RLIM_INFINITY else int(soft)
+    except Exception:
+        return None
+
+
+def _append(line: bytes) -> None:
+    d = _dir
+    if d is None:
+        return
+    try:
         fd = os.open(
             os.path.join(d, f"{os.getpid()}{DEATHS_SUFFIX}"),
             os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
@@ -163,6 +245,11 @@ def worker_exited_normally() -> None:
 
 
 def after_fork_child() -> None:
-    """A forked child does not inherit its parent's stack file (it registers its own, if a worker)."""
-    global _stack_file
+    """A forked child does not inherit its parent's stack file (it registers its own, if a worker),
+    nor keep its copy of the parent's reserve descriptor."""
+    global _stack_file, _reserve_fd
     _stack_file = None
+    reserve, _reserve_fd = _reserve_fd, None
+    if reserve is not None:
+        with contextlib.suppress(OSError):
+            os.close(reserve)

@@ -27,6 +27,7 @@ from dlmon.analysis.detectors._base import DEFAULT_THRESHOLDS, AlertKey
 from dlmon.analysis.detectors.stall import quiet_input_bound
 from dlmon.analysis.digest import Digest, DigestLimits
 from dlmon.analysis.kinds import (
+    EXCEPTION_DEATH,
     FD_EXHAUSTION,
     INPUT_BOUND,
     IO_SATURATION,
@@ -76,6 +77,7 @@ DEFAULT_HOLDS: Mapping[str, Hold] = MappingProxyType(
         # for a hung worker), and the exit verdict must still name the hang
         STALL: Hold(0.0, 15.0),
         FD_EXHAUSTION: Hold(0.0, 15.0),  # the detector demands a steady rise or a high share
+        EXCEPTION_DEATH: Hold(0.0, 0.0),  # judged on the ended training only: say it at once
     }
 )
 _DEFAULT_HOLD = Hold(3.0, 15.0)

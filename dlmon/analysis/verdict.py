@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from dlmon.analysis.kinds import (
+    EXCEPTION_DEATH,
     FD_EXHAUSTION,
     ORPHAN_WORKER,
     SEVERITY_RANK,
@@ -14,7 +15,8 @@ from dlmon.analysis.kinds import (
 )
 from dlmon.model import Alert, Snapshot
 
-_CAUSE_ORDER = (TRAINER_DIED, WORKER_DIED, STALL, FD_EXHAUSTION, ORPHAN_WORKER)
+# a signal's death first: the exception torch raises for a killed worker is its echo
+_CAUSE_ORDER = (TRAINER_DIED, WORKER_DIED, STALL, EXCEPTION_DEATH, FD_EXHAUSTION, ORPHAN_WORKER)
 
 
 def _first_sentence(alert: Alert) -> str:

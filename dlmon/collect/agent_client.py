@@ -34,13 +34,14 @@ from typing import Any
 
 from dlmon.agent._journal import DEATHS_SUFFIX
 from dlmon.agent._paths import candidate_socket_dirs, dir_is_private, target_uids
-from dlmon.model.snapshot import GpuDevice, LoaderSample, PinnedMemory, WorkerDeath
+from dlmon.model.snapshot import GpuDevice, LoaderSample, PinnedMemory, TrainingException, WorkerDeath
 
 REQUEST = b'{"get": "counters"}\n'
 STACKS_REQUEST = b'{"get": "stacks"}\n'
 MAX_JOURNALS = 64
 MAX_JOURNAL_READ = 256 * 1024
 MAX_KNOWN_DEATHS = 256
+MAX_KNOWN_EXCEPTIONS = 64
 WHERE_CACHE_S = 10.0  # how long a target's uid and agent directories are trusted
 # A pid without an agent socket (attach to a job that has none) is looked for on every poll this
 # many times (an agent starts within the first second of its process), then every ABSENT_RECHECK_S
@@ -187,6 +188,7 @@ class AgentClient:
         # and read on every poll, the target's death included (that is when it matters most).
         self._journals: dict[int, list[Any]] = {}
         self._deaths: dict[tuple[int, int | None], WorkerDeath] = {}  # (pid, reported_by) -> death
+        self._exceptions: dict[tuple[int, int], TrainingException] = {}  # (reported_by, seq) -> it
         self._socket_of: dict[int, str] = {}
         self._absent: dict[int, tuple[int, float]] = {}  # pid -> (lookups without a socket, next one)
 
@@ -382,6 +384,11 @@ class AgentClient:
             end = data.rfind(b"\n") + 1  # whole lines only: a line being written waits for the next poll
             entry[1] = offset + end
             for line in data[:end].splitlines():
+                if b'"kind":"exception"' in line:
+                    got = _journal_exception(pid, line)
+                    if got is not None and len(self._exceptions) < MAX_KNOWN_EXCEPTIONS:
+                        self._exceptions.setdefault((pid, got[0]), got[1])
+                    continue
                 d = _journal_death(pid, line)
                 if d is not None and len(self._deaths) < MAX_KNOWN_DEATHS:
                     self._deaths.setdefault((d.pid, d.reported_by), d)
@@ -389,6 +396,10 @@ class AgentClient:
     def known_deaths(self) -> tuple[WorkerDeath, ...]:
         """Every worker death seen so far, by the socket or the agents' journals, oldest first."""
         return tuple(sorted(self._deaths.values(), key=lambda d: (d.time or 0.0, d.pid)))
+
+    def known_exceptions(self) -> tuple[TrainingException, ...]:
+        """Every exception the agents' journals told of so far (their last words), oldest first."""
+        return tuple(sorted(self._exceptions.values(), key=lambda e: (e.time or 0.0, e.reported_by)))
 
     # -- stacks -----------------------------------------------------------------------------------
 
@@ -626,6 +637,44 @@ def _journal_death(reporter: int, line: bytes) -> WorkerDeath | None:
     if not isinstance(d, dict) or _int(d.get("pid")) is None:
         return None
     return _wire_death(reporter, d, "journal")
+
+
+def _journal_exception(reporter: int, line: bytes) -> tuple[int, TrainingException] | None:
+    """(its sequence number, the exception) of a journal line of kind "exception"; None if garbled."""
+    try:
+        d = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(d, dict) or d.get("kind") != "exception":
+        return None
+    seq, origin, kind = _int(d.get("seq")), _str(d.get("origin")), _str(d.get("type"))
+    if seq is None or origin is None or kind is None:
+        return None
+    lid = d.get("loader_id")
+    return seq, TrainingException(
+        reported_by=reporter,
+        origin=origin,
+        type=kind,
+        message=_str(d.get("message")) or "",
+        time=_num(d.get("unix_time")),
+        thread=_str(d.get("thread")),
+        worker_id=_int(d.get("worker_id")),
+        worker_type=_str(d.get("worker_type")),
+        worker_message=_str(d.get("worker_message")),
+        file=_str(d.get("file")),
+        line=_int(d.get("line")),
+        function=_str(d.get("function")),
+        loader_id=f"{reporter}:{lid}" if isinstance(lid, (int, str)) and not isinstance(lid, bool) else None,
+        loader_name=_str(d.get("loader_name")),
+        batches=_int(d.get("batches")),
+        batch_bytes=_int(d.get("batch_bytes")),
+        sharing_strategy=_str(d.get("sharing_strategy")),
+        open_fds=_int(d.get("open_fds")),
+        fd_limit=_int(d.get("fd_limit")),
+        address_space_limit=_int(d.get("address_space_limit")),
+        traceback=_str(d.get("traceback")) or "",
+        worker_origin=_str(d.get("worker_origin")),
+    )
 
 
 def _wait_fraction(cur: Mapping[str, Any], prev: Mapping[str, Any], dt_s: float) -> float | None:

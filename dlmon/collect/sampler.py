@@ -204,6 +204,7 @@ class Sampler:
             loaders=reading.loaders if reading else (),
             pinned=reading.pinned if reading else None,
             worker_deaths=self._agent.known_deaths(),
+            exceptions=self._agent.known_exceptions(),
             kernel_events=kernel_events,
             stacks=stacks,
             processes_without_held_fds=self.processes.without_held_fds,

@@ -153,8 +153,12 @@ def _row(label: str, unit: str, a: float | None, b: float | None, higher_is_bett
     return Row(label, figure(a, unit), figure(b, unit), text, _judge(change, higher_is_better))
 
 
+# kinds that say how the training ended: a new cause of them is a new kind ("died of X")
+ENDINGS = frozenset({"exception_death", "worker_died", "trainer_died"})
+
+
 def _kinds(s: RunSummary) -> set[str]:
-    return {w.kind for w in s.alerts}
+    return {f"{w.kind}:{w.cause}" if w.kind in ENDINGS and w.cause else w.kind for w in s.alerts}
 
 
 def _measured(limit: Limit, a: RunSummary, b: RunSummary) -> float | None:
@@ -243,6 +247,8 @@ def format_diff(a: RunSummary, b: RunSummary, result: Comparison) -> str:
     ]
     lines += ["  " + "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in table]
     lines.append("")
+    if b.verdict and any(k.split(":")[0] in ENDINGS for k in result.new_alerts):
+        lines.append(f"  B ended as A did not: {b.verdict}")
     lines.append(f"  alerts new in B: {', '.join(result.new_alerts) or 'none'}")
     lines.append(f"  alerts gone in B: {', '.join(result.gone_alerts) or 'none'}")
     lines += [f"  limit: {line}" for line in result.breaches]

@@ -20,9 +20,11 @@ from math import inf
 
 from dlmon.analysis.kinds import SEVERITY_RANK
 from dlmon.analysis.startup import Startup, startup_of
+from dlmon.analysis.verdict import exit_verdict
 from dlmon.export.metrics import Published, process_series
 from dlmon.flow.records import Record, RecordEnd, RecordProblem, iter_records
 from dlmon.model import Snapshot, WorkerDeath
+from dlmon.model.snapshot import TrainingException
 
 SERIES_POINTS = 512
 RESERVOIR_SIZE = 4096
@@ -204,6 +206,7 @@ class AlertWindow:
     start: float
     end: float
     open_at_end: bool  # still active when the recording stopped
+    cause: str | None = None  # evidence["cause"] (how a death happened: "oom_killer", "shm_exhausted")
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,6 +237,9 @@ class RunSummary:
     oom_kills: int | None = None  # OOM kills (machine or the job's cgroup) during the recording
     left_out: Mapping[str, int] = field(default_factory=dict)  # what the caps dropped
     startups: Mapping[str, Startup] = field(default_factory=dict)  # loader id -> its last start-up figures
+    # the exit verdict of the last snapshot (its alerts as recorded): None while the training ran on
+    verdict: str | None = None
+    exceptions: tuple[TrainingException, ...] = ()  # what the agent's journal told (cumulative)
 
     @property
     def duration_s(self) -> float | None:
@@ -279,6 +285,7 @@ class Summarizer:
         self.oom_first: int | None = None
         self.oom_last: int | None = None
         self._first_seen: dict[tuple[int, int], float] = {}  # the current tree only: bounded
+        self.last: Snapshot | None = None
 
     def feed(self, record: Record) -> None:
         if isinstance(record, RecordProblem):
@@ -326,6 +333,7 @@ class Summarizer:
                 else:
                     self._drop("deaths")
         self._alerts(s)
+        self.last = s
         ooms = s.cgroup.oom_kill_count if s.cgroup and s.cgroup.oom_kill_count is not None else None
         ooms = ooms if ooms is not None else s.memory.oom_kill_count
         if ooms is not None:
@@ -387,8 +395,16 @@ class Summarizer:
             if old is not None and SEVERITY_RANK.get(old.severity, 0) > SEVERITY_RANK.get(worst, 0):
                 worst = old.severity
             start = old.start if old is not None else min(alert.since, s.time)
+            cause = alert.evidence.get("cause")
             self.open_alerts[key] = AlertWindow(
-                alert.kind, alert.subject, worst, alert.message, start, s.time, True
+                alert.kind,
+                alert.subject,
+                worst,
+                alert.message,
+                start,
+                s.time,
+                True,
+                cause if isinstance(cause, str) else None,
             )
         for key in [k for k in self.open_alerts if k not in now]:
             window = self.open_alerts.pop(key)
@@ -426,7 +442,15 @@ class Summarizer:
             else self.oom_last - self.oom_first,
             left_out=dict(self.left_out),
             startups=dict(self.startups),
+            verdict=self._verdict(),
+            exceptions=self.last.exceptions if self.last is not None else (),
         )
+
+    def _verdict(self) -> str | None:
+        try:
+            return exit_verdict(self.last, None)
+        except Exception as exc:  # a report must come out whatever the last snapshot holds
+            return f"n/a ({type(exc).__name__}: {exc})"
 
 
 def summarize(path: str) -> RunSummary:

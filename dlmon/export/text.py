@@ -114,6 +114,47 @@ def _startup_section(summary: RunSummary) -> Section:
     )
 
 
+ORIGINS = {
+    "next": "left the DataLoader",
+    "main": "uncaught (main thread)",
+    "thread": "uncaught (its thread ended)",
+}
+
+
+def _exceptions_section(summary: RunSummary) -> Section:
+    """Every exception the agent's journal told of: the one the run died of, and caught ones."""
+    rows = []
+    uncaught = {(e.reported_by, e.type, e.message) for e in summary.exceptions if e.origin == "main"}
+    left = {(e.reported_by, e.type, e.message) for e in summary.exceptions if e.origin == "next"}
+    for e in summary.exceptions:
+        same = (e.reported_by, e.type, e.message)
+        if e.origin == "main" and same in left:
+            continue  # shown once, as it left the DataLoader
+        how = ORIGINS.get(e.origin, e.origin)
+        if e.origin == "next" and same in uncaught:
+            how += ", then uncaught"
+        who = (
+            f"worker {e.worker_id}"
+            if e.worker_id is not None
+            else f"thread {e.thread}"
+            if e.origin == "thread"
+            else f"trainer (pid {e.reported_by})"
+        )
+        kind = e.worker_type or e.type
+        text = e.worker_message if e.worker_type else e.message
+        where = f"{e.file}:{e.line} in {e.function}" if e.file else "n/a"
+        shown = f"{kind}: {text}" if text else kind
+        rows.append(
+            (offset(summary, e.time), who, how, shown[:200], where)
+        )
+    return Section(
+        f"Exceptions ({len(rows)})",
+        ("at", "raised in", "how", "exception", "user's frame"),
+        tuple(rows),
+        None if rows else "none seen by the agent",
+    )
+
+
 def sections(summary: RunSummary) -> list[Section]:
     out: list[Section] = []
     overview: list[tuple[str, ...]] = [
@@ -124,6 +165,8 @@ def sections(summary: RunSummary) -> list[Section]:
         ("duration", f"{span(summary.duration_s)} ({summary.snapshots} snapshots)"),
         ("ended", (summary.end_reason or "no end marker (cut short?)").replace("_", " ")),
     ]
+    if summary.verdict:
+        overview.append(("verdict", summary.verdict))
     overview += [("loader", text) for text in summary.loaders]
     if summary.epochs is not None:
         overview.append(("epochs finished", str(summary.epochs)))
@@ -189,6 +232,7 @@ def sections(summary: RunSummary) -> list[Section]:
             None if deaths else "none",
         )
     )
+    out.append(_exceptions_section(summary))
     alerts = tuple(
         (
             offset(summary, w.start),

@@ -238,6 +238,35 @@ class WorkerDeath:
 
 
 @dataclass(frozen=True, slots=True)
+class TrainingException:
+    """An exception the in-process agent saw end a DataLoader call or a thread of the training,
+    written to its journal before the process could die of it (dlmon.agent._last_words)."""
+
+    reported_by: int  # the training process
+    origin: str  # "next" (left a DataLoader's __next__), "main" (uncaught, main thread), "thread"
+    type: str  # "RuntimeError", "torch.OutOfMemoryError"
+    message: str  # its first line (torch's "Caught X in DataLoader worker process N." for a worker's)
+    time: float | None  # Unix time
+    thread: str | None = None
+    worker_id: int | None = None  # the DataLoader worker that raised it (torch re-raised it)
+    worker_type: str | None = None  # the worker's own exception: "KeyError"
+    worker_message: str | None = None  # "'label'"
+    file: str | None = None  # the user's frame: the last one outside torch, site-packages, stdlib
+    line: int | None = None
+    function: str | None = None
+    loader_id: str | None = None  # LoaderSample.id ("next" only)
+    loader_name: str | None = None
+    batches: int | None = None  # batches the loader had returned when it raised
+    batch_bytes: int | None = None  # bytes of the tensors of one batch (the epoch's first)
+    sharing_strategy: str | None = None  # torch.multiprocessing's: "file_descriptor" | "file_system"
+    open_fds: int | None = None  # descriptors open in the process when it raised
+    fd_limit: int | None = None  # its RLIMIT_NOFILE soft limit
+    address_space_limit: int | None = None  # RLIMIT_AS, for a MemoryError (None: unlimited)
+    traceback: str = ""  # the (worker's) traceback's text, its end kept when long
+    worker_origin: str | None = None  # "worker" | "pin_memory" (the pin-memory thread re-raised it)
+
+
+@dataclass(frozen=True, slots=True)
 class KernelEvent:
     """A kernel log line (/dev/kmsg) about a process of the job: an OOM kill or a segfault."""
 
@@ -327,6 +356,8 @@ class Snapshot:
     # detector failures the analyzer swallowed so far (it never raises), and the newest one
     analysis_errors: int = 0
     analysis_error: str | None = None
+    # exceptions that left a DataLoader or ended a thread of the training, cumulative (its last words)
+    exceptions: tuple[TrainingException, ...] = ()
 
     def workers(self) -> tuple[ProcessSample, ...]:
         return tuple(p for p in self.processes if p.role == "worker")

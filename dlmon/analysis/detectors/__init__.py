@@ -19,6 +19,7 @@ from dlmon.analysis.detectors._base import (
     Thresholds,
     headroom,
 )
+from dlmon.analysis.detectors.exceptions import detect_exception_death
 from dlmon.analysis.detectors.fds import detect_fd_exhaustion
 from dlmon.analysis.detectors.gpu import detect_vram_pressure
 from dlmon.analysis.detectors.io import detect_io_saturation
@@ -33,6 +34,7 @@ from dlmon.analysis.detectors.processes import (
 )
 from dlmon.analysis.detectors.stall import detect_stall
 from dlmon.analysis.kinds import (
+    EXCEPTION_DEATH,
     FD_EXHAUSTION,
     INPUT_BOUND,
     IO_SATURATION,
@@ -67,6 +69,7 @@ DETECTORS: dict[str, Detector] = {
     TRAINER_DIED: detect_trainer_died,
     STALL: detect_stall,
     FD_EXHAUSTION: detect_fd_exhaustion,
+    EXCEPTION_DEATH: detect_exception_death,
 }
 
 
@@ -94,6 +97,7 @@ __all__ = [
     "JobTree",
     "Thresholds",
     "detect",
+    "detect_exception_death",
     "detect_fd_exhaustion",
     "detect_input_bound",
     "detect_io_saturation",
