@@ -81,10 +81,11 @@ def fit_line(rec: dict[str, Any], limit: int = MAX_LINE) -> bytes:
     rec = dict(rec)
     line = json.dumps(rec, separators=(",", ":"), default=str).encode("utf-8") + b"\n"
     for key in _SHRINKABLE:
-        while len(line) > limit and isinstance(rec.get(key), str) and len(rec[key]) > 40:
-            text = rec[key]
-            over = len(line) - limit
-            keep = max(40, len(text) - over - 8)
+        for _ in range(8):  # an escaped character takes up to 6 bytes: a few rounds at most
+            text = rec.get(key)
+            if len(line) <= limit or not isinstance(text, str) or len(text) <= 41:
+                break
+            keep = max(40, len(text) - (len(line) - limit) - 8)
             rec[key] = "…" + text[-keep:] if key == "traceback" else text[:keep] + "…"
             line = json.dumps(rec, separators=(",", ":"), default=str).encode("utf-8") + b"\n"
     return line

@@ -174,7 +174,7 @@ def _record(
     strategy = _sharing_strategy()
     if strategy is not None:
         rec["sharing_strategy"] = strategy
-    if _is_memory_error(rec):
+    if _is_memory_error(rec) and rec.get("worker_id") is None:  # this process's limit, not a worker's
         limit = _address_space_limit()
         if limit is not None:
             rec["address_space_limit"] = limit

@@ -35,6 +35,7 @@ OTHER = "exception"
 
 FAMILIES = (SHM, FDS, HOST_MEMORY, CUDA_OOM, BUG, WORKER_ECHO, TIMEOUT, OTHER)
 SHOWN_CHARS = 160  # of the exception's message, in the alert's sentence
+PLENTY_LEFT = 1 << 30  # a MemoryError with this much memory left was no host running out
 FIGURES_WINDOW_S = 30.0  # how far before the exception its figures are looked for
 
 
@@ -134,9 +135,9 @@ def _clip(text: str, limit: int = SHOWN_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _who(e: TrainingException, loader: LoaderSample | None) -> tuple[str, str]:
+def _who(e: TrainingException, source: TrainingException, loader: LoaderSample | None) -> tuple[str, str]:
     """(the sentence's subject, the alert's subject)."""
-    name = loader.name if loader is not None else e.loader_name
+    name = loader.name if loader is not None else source.loader_name
     of = f" (loader {name})" if name else ""
     if e.worker_origin == "pin_memory":
         pid = e.reported_by
@@ -175,7 +176,7 @@ def detect_exception_death(ctx: Context) -> list[Candidate]:
         return []  # worker_died names the death and how; this is torch's word of it
     source = _companion(s, e)
     loader = _loader(ctx, source.loader_id)
-    who, subject = _who(e, loader)
+    who, subject = _who(e, source, loader)
     window = _before(ctx, e.time)
     evidence: dict[str, float | int | str | None] = {
         "cause": fam,
@@ -205,7 +206,9 @@ def detect_exception_death(ctx: Context) -> list[Candidate]:
     elif fam == BUG:
         kind = e.worker_type or e.type
         text = e.worker_message if e.worker_type else e.message
-        message = f"{who} raised an exception at {where}: {kind}{' ' + _clip(text) if text else ''}."
+        # KeyError's text is the key's repr: "KeyError 'label'", as the issue's users write it
+        sep = " " if kind == "KeyError" else ": "
+        message = f"{who} raised an exception at {where}: {kind}{sep + _clip(text) if text else ''}."
         advice = (
             "A bug in the program's own code at that line (not a resource dlmon watches); the whole "
             "traceback is in the training log."
@@ -331,6 +334,11 @@ def _host_memory(
     if rooms:
         room, _snap = min(rooms, key=lambda x: x[0].bytes)
         figures = f" — the least headroom dlmon measured before it: {describe_headroom(room)}"
+        if room.bytes >= PLENTY_LEFT and e.address_space_limit is None:
+            figures += (
+                "; with that much left, a limit of the process (ulimit -v, RLIMIT_AS) or one huge "
+                "allocation is likelier than the host running out"
+            )
         evidence.update(headroom_bytes=room.bytes, headroom_source=room.source, limit_bytes=room.limit_bytes)
     else:
         figures = " — dlmon has no memory figures from before it"
@@ -365,7 +373,7 @@ def _cuda(
         figures = " — " + "; ".join(parts)
         evidence.update(gpu_used_bytes=gpus[0].memory_used_bytes, gpu_total_bytes=gpus[0].memory_total_bytes)
     else:
-        why = snap.gpu.reason or "no GPU figures"
+        why = (snap.gpu.reason or "no GPU figures").rstrip(". ")
         figures = f" — dlmon measured no VRAM figures ({why})"
     advice = (
         "Lower the batch size (gradient accumulation keeps the effective batch), use mixed precision "

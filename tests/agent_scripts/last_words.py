@@ -1,0 +1,122 @@
+"""Trainings that die of an exception (or survive one), for tests/test_last_words.py.
+
+Argument: JSON ``{"mode": ..., ...}``. Prints ``@@ {json}`` lines (``ready`` with its pid,
+``pids`` once the workers deliver, ``done`` at a clean end), then:
+
+- ``shm``: keeps every batch (2 MiB each) alive: a small /dev/shm runs out in a worker's collate.
+- ``fds``: lowers RLIMIT_NOFILE to ``nofile``, shares by file descriptor, keeps every batch of 16
+  tensors: the trainer runs out of descriptors receiving them.
+- ``key_error``: the Dataset raises KeyError('label') at sample ``at`` (a bug in the user's code).
+- ``memory_error``: workers get an address-space limit; the Dataset's allocation at ``at`` fails
+  for real with MemoryError.
+- ``cuda_oom``: the Dataset raises torch's CUDA out-of-memory text at ``at`` (a stand-in: no GPU).
+- ``trainer_bug``: the training loop itself raises ValueError after a few batches.
+- ``thread_bug``: a helper thread raises; the main thread sees it gone and exits 1.
+- ``caught``: the Dataset raises at ``at``; the loop catches it, starts a new epoch and exits 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import threading
+import time
+from typing import Any
+
+import torch
+import torch.multiprocessing
+from torch.utils.data import DataLoader, Dataset
+
+CFG: dict[str, Any] = json.loads(sys.argv[1])
+MODE = CFG["mode"]
+AT = CFG.get("at", 40)
+
+
+def emit(ev: str, **kw: Any) -> None:
+    print("@@ " + json.dumps({"ev": ev, "t": time.time(), **kw}), flush=True)
+
+
+class Samples(Dataset[Any]):
+    def __len__(self) -> int:
+        return 100_000
+
+    def __getitem__(self, i: int) -> Any:
+        time.sleep(CFG.get("sample_s", 0.002))
+        item = {"x": torch.zeros(4)}
+        if MODE == "shm":
+            return torch.zeros(256, 256)  # 256 KiB: a batch of 8 is 2 MiB of shared memory
+        if MODE == "fds":
+            return [torch.zeros(2) for _ in range(16)]  # 16 tensors: 16 descriptors per batch
+        if i >= AT:
+            if MODE in ("key_error", "caught"):
+                return item["label"]
+            if MODE == "memory_error":
+                return bytearray(1 << 30)
+            if MODE == "cuda_oom":
+                raise RuntimeError(
+                    "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+                    "15.77 GiB of which 1.02 GiB is free. (a stand-in raised by the test's Dataset)"
+                )
+        return item["x"]
+
+
+def limit_address_space(worker_id: int) -> None:
+    """Room for what the worker has mapped and 256 MiB more: a 1 GiB allocation fails."""
+    with open("/proc/self/statm") as f:
+        vsize = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    resource.setrlimit(resource.RLIMIT_AS, (vsize + (256 << 20), resource.RLIM_INFINITY))
+
+
+def helper_thread() -> None:
+    time.sleep(0.5)
+    raise ValueError("the helper thread's bug")
+
+
+def main() -> None:
+    emit("ready", pid=os.getpid())
+    if MODE == "fds":
+        torch.multiprocessing.set_sharing_strategy("file_descriptor")
+        resource.setrlimit(
+            resource.RLIMIT_NOFILE, (CFG.get("nofile", 128), resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+        )
+    extra: dict[str, Any] = {}
+    if MODE == "memory_error":
+        extra["worker_init_fn"] = limit_address_space
+    batch = 8 if MODE == "shm" else 2
+    dl = DataLoader(Samples(), batch_size=batch, num_workers=2, **extra)
+    helper = None
+    if MODE == "thread_bug":
+        helper = threading.Thread(target=helper_thread, name="prefetcher", daemon=True)
+        helper.start()
+    kept: list[Any] = []
+    it = iter(dl)
+    n = 0
+    recovered = False
+    while n < CFG.get("steps", 400):
+        try:
+            b = next(it)
+        except KeyError:
+            if MODE != "caught" or recovered:
+                raise
+            recovered = True
+            emit("caught")
+            it = iter(dl)  # a new epoch, new workers
+            continue
+        n += 1
+        if n == 5:
+            emit("pids", workers=[int(w.pid) for w in it._workers])  # type: ignore[attr-defined]
+        if MODE in ("shm", "fds"):
+            kept.append(b)
+        if MODE == "trainer_bug" and n == 20:
+            raise ValueError(f"loss is nan at step {n}")
+        if helper is not None and not helper.is_alive():
+            emit("helper_gone")
+            sys.exit(1)
+        time.sleep(CFG.get("step_s", 0.005))
+    emit("done")
+
+
+if __name__ == "__main__":
+    main()
