@@ -182,7 +182,7 @@ def detect_exception_death(ctx: Context) -> list[Candidate]:
         "cause": fam,
         "origin": e.origin,
         "type": e.worker_type or e.type,
-        "message": _clip(e.worker_message if e.worker_type else e.message, 300),
+        "message": _clip((e.worker_message or "") if e.worker_type else e.message, 300),
         "worker_id": e.worker_id,
         "pid": e.reported_by,
         "file": e.file,
