@@ -301,7 +301,9 @@ def test_a_killed_workers_echo_is_not_the_cause(agent_env: dict[str, str], tmp_p
     )
     assert "raised" not in verdict, verdict
     snaps = run.snapshots()
-    assert any(e.message.startswith("DataLoader worker (pid") for e in snaps[-1].exceptions), snaps[-1].exceptions
+    assert any(e.message.startswith("DataLoader worker (pid") for e in snaps[-1].exceptions), snaps[
+        -1
+    ].exceptions
     assert not [a for a in snaps[-1].alerts if a.kind == KIND]
 
 

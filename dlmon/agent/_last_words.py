@@ -64,6 +64,7 @@ def install() -> None:
     if _installed:
         return
     _installed = True
+    _library_prefixes()  # now, not in an except branch
     try:
         prev = sys.excepthook
         if not getattr(prev, "__dlmon_last_words__", False):
@@ -276,7 +277,7 @@ def _parse_traceback(text: str) -> tuple[list[tuple[str, int, str]], str]:
 def _library_prefixes() -> tuple[str, ...]:
     global _library_dirs
     if _library_dirs is None:
-        dirs = {_AGENT_DIR}
+        dirs = {_AGENT_DIR, os.path.dirname(os.path.abspath(os.__file__))}  # dlmon's, the stdlib
         try:
             import sysconfig
 

@@ -37,6 +37,7 @@ FAMILIES = (SHM, FDS, HOST_MEMORY, CUDA_OOM, BUG, WORKER_ECHO, TIMEOUT, OTHER)
 SHOWN_CHARS = 160  # of the exception's message, in the alert's sentence
 PLENTY_LEFT = 1 << 30  # a MemoryError with this much memory left was no host running out
 FIGURES_WINDOW_S = 30.0  # how far before the exception its figures are looked for
+ECHO_WINDOW_S = 30.0  # an exception this soon after a worker's death is the death's echo
 
 
 def family(e: TrainingException) -> str:
@@ -83,6 +84,12 @@ def final_exception(ctx: Context) -> TrainingException | None:
         return max(last_of_loader, key=lambda e: e.time or 0.0)
     threads = [e for e in s.exceptions if e.origin == "thread"]
     return max(threads, key=lambda e: e.time or 0.0) if threads else None
+
+
+def _after_a_death(s: Snapshot, e: TrainingException) -> bool:
+    """A worker of the job died (by a signal, or exited non-zero) in the ECHO_WINDOW_S before ``e``."""
+    when = e.time if e.time is not None else s.time
+    return any(d.time is not None and when - ECHO_WINDOW_S <= d.time <= when + 1.0 for d in s.worker_deaths)
 
 
 def _delivered_after(ctx: Context, e: TrainingException) -> bool:
@@ -174,6 +181,8 @@ def detect_exception_death(ctx: Context) -> list[Candidate]:
     fam = family(e)
     if fam == WORKER_ECHO and (s.worker_deaths or any(k.kind == "oom_kill" for k in s.kernel_events)):
         return []  # worker_died names the death and how; this is torch's word of it
+    if _after_a_death(s, e):
+        return []  # raised as a worker died (a reset connection, a broken queue): an echo too
     source = _companion(s, e)
     loader = _loader(ctx, source.loader_id)
     who, subject = _who(e, source, loader)
