@@ -417,6 +417,16 @@ def _exception(**kw: Any) -> TrainingException:
         ),
         ({"message": "DataLoader worker (pid 4242) is killed by signal: Killed. "}, "worker_died"),
         ({"message": "DataLoader worker (pid(s) 4242) exited unexpectedly"}, "worker_died"),
+        (
+            {
+                "type": "OSError",
+                "message": "bad header",
+                "file": "train.py",
+                "line": 9,
+                "raised_there": False,
+            },
+            "exception",
+        ),
         ({"type": "KeyError", "message": "'label'", "file": "dataset.py", "line": 88}, "bug"),
         ({"type": "OSError", "message": "No space left on device: '/data/out.ckpt'"}, "exception"),
     ],

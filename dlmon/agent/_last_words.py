@@ -208,6 +208,7 @@ def describe(exc: BaseException, tb: TracebackType | None) -> dict[str, Any]:
     user = _user_frame(frames)
     if user is not None:
         rec["file"], rec["line"], rec["function"] = user
+        rec["raised_there"] = user == frames[-1]  # the user's own line raised, not a library under it
     if "traceback" not in rec:
         rec["traceback"] = "\n".join(f'  File "{f}", line {n}, in {fn}' for f, n, fn in frames[-12:])
     return rec

@@ -674,6 +674,7 @@ def _journal_exception(reporter: int, line: bytes) -> tuple[int, TrainingExcepti
         address_space_limit=_int(d.get("address_space_limit")),
         traceback=_str(d.get("traceback")) or "",
         worker_origin=_str(d.get("worker_origin")),
+        raised_there=d.get("raised_there") if isinstance(d.get("raised_there"), bool) else None,
     )
 
 

@@ -264,6 +264,7 @@ class TrainingException:
     address_space_limit: int | None = None  # RLIMIT_AS, for a MemoryError (None: unlimited)
     traceback: str = ""  # the (worker's) traceback's text, its end kept when long
     worker_origin: str | None = None  # "worker" | "pin_memory" (the pin-memory thread re-raised it)
+    raised_there: bool | None = None  # the user's frame is the innermost: its own line raised it
 
 
 @dataclass(frozen=True, slots=True)

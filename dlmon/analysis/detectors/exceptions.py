@@ -61,8 +61,8 @@ def family(e: TrainingException) -> str:
         return WORKER_ECHO
     if "dataloader timed out after" in low:
         return TIMEOUT
-    if e.file is not None:
-        return BUG
+    if e.file is not None and e.raised_there is not False:
+        return BUG  # the program's own line raised it (a library under it: OTHER, with the line)
     return OTHER
 
 
