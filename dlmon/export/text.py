@@ -144,9 +144,7 @@ def _exceptions_section(summary: RunSummary) -> Section:
         text = e.worker_message if e.worker_type else e.message
         where = f"{e.file}:{e.line} in {e.function}" if e.file else "n/a"
         shown = f"{kind}: {text}" if text else kind
-        rows.append(
-            (offset(summary, e.time), who, how, shown[:200], where)
-        )
+        rows.append((offset(summary, e.time), who, how, shown[:200], where))
     return Section(
         f"Exceptions ({len(rows)})",
         ("at", "raised in", "how", "exception", "user's frame"),
