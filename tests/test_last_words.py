@@ -202,6 +202,13 @@ def test_a_bug_in_the_dataset_names_the_users_frame(agent_env: dict[str, str], t
     assert alert.evidence["cause"] == "bug" and alert.evidence["worker_id"] == 0
     assert "num_workers=0" in alert.advice
     check_everywhere(run, verdict, alert, snaps, "DataLoader worker 0")
+    md = report(run.record, "--md")
+    assert "| verdict | training exited 1: DataLoader worker 0" in md, md
+    assert "### Exceptions (1)" in md and "left the DataLoader, then uncaught" in md
+    html = tmp_path / "report.html"
+    report(run.record, "--html", str(html))
+    page = html.read_text()
+    assert "<h2>Exceptions (1)</h2>" in page and "KeyError" in page
 
 
 def test_a_real_memory_error_in_a_worker_with_the_hosts_figures(
