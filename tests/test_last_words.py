@@ -182,7 +182,7 @@ def test_too_many_open_files_with_the_file_descriptor_strategy(
     assert re.search(r"the trainer had \d+ files open of its limit of 128 \(RLIMIT_NOFILE\)", verdict), (
         verdict
     )
-    assert "the 'file_descriptor' strategy" in verdict, verdict
+    assert "torch's sharing strategy is 'file_descriptor'" in verdict, verdict
     opened = alert.evidence["open_fds"]
     assert isinstance(opened, int) and 64 < opened <= 128, alert.evidence
     assert "ulimit -n" in alert.advice and "set_sharing_strategy('file_system')" in alert.advice

@@ -309,7 +309,7 @@ def _fds(
         figures = f" — dlmon has no count of {whose}'s open files"
     if strategy == "file_descriptor":
         figures += (
-            "; torch shares tensors by descriptor (the 'file_descriptor' strategy: one per tensor in flight)"
+            "; torch's sharing strategy is 'file_descriptor' (each tensor in flight from a worker holds one)"
         )
     elif strategy:
         figures += f"; torch's sharing strategy is '{strategy}'"
