@@ -172,6 +172,10 @@ def _record(
         size = _batch_bytes.get(loader.serial)
         if size is not None:
             rec["batch_bytes"] = size
+        for key in ("num_workers", "prefetch_factor"):  # a job that dies at once was never polled
+            value = loader.settings.get(key)
+            if isinstance(value, int):
+                rec[key] = value
     strategy = _sharing_strategy()
     if strategy is not None:
         rec["sharing_strategy"] = strategy

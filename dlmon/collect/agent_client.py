@@ -675,6 +675,8 @@ def _journal_exception(reporter: int, line: bytes) -> tuple[int, TrainingExcepti
         traceback=_str(d.get("traceback")) or "",
         worker_origin=_str(d.get("worker_origin")),
         raised_there=d.get("raised_there") if isinstance(d.get("raised_there"), bool) else None,
+        num_workers=_int(d.get("num_workers")),
+        prefetch_factor=_int(d.get("prefetch_factor")),
     )
 
 

@@ -265,6 +265,8 @@ class TrainingException:
     traceback: str = ""  # the (worker's) traceback's text, its end kept when long
     worker_origin: str | None = None  # "worker" | "pin_memory" (the pin-memory thread re-raised it)
     raised_there: bool | None = None  # the user's frame is the innermost: its own line raised it
+    num_workers: int | None = None  # the loader's settings ("next"), for a job that died before a poll
+    prefetch_factor: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

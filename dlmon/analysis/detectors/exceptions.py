@@ -265,8 +265,8 @@ def _shm(
         )
     else:
         figures = " — dlmon has no reading of /dev/shm from before it"
-    workers = loader.num_workers if loader is not None else None
-    prefetch = loader.prefetch_factor if loader is not None else None
+    workers = loader.num_workers if loader is not None and loader.num_workers else e.num_workers
+    prefetch = loader.prefetch_factor if loader is not None and loader.prefetch_factor else e.prefetch_factor
     if e.batch_bytes and workers and prefetch:
         flight = workers * prefetch
         figures += (
