@@ -75,6 +75,8 @@ REPLY_BURST = 8.0
 STACKS_MIN_GAP_S = 1.0  # stacks are built at most once a second, whoever asks
 MAX_STACK_THREADS = 32
 MAX_STACK_FRAMES = 40
+MAX_REQUEST_BRACKETS = 8
+BAD_REQUEST = b'{"error": "bad request: not a JSON line"}\n'
 _TRANSIENT_ACCEPT_ERRNOS = frozenset({errno.ECONNABORTED, errno.EPROTO, errno.EINTR, errno.EAGAIN})
 
 
@@ -269,6 +271,10 @@ class Server:
                         self._write(conn)
                 except OSError:
                     self._close(conn)
+                except Exception as exc:  # one request's failure is that connection's alone
+                    self.error = f"{type(exc).__name__}: {exc}"[:300]
+                    with contextlib.suppress(Exception):
+                        self._close(conn)
         now = time.monotonic()
         for conn in [c for c in self.conns.values() if c.deadline <= now]:
             self._close(conn)
@@ -378,10 +384,15 @@ class Server:
             conn.sock.close()
 
     def _answer(self, line: bytes) -> bytes:
+        # A request is one flat object: anything nested deeper is refused before parsing, so a
+        # hostile line never costs a deep recursion (json.loads raises RecursionError, and would
+        # overflow the C stack under a raised recursion limit).
+        if line.count(b"[") + line.count(b"{") > MAX_REQUEST_BRACKETS:
+            return BAD_REQUEST
         try:
             req = json.loads(line.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError):
-            return b'{"error": "bad request: not a JSON line"}\n'
+        except (UnicodeDecodeError, ValueError, RecursionError, MemoryError):
+            return BAD_REQUEST
         if isinstance(req, dict) and req.get("get") == "stacks":
             return self._stacks()
         if not isinstance(req, dict) or req.get("get") != "counters":

@@ -189,6 +189,10 @@ class AgentClient:
         self._deaths: dict[tuple[int, int | None], WorkerDeath] = {}  # (pid, reported_by) -> death
         self._socket_of: dict[int, str] = {}
         self._absent: dict[int, tuple[int, float]] = {}  # pid -> (lookups without a socket, next one)
+        # pid -> consecutive polls whose request its agent's socket took without a valid reply
+        # within the deadline: the agent exists but is not answering (its loaders are unknown,
+        # not absent).
+        self._unanswered: dict[int, int] = {}
 
     # -- transport -----------------------------------------------------------------------------
 
@@ -319,7 +323,25 @@ class AgentClient:
                     sock.close()
             if sel is not None:
                 sel.close()
+            if request == REQUEST:
+                for pid, _sock in sockets:
+                    if out.get(pid):
+                        self._unanswered.pop(pid, None)
+                    else:
+                        self._unanswered[pid] = self._unanswered.get(pid, 0) + 1
         return {pid: r for pid, r in out.items() if r}
+
+    def unanswered_note(self) -> str | None:
+        """A line when an agent took the last poll's request but gave no valid reply in time;
+        None when every agent found answered (or none was found)."""
+        for pid, polls in sorted(self._unanswered.items()):
+            if polls > 0:
+                ms = round(self.timeout_s * 1000)
+                return (
+                    f"agent of pid {pid} is not answering (no valid reply within {ms} ms): "
+                    "its DataLoader figures are unknown, not zero"
+                )
+        return None
 
     @staticmethod
     def _parse(data: bytes, pid: int) -> dict[str, Any] | None:
@@ -349,6 +371,8 @@ class AgentClient:
             del self._dirs[gone]
         for gone in set(self._absent) - set(want):
             del self._absent[gone]
+        for gone in set(self._unanswered) - set(want):
+            del self._unanswered[gone]
         self._read_journals()
         if not raw:
             return None

@@ -1,0 +1,133 @@
+"""The second adversarial round (issue 26): hostile inputs that failed, each a real process.
+
+Rows that fit the command-line table live in tests/test_adversarial_cli.py; these need more set-up
+(an agent under a flood, a stopped training, a long TMPDIR, a FIFO, a record read back).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent_support import private_agent_env
+from dlmon.collect.agent_client import AgentClient
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = Path(__file__).resolve().parent / "agent_scripts"
+
+
+@pytest.fixture
+def env() -> Iterator[dict[str, str]]:
+    with private_agent_env("dlmon-hostile-") as e:
+        e["PYTHONPATH"] = str(ROOT)  # the script starts the agent itself (--start)
+        yield e
+
+
+@pytest.fixture
+def agent(env: dict[str, str]) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """A real process serving an agent (tests/agent_scripts/idle.py): (process, socket path)."""
+    p = subprocess.Popen(
+        [sys.executable, str(SCRIPTS / "idle.py"), "--start"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert p.stdout is not None
+    ready = json.loads(p.stdout.readline()[3:])
+    assert ready["serving"], ready
+    yield p, ready["serving"]
+    p.kill()
+    p.wait()
+
+
+def _dlmon(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dlmon", *args],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=timeout,
+    )
+
+
+def _snapshots(path: Path) -> list[dict[str, object]]:
+    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    return [x for x in lines if x.get("type", "snapshot") == "snapshot"]
+
+
+# -- item 1: one nested JSON line silenced the agent ----------------------------------------------
+
+
+def test_nested_json_gets_bad_request_and_never_delays_the_next_client(
+    agent: tuple[subprocess.Popen[str], str],
+) -> None:
+    _, path = agent
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(5)
+    s.connect(path)
+    s.sendall(b"[" * 4000 + b"\n")
+    assert s.recv(4096).startswith(b'{"error": "bad request'), "a nested line got no answer"
+    s.close()
+
+    stop = threading.Event()
+
+    def flood() -> None:  # ~20 nested lines a second, each on its own connection, left open
+        held: list[socket.socket] = []
+        while not stop.is_set():
+            c = socket.socket(socket.AF_UNIX)
+            try:
+                c.connect(path)
+                c.sendall(b"[" * 4000 + b"\n")
+                held.append(c)
+            except OSError:
+                c.close()
+            stop.wait(0.05)
+        for c in held:
+            c.close()
+
+    flooder = threading.Thread(target=flood, daemon=True)
+    flooder.start()
+    client = AgentClient()
+    answered = 0
+    try:
+        for _ in range(20):
+            answered += client.poll(agent[0].pid) is not None
+            time.sleep(0.1)
+    finally:
+        stop.set()
+        flooder.join()
+    assert answered == 20, f"only {answered} of 20 polls answered under a flood of nested lines"
+    assert client.unanswered_note() is None
+
+
+def test_an_agent_that_stops_answering_is_said_in_the_record_and_on_stderr(
+    agent: tuple[subprocess.Popen[str], str], env: dict[str, str], tmp_path: Path
+) -> None:
+    proc, _ = agent
+    os.kill(proc.pid, signal.SIGSTOP)  # its socket still takes requests; nobody reads them
+    try:
+        out = tmp_path / "r.jsonl"
+        got = _dlmon(
+            "record", str(proc.pid), "-o", str(out), "--duration", "1.5", "--interval", "0.5", env=env
+        )
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+    assert got.returncode == 0, got.stderr
+    snaps = _snapshots(out)
+    assert snaps and all(not s["loaders"] for s in snaps)
+    notes = [s.get("agent_note") for s in snaps]
+    assert all(n and "not answering" in str(n) for n in notes), notes
+    assert "not answering" in got.stderr
