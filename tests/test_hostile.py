@@ -131,3 +131,34 @@ def test_an_agent_that_stops_answering_is_said_in_the_record_and_on_stderr(
     notes = [s.get("agent_note") for s in snaps]
     assert all(n and "not answering" in str(n) for n in notes), notes
     assert "not answering" in got.stderr
+
+
+# -- item 2: a long TMPDIR left the agent unable to bind --------------------------------------------
+
+LOADER_SCRIPT = """
+import time, torch
+from torch.utils.data import DataLoader
+for _ in range(400):
+    for batch in DataLoader(list(range(64)), batch_size=8):
+        time.sleep(0.01)
+    if time.monotonic() > START + 4:
+        break
+"""
+
+
+def test_a_long_tmpdir_still_gets_loaders_from_a_short_private_directory(tmp_path: Path) -> None:
+    long_tmp = tmp_path / ("t" * (120 - len(str(tmp_path)) - 1))
+    long_tmp.mkdir()
+    assert len(str(long_tmp)) == 120
+    env = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"}
+    env.update(TMPDIR=str(long_tmp), PYTHONPATH=str(ROOT))
+    out = tmp_path / "r.jsonl"
+    script = "import time; START = time.monotonic()\n" + LOADER_SCRIPT
+    got = _dlmon(
+        "run", "--headless", "--interval", "0.5", "--record", str(out), "--",
+        sys.executable, "-c", script, env=env, timeout=120,
+    )  # fmt: skip
+    assert got.returncode == 0, got.stderr
+    snaps = _snapshots(out)
+    with_loaders = [s for s in snaps if s["loaders"]]
+    assert with_loaders, f"no snapshot of {len(snaps)} has loaders; notes: {[s.get('agent_note') for s in snaps]}"

@@ -52,7 +52,14 @@ import time
 from typing import Any
 
 from dlmon.agent import _hooks, _journal
-from dlmon.agent._paths import ensure_socket_dir, socket_path
+from dlmon.agent._paths import (
+    SUN_PATH_MAX,
+    ensure_socket_dir,
+    fits_sun_path,
+    short_socket_dirs,
+    socket_dir,
+    socket_path,
+)
 
 WIRE_VERSION = 1
 READ_LIMIT = 4096
@@ -132,8 +139,7 @@ class Server:
     # -- setup ---------------------------------------------------------------------------------
 
     def open(self) -> None:
-        d = ensure_socket_dir()
-        path = os.path.join(d, os.path.basename(socket_path(self.pid)))
+        d, path = self._place()
         self._clear_stale(path)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -153,6 +159,20 @@ class Server:
         self.sel.register(sock, selectors.EVENT_READ, None)
         self.thread = threading.Thread(target=self._run, name="dlmon-agent", daemon=True)
         self.thread.start()
+
+    def _place(self) -> tuple[str, str]:
+        """(directory, socket path): the usual place, or a short one of the same privacy when the
+        usual path is too long for AF_UNIX (a long TMPDIR); raises when none fits."""
+        name = os.path.basename(socket_path(self.pid))
+        usual = socket_dir()
+        for d in (usual, *short_socket_dirs()):
+            path = os.path.join(d, name)
+            if fits_sun_path(path):
+                return ensure_socket_dir(d), path
+        raise OSError(
+            errno.ENAMETOOLONG,
+            f"socket path {os.path.join(usual, name)} is longer than AF_UNIX's {SUN_PATH_MAX} bytes",
+        )
 
     @staticmethod
     def _clear_stale(path: str) -> None:
