@@ -20,6 +20,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -65,6 +66,14 @@ def stderr_lists_bad_lines(_: dict[str, str], result: subprocess.CompletedProces
     skipped = [x for x in result.stderr.splitlines() if "skipping line" in x]
     assert [x.split("skipping line ")[1].split()[0] for x in skipped] == ["2", "3", "4", "5", "6"]
     assert "more lines" in result.stderr  # 7 bad lines: 5 named, the rest counted
+
+
+def impossible_values_skipped(_: dict[str, str], result: subprocess.CompletedProcess[str]) -> None:
+    skipped = [x for x in result.stderr.splitlines() if "skipping line" in x]
+    assert [x.split("skipping line ")[1].split()[0] for x in skipped] == ["2", "3", "4", "5", "6"]
+    assert "(2 snapshots)" in result.stdout and "PiB" not in result.stdout and "-" not in result.stdout.split(
+        "duration", 1
+    )[1].split("\n", 1)[0]
 
 
 CASES = [
@@ -158,6 +167,13 @@ CASES = [
         ("record", "{pid}", "-o", "{existing}", "--duration", "0.5", "--interval", "0.5"),
         0,
         "replacing the existing record",
+    ),
+    Case(  # issue 26 item 5: impossible values were printed as fact, an earlier line gave -1:59:54
+        "report-impossible-values-skipped",
+        ("report", "{impossible}"),
+        0,
+        "skipping line 2",
+        check=impossible_values_skipped,
     ),
     # -- terminals ------------------------------------------------------------------------------
     Case(
@@ -256,6 +272,27 @@ def bad_line(good: str, key: str, value: object) -> str:
     return json.dumps(record).replace('"__BAD__"', str(raw)) + "\n"
 
 
+def impossible_lines(good: str) -> list[str]:
+    """A good line, four with values no measurement has, one two hours early, one good later."""
+
+    def changed(where: Callable[[dict[str, Any]], dict[str, Any]], key: str, value: object) -> str:
+        record = json.loads(good)
+        where(record)[key] = value
+        return json.dumps(record) + "\n"
+
+    first_process: Callable[[dict[str, Any]], dict[str, Any]] = lambda r: r["processes"][0]  # noqa: E731
+    start = float(json.loads(good)["time"])
+    return [
+        good,
+        changed(first_process, "rss_bytes", -1_000_000_000),
+        changed(lambda r: r["memory"], "rss_sum_bytes", 10**30),
+        changed(first_process, "cpu_percent", -50.0),
+        changed(first_process, "read_bytes_per_s", 1e300),
+        changed(lambda r: r, "time", start - 7194),
+        changed(lambda r: r, "time", start + 1),
+    ]
+
+
 @pytest.fixture(scope="module")
 def places() -> Iterator[dict[str, str]]:
     tmp = tempfile.mkdtemp(prefix="dlmon-adv-")
@@ -269,6 +306,7 @@ def places() -> Iterator[dict[str, str]]:
     Path(tmp, "empty.jsonl").write_text("")
     mixed = [good] + [bad_line(good, k, v) for k, v in BAD_VALUES] + [good, end]
     Path(tmp, "mixed.jsonl").write_text("".join(mixed))
+    Path(tmp, "impossible.jsonl").write_text("".join(impossible_lines(good)) + end)
     badtmp = Path(tmp, "badtmp")
     badtmp.mkdir()
     Path(badtmp, f"dlmon-{os.getuid()}").write_text("a file where the log directory goes")
@@ -295,6 +333,7 @@ def places() -> Iterator[dict[str, str]]:
         "good": f"{tmp}/good.jsonl",
         "empty": f"{tmp}/empty.jsonl",
         "mixed": f"{tmp}/mixed.jsonl",
+        "impossible": f"{tmp}/impossible.jsonl",
         "existing": f"{tmp}/existing.jsonl",
         "badtmp": str(badtmp),
         "foreigntmp": str(foreign),

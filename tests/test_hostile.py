@@ -161,4 +161,5 @@ def test_a_long_tmpdir_still_gets_loaders_from_a_short_private_directory(tmp_pat
     assert got.returncode == 0, got.stderr
     snaps = _snapshots(out)
     with_loaders = [s for s in snaps if s["loaders"]]
-    assert with_loaders, f"no snapshot of {len(snaps)} has loaders; notes: {[s.get('agent_note') for s in snaps]}"
+    notes = [s.get("agent_note") for s in snaps]
+    assert with_loaders, f"no snapshot of {len(snaps)} has loaders; notes: {notes}"

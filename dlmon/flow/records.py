@@ -50,6 +50,7 @@ def open_record_file(path: str) -> IO[bytes]:
 
 def iter_records(path: str) -> Iterator[Record]:
     """Yield every line of ``path`` as a snapshot, the end marker, or the reason it was skipped."""
+    latest: tuple[float, int] | None = None  # (time, line) of the latest snapshot so far
     with open_record_file(path) as fh:
         number = 0
         while True:
@@ -70,7 +71,15 @@ def iter_records(path: str) -> Iterator[Record]:
                 yield RecordProblem(number, f"longer than {MAX_LINE_BYTES >> 20} MiB: skipped")
                 continue
             if raw.strip():
-                yield parse_line(number, raw)
+                record = parse_line(number, raw)
+                if isinstance(record, Snapshot):  # lines out of time order would give negative spans
+                    if latest is not None and record.time < latest[0]:
+                        yield RecordProblem(
+                            number, f"out of time order (earlier than line {latest[1]})"
+                        )
+                        continue
+                    latest = (record.time, number)
+                yield record
 
 
 def _skip_rest_of_line(fh: IO[bytes]) -> bool:

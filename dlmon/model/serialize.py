@@ -60,10 +60,57 @@ def _build(cls: type[T], data: Mapping[str, Any]) -> T:
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         if f.name in data:
             try:
-                kwargs[f.name] = _convert(hints[f.name], data[f.name])
+                value = _convert(hints[f.name], data[f.name])
+                bound = _bounds(f.name)
+                if bound is not None and value is not None:
+                    _check_range(value, bound)
+                kwargs[f.name] = value
             except (TypeError, ValueError) as exc:
                 raise type(exc)(f"{f.name}: {exc}") from exc
     return cls(**kwargs)
+
+
+# What a field's name says it can hold, checked like its type: a negative byte count, 10^30 bytes,
+# a negative worker count or 1e300 samples/s is no measurement, and would be printed as one.
+MAX_BYTES = float(1 << 60)  # 1 EiB
+MAX_RATE = 1e12  # per second (bytes/s have MAX_BYTES)
+MAX_COUNT = float(1 << 53)
+MAX_SECONDS = 1e9  # ~32 years
+_COUNT_NAMES = frozenset(
+    {
+        "batch_size", "epochs", "epochs_started", "prefetch_factor", "pss_missing", "oom_kill_count",
+        "queue_depth", "num_fds", "num_threads", "num_workers", "fd_limit", "job_segments",
+        "voluntary_ctxt_switches", "nonvoluntary_ctxt_switches", "processes_in_rotation",
+        "processes_without_held_fds", "rotation_ticks", "target_cores", "analysis_errors",
+    }
+)  # fmt: skip
+
+
+@cache
+def _bounds(name: str) -> tuple[float, float] | None:
+    """(least, most) a field of this name may hold; None: no rule (exit codes, signals, ids...)."""
+    if name.endswith("_bytes_per_s") or name.endswith("_bytes") or name == "bytes":
+        return 0.0, MAX_BYTES
+    if name.endswith("_per_s"):
+        return 0.0, MAX_RATE
+    if name.endswith("_fraction"):
+        return 0.0, 1.0
+    if name.endswith("_percent"):
+        return 0.0, 1e6  # a process on many cores passes 100
+    if name.endswith("_total") and not name.endswith("_s_total"):
+        return 0.0, MAX_COUNT
+    if name.endswith("_s") or name.endswith("_s_total") or name.endswith("_ms"):
+        return 0.0, MAX_SECONDS * (1000 if name.endswith("_ms") else 1)
+    if name in _COUNT_NAMES:
+        return 0.0, MAX_COUNT
+    return None
+
+
+def _check_range(value: Any, bound: tuple[float, float]) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return
+    if not bound[0] <= value <= bound[1]:
+        raise ValueError(f"{value!r} is out of range ({bound[0]:g} to {bound[1]:g})")
 
 
 def _convert(hint: Any, value: Any) -> Any:
