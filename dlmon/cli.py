@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import threading
@@ -34,6 +35,8 @@ def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
 
 def parse_pid(text: str) -> int:
     try:
+        if not text.strip().isascii():  # int() takes Arabic-Indic and other Unicode digits
+            raise ValueError(text)
         pid = int(text, 10)
     except ValueError:
         fail(f"{text!r} is not a process id (a positive whole number)")
@@ -88,6 +91,8 @@ def positive_seconds(text: str | float, what: str, *, allow_zero: bool = False) 
         value = float(text)
     except (TypeError, ValueError):
         fail(f"{what} must be a number of seconds, not {text!r}")
+    if math.isnan(value) or math.isinf(value):
+        fail(f"{what} must be a finite number of seconds, not {text!r}")
     if not (value >= 0 if allow_zero else value > 0) or value == float("inf"):
         lowest = "0 or more" if allow_zero else "more than 0"
         fail(f"{what} must be {lowest} seconds, not {text!r}")
@@ -119,7 +124,7 @@ def with_prometheus(
     analyzer: Callable[[Snapshot], Snapshot], address: str | None
 ) -> Callable[[Snapshot], Snapshot]:
     """The analyzer, publishing each snapshot to a /metrics server when --prometheus is given."""
-    if not address:
+    if address is None:  # "" is given, and refused by parse_address like any other non-address
         return analyzer
     from dlmon.export.prometheus import AddressError, Exporter, parse_address, serve, start_line
 
@@ -230,7 +235,7 @@ def attach(
     """Watch a running training process PID and all its descendants."""
     target = parse_pid(pid)
     seconds = interval_seconds(interval)
-    if prometheus and once:
+    if prometheus is not None and once:
         fail("--prometheus serves a running watch; it cannot be combined with --once")
     if inject:
         from dlmon.launch.inject import InjectError

@@ -175,6 +175,12 @@ CASES = [
         "skipping line 2",
         check=impossible_values_skipped,
     ),
+    # -- issue 26 item 6 and 11: values that were taken for something ---------------------------
+    Case("run-prometheus-empty", ("run", "--headless", "--prometheus", "", "--", "true"), 2, "PORT must be"),
+    Case("export-prometheus-empty", ("export", "{pid}", "--prometheus", ""), 2, "PORT must be a number"),
+    Case("attach-interval-inf", ("attach", "{pid}", "--interval", "inf"), 2, "a finite number of seconds"),
+    Case("attach-interval-nan", ("attach", "{pid}", "--interval", "nan"), 2, "a finite number of seconds"),
+    Case("attach-arabic-indic-pid", ("attach", "{pid_arabic}", "--once"), 2, "is not a process id"),
     # -- terminals ------------------------------------------------------------------------------
     Case(
         "run-without-a-terminal-goes-headless", ("run", "--", "true"), 0, "not a terminal: running headless"
@@ -327,6 +333,7 @@ def places() -> Iterator[dict[str, str]]:
     yield {
         "tmp": tmp,
         "pid": str(sleeper.pid),
+        "pid_arabic": str(sleeper.pid).translate({ord("0") + i: 0x660 + i for i in range(10)}),
         "zombie": str(zombie),
         "tid": str(thread.native_id),
         "gone": str(gone),

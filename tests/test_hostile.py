@@ -163,3 +163,42 @@ def test_a_long_tmpdir_still_gets_loaders_from_a_short_private_directory(tmp_pat
     with_loaders = [s for s in snaps if s["loaders"]]
     notes = [s.get("agent_note") for s in snaps]
     assert with_loaders, f"no snapshot of {len(snaps)} has loaders; notes: {notes}"
+
+
+# -- item 11: /metrics answered every method, and HEAD with a body ---------------------------------
+
+
+def test_metrics_answers_get_and_head_only(tmp_path: Path) -> None:
+    import http.client
+
+    from export_support import dlmon_serving, kill_group
+
+    job = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        with dlmon_serving(["export", str(job.pid), "--prometheus", "127.0.0.1:0"], tmp_path / "err") as (
+            _,
+            port,
+        ):
+
+            def ask(method: str) -> tuple[int, bytes, str | None]:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+                conn.request(method, "/metrics")
+                r = conn.getresponse()
+                body = r.read()
+                conn.close()
+                return r.status, body, r.getheader("Content-Length")
+
+            status, body, _ = ask("GET")
+            assert status == 200 and b"dlmon_" in body
+            status, _, length = ask("HEAD")
+            assert status == 200 and length is not None and int(length) > 0
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:  # what is on the wire
+                raw.sendall(b"HEAD /metrics HTTP/1.0\r\n\r\n")
+                wire = b""
+                while chunk := raw.recv(65536):
+                    wire += chunk
+            assert wire.split(b"\r\n\r\n", 1)[1] == b"", "HEAD sent a body"
+            for method in ("POST", "DELETE", "PUT", "TRACE", "OPTIONS"):
+                assert ask(method)[0] == 405, method
+    finally:
+        kill_group(job)
