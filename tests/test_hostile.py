@@ -202,3 +202,39 @@ def test_metrics_answers_get_and_head_only(tmp_path: Path) -> None:
                 assert ask(method)[0] == 405, method
     finally:
         kill_group(job)
+
+
+# -- item 11: report on a short recording counted from the job's start without a word ----------------
+
+EPOCHS_SCRIPT = """
+import sys, time, torch
+from torch.utils.data import DataLoader
+print("READY", flush=True)
+end = time.monotonic() + 60
+while time.monotonic() < end:
+    for batch in DataLoader(list(range(32)), batch_size=8, num_workers=1):
+        time.sleep(0.05)
+"""
+
+
+def test_report_on_a_late_recording_says_it_counts_from_the_jobs_start(tmp_path: Path) -> None:
+    with private_agent_env("dlmon-hostile-late-") as env:
+        job = subprocess.Popen(
+            [sys.executable, "-c", EPOCHS_SCRIPT], stdout=subprocess.PIPE, text=True, env=env
+        )
+        try:
+            assert job.stdout is not None and job.stdout.readline().strip() == "READY"
+            started = time.monotonic()
+            time.sleep(max(0.0, 12 - (time.monotonic() - started)))  # past LATE_START_S
+            out = tmp_path / "late.jsonl"
+            got = _dlmon(
+                "record", str(job.pid), "-o", str(out), "--duration", "2", "--interval", "0.5", env=env
+            )
+            assert got.returncode == 0, got.stderr
+        finally:
+            job.kill()
+            job.wait()
+        report = _dlmon("report", str(out), env=env)
+    assert report.returncode == 0, report.stderr
+    epochs = next(x for x in report.stdout.splitlines() if "epochs finished" in x)
+    assert "counted from the job's start at" in epochs and "before this recording began" in epochs, epochs

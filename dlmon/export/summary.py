@@ -234,6 +234,7 @@ class RunSummary:
     oom_kills: int | None = None  # OOM kills (machine or the job's cgroup) during the recording
     left_out: Mapping[str, int] = field(default_factory=dict)  # what the caps dropped
     startups: Mapping[str, Startup] = field(default_factory=dict)  # loader id -> its last start-up figures
+    job_start: float | None = None  # Unix time the job started (the agent's counters count from it)
 
     @property
     def duration_s(self) -> float | None:
@@ -279,6 +280,7 @@ class Summarizer:
         self.oom_first: int | None = None
         self.oom_last: int | None = None
         self._first_seen: dict[tuple[int, int], float] = {}  # the current tree only: bounded
+        self.job_start: float | None = None
 
     def feed(self, record: Record) -> None:
         if isinstance(record, RecordProblem):
@@ -297,6 +299,7 @@ class Summarizer:
         self.count += 1
         if self.start is None:
             self.start, self.host, self.command = s.time, s.host, s.target.cmdline
+            self.job_start = s.target.start_unix_time
         self.end = s.time
         stale = self._pss_predates_a_fork(s)
         for fig in PEAKS:
@@ -426,6 +429,7 @@ class Summarizer:
             else self.oom_last - self.oom_first,
             left_out=dict(self.left_out),
             startups=dict(self.startups),
+            job_start=self.job_start,
         )
 
 
