@@ -154,6 +154,11 @@ def open_record(path: str) -> RecordWriter:
 
 
 def _say_replaced(writer: RecordWriter | None) -> None:
+    if writer is not None and writer.waiting_for_reader:
+        click.echo(
+            f"dlmon: {writer.path} is a FIFO nobody reads yet: lines are dropped until a reader opens it",
+            err=True,
+        )
     if writer is not None and writer.replaced_bytes:
         click.echo(
             f"dlmon: replacing the existing record {writer.path} ({writer.replaced_bytes} bytes)", err=True

@@ -181,6 +181,13 @@ CASES = [
     Case("attach-interval-inf", ("attach", "{pid}", "--interval", "inf"), 2, "a finite number of seconds"),
     Case("attach-interval-nan", ("attach", "{pid}", "--interval", "nan"), 2, "a finite number of seconds"),
     Case("attach-arabic-indic-pid", ("attach", "{pid_arabic}", "--once"), 2, "is not a process id"),
+    Case(  # issue 26 item 7: it blocked in open() and ignored --duration
+        "record-to-a-fifo-without-reader-honours-duration",
+        ("record", "{pid}", "-o", "{fifo}", "--duration", "1", "--interval", "0.5"),
+        0,
+        "is a FIFO nobody reads yet",
+        timeout=20,
+    ),
     # -- terminals ------------------------------------------------------------------------------
     Case(
         "run-without-a-terminal-goes-headless", ("run", "--", "true"), 0, "not a terminal: running headless"
@@ -312,6 +319,7 @@ def places() -> Iterator[dict[str, str]]:
     Path(tmp, "empty.jsonl").write_text("")
     mixed = [good] + [bad_line(good, k, v) for k, v in BAD_VALUES] + [good, end]
     Path(tmp, "mixed.jsonl").write_text("".join(mixed))
+    os.mkfifo(Path(tmp, "fifo"))
     Path(tmp, "impossible.jsonl").write_text("".join(impossible_lines(good)) + end)
     badtmp = Path(tmp, "badtmp")
     badtmp.mkdir()
@@ -341,6 +349,7 @@ def places() -> Iterator[dict[str, str]]:
         "empty": f"{tmp}/empty.jsonl",
         "mixed": f"{tmp}/mixed.jsonl",
         "impossible": f"{tmp}/impossible.jsonl",
+        "fifo": f"{tmp}/fifo",
         "existing": f"{tmp}/existing.jsonl",
         "badtmp": str(badtmp),
         "foreigntmp": str(foreign),

@@ -238,3 +238,35 @@ def test_report_on_a_late_recording_says_it_counts_from_the_jobs_start(tmp_path:
     assert report.returncode == 0, report.stderr
     epochs = next(x for x in report.stdout.splitlines() if "epochs finished" in x)
     assert "counted from the job's start at" in epochs and "before this recording began" in epochs, epochs
+
+
+# -- item 7: record -o FIFO with no reader blocked in open() ------------------------------------------
+
+
+RECORD_3S = ("--duration", "3", "--interval", "0.5")
+
+
+def test_a_fifo_reader_that_comes_late_gets_whole_lines_and_the_end(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    sleeper = subprocess.Popen(["sleep", "60"])
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    try:
+        rec = subprocess.Popen(
+            [sys.executable, "-m", "dlmon", "record", str(sleeper.pid), "-o", str(fifo), *RECORD_3S],
+            stdin=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=ROOT,
+        )
+        time.sleep(1.2)
+        with open(fifo, "rb") as reader:  # the reader comes while the recording runs
+            data = reader.read()
+        assert rec.wait(timeout=30) == 0
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    lines = [json.loads(x) for x in data.splitlines()]
+    assert lines and lines[-1]["type"] == "end" and lines[-1]["reason"] == "duration"
+    assert any(x["type"] == "snapshot" for x in lines)

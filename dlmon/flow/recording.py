@@ -57,14 +57,37 @@ def check_record_path(path: str) -> None:
 
     An existing file is opened for appending (nothing written); a new one is created and removed.
     """
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
-    except FileNotFoundError:
+    try:  # O_NONBLOCK: a FIFO without a reader would block here (ENXIO instead: fine, one may come)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO and _is_fifo(path):
+            return
+        if not isinstance(exc, FileNotFoundError):
+            raise
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         os.close(fd)
         os.unlink(path)
         return
     os.close(fd)
+
+
+def _is_fifo(path: str) -> bool:
+    try:
+        return stat.S_ISFIFO(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _open_fifo(path: str) -> int | None:
+    """A FIFO opened for writing without waiting (then blocking, like any pipe); None: no reader yet."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:
+            return None
+        raise
+    os.set_blocking(fd, True)
+    return fd
 
 
 def existing_bytes(path: str) -> int | None:
@@ -85,8 +108,16 @@ class RecordWriter:
         """
         self.path = path
         self.replaced_bytes = existing_bytes(path)
-        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-        self._regular = stat.S_ISREG(os.fstat(self._fd).st_mode)
+        # A FIFO nobody reads yet: open() would block the whole watch (its --duration included).
+        # Lines are dropped (counted) until a reader opens it, then written like to any pipe.
+        self.waiting_for_reader = _is_fifo(path)
+        self.dropped_lines = 0
+        if self.waiting_for_reader:
+            self._fd: int | None = _open_fifo(path)
+            self.waiting_for_reader = self._fd is None
+        else:
+            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        self._regular = self._fd is not None and stat.S_ISREG(os.fstat(self._fd).st_mode)
         self._offset = 0  # end of the last whole line
         self._clock = clock
         self._synced_at = clock()
@@ -100,6 +131,12 @@ class RecordWriter:
         self._write(_encode({"type": "end", "time": time.time(), "reason": reason, **extra}))
 
     def _write(self, line: bytes) -> None:
+        if self.waiting_for_reader:
+            self._fd = _open_fifo(self.path)
+            if self._fd is None:
+                self.dropped_lines += 1
+                return
+            self.waiting_for_reader = False
         if self._fd is None:
             raise OSError(errno.EBADF, "the record file is closed")
         if self._gzip is not None:
