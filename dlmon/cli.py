@@ -110,12 +110,15 @@ def open_sampler(pid: int, *, unlimited_smaps: bool = False) -> Sampler:
         fail(f"cannot read process {pid}: {exc.strerror or exc}")
 
 
-def check_record(path: str) -> None:
-    """Fail early on a record path that cannot be written, without truncating what is there."""
-    from dlmon.flow.recording import check_record_path
+def check_record(path: str, force: bool = False) -> None:
+    """Fail early on a record path that cannot be written, without truncating what is there, or
+    that is a symlink or another file than a record (unless ``force``)."""
+    from dlmon.flow.recording import RecordPathRefused, check_record_path
 
     try:
-        check_record_path(path)
+        check_record_path(path, force)
+    except RecordPathRefused as exc:
+        fail(str(exc.strerror))
     except OSError as exc:
         fail(f"cannot write {path}: {exc.strerror or exc}")
 
@@ -212,6 +215,7 @@ def main() -> None:
 
 
 INTERVAL_HELP = "Seconds between samples (default 1)."
+FORCE_HELP = "Write the record through a symlink, or over a file that is not a dlmon record."
 PROMETHEUS_HELP = (
     "Also serve the latest snapshot as Prometheus metrics on [HOST:]PORT/metrics (HOST: 127.0.0.1 "
     "unless given; PORT 0: any free port, printed)."
@@ -228,6 +232,7 @@ PROMETHEUS_HELP = (
 @click.option("--json", "as_json", is_flag=True, help="Print snapshots as JSON.")
 @click.option("--inject", is_flag=True, help="Load the agent into PID first (Python 3.14+, sys.remote_exec).")
 @click.option("--prometheus", metavar="[HOST:]PORT", help=PROMETHEUS_HELP)
+@click.option("--force", is_flag=True, help=FORCE_HELP)
 def attach(
     pid: str,
     interval: str,
@@ -236,10 +241,13 @@ def attach(
     as_json: bool,
     inject: bool,
     prometheus: str | None = None,
+    force: bool = False,
 ) -> None:
     """Watch a running training process PID and all its descendants."""
     target = parse_pid(pid)
     seconds = interval_seconds(interval)
+    if record_path:
+        check_record(record_path, force)
     if prometheus is not None and once:
         fail("--prometheus serves a running watch; it cannot be combined with --once")
     if inject:
@@ -300,8 +308,7 @@ def _attach_dashboard(pid: int, interval: float, record_path: str | None, promet
     from dlmon.flow.sources import LiveSource
     from dlmon.ui import run_dashboard
 
-    if record_path:
-        check_record(record_path)  # opened by the source once the pid is known to exist
+    # the record path was checked by attach(), symlinks and non-records included
     try:
         source = LiveSource(
             pid, interval, record_path=record_path, analyzer=with_prometheus(Analyzer(), prometheus)
@@ -362,11 +369,13 @@ def _attach_once(pid: int, as_json: bool) -> None:
 @click.option(
     "--duration", default=None, metavar="S", help="Stop after S seconds (default: until the target exits)."
 )
-def record(pid: str, output: str, interval: str, duration: str | None) -> None:
+@click.option("--force", is_flag=True, help=FORCE_HELP)
+def record(pid: str, output: str, interval: str, duration: str | None, force: bool = False) -> None:
     """Record snapshots of PID to FILE without a dashboard, one JSON object per line."""
     target = parse_pid(pid)
     seconds = interval_seconds(interval)
     limit = positive_seconds(duration, "--duration") if duration is not None else None
+    check_record(output, force)
     from dlmon.analysis import Analyzer
     from dlmon.flow.loop import Faults, Pipeline, sample_until_done, stop_on_signals
     from dlmon.flow.recording import END_TARGET_EXITED
@@ -415,6 +424,7 @@ RUN_SETTINGS = {"ignore_unknown_options": True, "allow_interspersed_args": False
 )
 @click.option("--headless", is_flag=True, help="No dashboard: the training's output passes through.")
 @click.option("--prometheus", metavar="[HOST:]PORT", help=PROMETHEUS_HELP)
+@click.option("--force", is_flag=True, help=FORCE_HELP)
 @click.argument(
     "command", nargs=-1, required=True, type=click.UNPROCESSED, metavar="SCRIPT [ARGS]... | -- CMD [ARGS]..."
 )
@@ -426,6 +436,7 @@ def run(
     headless: bool,
     command: tuple[str, ...],
     prometheus: str | None = None,
+    force: bool = False,
 ) -> None:
     """Run a training script (with this Python) or any command, with the in-process agent, and watch it.
 
@@ -440,7 +451,9 @@ def run(
     if not is_command and not os.path.isfile(command[0]):
         fail(f"no such script: {command[0]} (to run a command, put it after --: dlmon run -- CMD)")
     sys.exit(
-        _run_training(command_for(list(command), is_command), seconds, record_path, headless, prometheus)
+        _run_training(
+            command_for(list(command), is_command), seconds, record_path, headless, prometheus, force=force
+        )
     )
 
 
@@ -493,12 +506,13 @@ def _run_training(
     headless: bool,
     prometheus: str | None = None,
     stop_by_default: bool = False,  # the demo: quitting ends the synthetic training unless told not to
+    force: bool = False,  # --force: a record path through a symlink, or over a file that is no record
 ) -> int:
     from dlmon.analysis import Analyzer
     from dlmon.launch.runner import LogDirError, launch
 
     if record_path:
-        check_record(record_path)  # fail early, before the training starts, truncating nothing
+        check_record(record_path, force)  # fail early, before the training starts, truncating nothing
     analyzer = with_prometheus(Analyzer(), prometheus)  # a bad address fails before the training starts
     no_terminal = None if headless else terminal_problem()
     if headless or no_terminal:

@@ -25,7 +25,8 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-EXISTING = '{"keep": "this line belongs to the user"}\n'
+EXISTING = '{"type": "end", "time": 1, "reason": "an older record of the user"}\n'
+NOT_A_RECORD = "the user's notes: not a dlmon record\n"
 DROP_PTRACE = [  # run dlmon as nobody, still able to load Python from /root, without ptrace rights
     "setpriv",
     "--reuid=65534",
@@ -51,6 +52,14 @@ class Case:
 
 def existing_untouched(places: dict[str, str], _: subprocess.CompletedProcess[str]) -> None:
     assert Path(places["existing"]).read_text() == EXISTING, "dlmon clobbered a file on an error path"
+
+
+def not_a_record_untouched(places: dict[str, str], _: subprocess.CompletedProcess[str]) -> None:
+    assert Path(places["notrecord"]).read_text() == NOT_A_RECORD, "dlmon replaced a file that is no record"
+
+
+def link_target_untouched(places: dict[str, str], _: subprocess.CompletedProcess[str]) -> None:
+    assert Path(places["linktarget"]).read_text() == NOT_A_RECORD, "dlmon wrote through a symlink"
 
 
 def no_traceback(_: dict[str, str], result: subprocess.CompletedProcess[str]) -> None:
@@ -188,6 +197,48 @@ CASES = [
         "is a FIFO nobody reads yet",
         timeout=20,
     ),
+    # -- issue 26 item 10: -o followed a symlink and replaced any file -----------------------------
+    Case(
+        "record-over-a-file-that-is-no-record",
+        ("record", "{pid}", "-o", "{notrecord}", "--duration", "0.5"),
+        2,
+        "is not a dlmon record: not replaced (--force replaces it)",
+        check=not_a_record_untouched,
+    ),
+    Case(
+        "run-record-over-a-file-that-is-no-record",
+        ("run", "--headless", "--record", "{notrecord}", "--", "true"),
+        2,
+        "is not a dlmon record",
+        check=not_a_record_untouched,
+    ),
+    Case(
+        "attach-record-over-a-file-that-is-no-record",
+        ("attach", "{pid}", "--record", "{notrecord}"),
+        2,
+        "is not a dlmon record",
+        check=not_a_record_untouched,
+    ),
+    Case(
+        "record-through-a-symlink",
+        ("record", "{pid}", "-o", "{symlink}", "--duration", "0.5"),
+        2,
+        "is a symlink (to",
+        check=link_target_untouched,
+    ),
+    Case(
+        "record-through-a-symlink-in-a-world-writable-dir-even-forced",
+        ("record", "{pid}", "-o", "{wwsymlink}", "--duration", "0.5", "--force"),
+        2,
+        "in a world-writable directory: never followed",
+        check=link_target_untouched,
+    ),
+    Case(
+        "record-over-a-file-that-is-no-record-forced",
+        ("record", "{pid}", "-o", "{forced}", "--duration", "0.5", "--interval", "0.5", "--force"),
+        0,
+        "replacing the existing record",
+    ),
     # -- terminals ------------------------------------------------------------------------------
     Case(
         "run-without-a-terminal-goes-headless", ("run", "--", "true"), 0, "not a terminal: running headless"
@@ -320,6 +371,14 @@ def places() -> Iterator[dict[str, str]]:
     mixed = [good] + [bad_line(good, k, v) for k, v in BAD_VALUES] + [good, end]
     Path(tmp, "mixed.jsonl").write_text("".join(mixed))
     os.mkfifo(Path(tmp, "fifo"))
+    Path(tmp, "notrecord.txt").write_text(NOT_A_RECORD)
+    Path(tmp, "forced.txt").write_text(NOT_A_RECORD)
+    Path(tmp, "linktarget.txt").write_text(NOT_A_RECORD)
+    Path(tmp, "link.jsonl").symlink_to(Path(tmp, "linktarget.txt"))
+    world = Path(tmp, "world")
+    world.mkdir()
+    world.chmod(0o1777)
+    Path(world, "link.jsonl").symlink_to(Path(tmp, "linktarget.txt"))
     Path(tmp, "impossible.jsonl").write_text("".join(impossible_lines(good)) + end)
     badtmp = Path(tmp, "badtmp")
     badtmp.mkdir()
@@ -350,6 +409,11 @@ def places() -> Iterator[dict[str, str]]:
         "mixed": f"{tmp}/mixed.jsonl",
         "impossible": f"{tmp}/impossible.jsonl",
         "fifo": f"{tmp}/fifo",
+        "notrecord": f"{tmp}/notrecord.txt",
+        "forced": f"{tmp}/forced.txt",
+        "linktarget": f"{tmp}/linktarget.txt",
+        "symlink": f"{tmp}/link.jsonl",
+        "wwsymlink": f"{tmp}/world/link.jsonl",
         "existing": f"{tmp}/existing.jsonl",
         "badtmp": str(badtmp),
         "foreigntmp": str(foreign),
