@@ -892,6 +892,9 @@ TUNE_SETTINGS = {"ignore_unknown_options": True, "allow_interspersed_args": Fals
 @click.option("--json", "json_path", metavar="FILE", help="Write the sweep to FILE as it goes (JSON).")
 @click.option("--csv", "csv_path", metavar="FILE", help="Write the table to FILE (CSV) at the end.")
 @click.option("--resume", "resume_path", metavar="FILE", help="Continue the sweep saved in FILE.")
+@click.option(
+    "--yes", is_flag=True, help="With --resume: run the command FILE holds without asking (it is shown)."
+)
 @click.option("--no-plot", is_flag=True, help="No terminal plot after the table.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="-- CMD [ARGS]...")
 def tune(
@@ -910,6 +913,7 @@ def tune(
     resume_path: str | None,
     no_plot: bool,
     command: tuple[str, ...],
+    yes: bool = False,
 ) -> None:
     """Measure num_workers x batch_size (x pin_memory, prefetch) on the unchanged training command.
 
@@ -936,5 +940,6 @@ def tune(
             resume_path,
             no_plot,
             loader_only=loader_only,
+            yes=yes,
         )
     )

@@ -270,3 +270,58 @@ def test_a_fifo_reader_that_comes_late_gets_whole_lines_and_the_end(tmp_path: Pa
     lines = [json.loads(x) for x in data.splitlines()]
     assert lines and lines[-1]["type"] == "end" and lines[-1]["reason"] == "duration"
     assert any(x["type"] == "snapshot" for x in lines)
+
+
+# -- item 9: tune --resume ran the command stored in the file without showing it ---------------------
+
+
+def _sweep_file(tmp_path: Path, command: list[str]) -> Path:
+    from dlmon.tune.report import FORMAT
+
+    saved = tmp_path / "sweep.json"
+    plan = {"workers": [0], "batch_sizes": [8], "pin_memory": [None], "prefetch_factors": [None]}
+    saved.write_text(json.dumps({"format": FORMAT, "command": command, "plan": plan, "results": []}))
+    return saved
+
+
+def _tune(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return _dlmon("tune", "--no-plot", *args, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=timeout)
+
+
+def test_resume_shows_the_stored_command_and_runs_it_only_with_yes(tmp_path: Path) -> None:
+    mark = tmp_path / "ran"
+    saved = _sweep_file(tmp_path, ["sh", "-c", f"touch {mark}"])
+    got = _tune("--resume", str(saved))
+    assert got.returncode == 2, got.stderr
+    assert f"touch {mark}" in got.stderr and "--yes" in got.stderr and got.stderr.count("\n") == 1
+    assert not mark.exists(), "the command stored in the sweep file ran without being shown"
+    other = _tune("--resume", str(saved), "--", "sh", "-c", "true")
+    assert other.returncode == 2 and "you gave: sh -c true" in other.stderr, other.stderr
+    ran = _tune("--resume", str(saved), "--yes", "--warmup-timeout", "2")
+    assert f"resuming {saved}: sh -c 'touch {mark}'" in ran.stderr, ran.stderr
+    assert mark.exists()
+
+
+TUNE_ONE = (sys.executable, "-m", "dlmon", "tune", "--no-plot", "--workers", "0", "--batch-sizes", "8")
+
+
+def test_tune_interrupted_before_any_result_gives_no_resume_advice(tmp_path: Path) -> None:
+    out = tmp_path / "never.json"
+    proc = subprocess.Popen(
+        [*TUNE_ONE, "--json", str(out), "--", sys.executable, "-c", "import time; time.sleep(60)"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+    )
+    assert proc.stderr is not None
+    assert "worker counts" in proc.stderr.readline()  # the sweep has begun
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert not out.exists()
+    assert "--resume" not in err, err
+    assert "nothing to resume" in err
