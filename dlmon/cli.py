@@ -587,12 +587,12 @@ def _run_dashboard(
 
 def _after_exit(training: Training, code: int, stop_leftovers: bool) -> int:
     """The training ended; its children may not have: stop them if asked, else name them."""
-    from dlmon.launch.session import describe_left_behind, group_members
+    from dlmon.launch.session import describe_left_behind, left_behind
 
     if stop_leftovers:
         training.stop()
         return code
-    leftovers = group_members(training.pid)
+    leftovers = left_behind(training.pid, None, training.job_token)
     if leftovers:
         click.echo(f"dlmon: {describe_left_behind(leftovers)}", err=True)
     return code

@@ -85,6 +85,19 @@ def impossible_values_skipped(_: dict[str, str], result: subprocess.CompletedPro
     )[1].split("\n", 1)[0]
 
 
+DAEMON = (  # a double fork into a new session: out of the training's tree, group and session at once
+    "import os\n"
+    "if os.fork() == 0:\n"
+    "    os.setsid()\n"
+    "    if os.fork() == 0:\n"
+    "        fd = os.open(os.devnull, os.O_RDWR)\n"
+    "        [os.dup2(fd, n) for n in (0, 1, 2)]\n"
+    "        os.execvp('sleep', ['sleep', '600'])\n"
+    "    os._exit(0)\n"
+    "os.wait()\n"
+)
+
+
 CASES = [
     # -- existing bad-input cases ---------------------------------------------------------------
     Case("attach-not-a-pid", ("attach", "abc"), 2, "is not a process id"),
@@ -283,6 +296,13 @@ CASES = [
     Case(
         "run-headless-names-leftovers",
         ("run", "--headless", "--", "sh", "-c", "sleep 600 </dev/null >/dev/null 2>&1 & exit 0"),
+        0,
+        "left running after the training ended",
+        check=names_the_leftover,
+    ),
+    Case(  # issue 26 item 4: a daemon that left the session was not named
+        "run-headless-names-a-daemon-that-left-the-session",
+        ("run", "--headless", "--", sys.executable, "-c", DAEMON),
         0,
         "left running after the training ended",
         check=names_the_leftover,

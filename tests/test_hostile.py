@@ -6,6 +6,7 @@ Rows that fit the command-line table live in tests/test_adversarial_cli.py; thes
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -325,3 +326,18 @@ def test_tune_interrupted_before_any_result_gives_no_resume_advice(tmp_path: Pat
     assert not out.exists()
     assert "--resume" not in err, err
     assert "nothing to resume" in err
+
+
+# -- item 4: tune left one daemon per configuration, silently ---------------------------------------
+
+
+def test_tune_names_a_daemon_each_configuration_left(tmp_path: Path) -> None:
+    from test_adversarial_cli import DAEMON
+
+    got = _tune("--workers", "0", "--batch-sizes", "8", "--", sys.executable, "-c", DAEMON)
+    named = [x for x in got.stderr.splitlines() if "left running after the training ended" in x]
+    pids = [int(p) for line in named for p in line.split("stop them with: kill ", 1)[1].split()]
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert named and "sleep 600" in named[0], got.stderr

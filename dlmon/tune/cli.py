@@ -23,7 +23,7 @@ from dlmon.tune.report import (
     sweep_json,
     table,
 )
-from dlmon.tune.runner import CannotRun, RunOptions, kill_live_trainings, run_config
+from dlmon.tune.runner import CannotRun, RunOptions, kill_live_trainings, run_config, still_left_running
 from dlmon.tune.sweep import SweepAborted, plan_from_dict, plan_to_dict, run_sweep
 
 EXIT_USAGE = 2
@@ -191,6 +191,11 @@ def run_tune(
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+    survivors = still_left_running()
+    if survivors:
+        from dlmon.launch.session import describe_left_behind
+
+        say(f"the sweep's trainings {describe_left_behind(survivors)}")
     if loader_only:
         print("loader only: the DataLoader iterated without the training step (the input pipeline's ceiling)")
     print_outcome(end.results, plot=not no_plot)
