@@ -341,3 +341,42 @@ def test_tune_names_a_daemon_each_configuration_left(tmp_path: Path) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     assert named and "sleep 600" in named[0], got.stderr
+
+
+# -- item 3: tune stopped a batch that fits as "would OOM" ------------------------------------------
+
+
+@pytest.mark.slow
+def test_tune_does_not_stop_a_one_time_allocation_that_fits(tmp_path: Path) -> None:
+    cgroup_v1 = Path("/sys/fs/cgroup/memory")
+    if os.geteuid() != 0 or not (cgroup_v1 / "memory.limit_in_bytes").exists():
+        pytest.skip("needs root and a cgroup v1 memory hierarchy")
+    group = cgroup_v1 / f"dlmon-hostile-{os.getpid()}"
+    group.mkdir()
+    out = tmp_path / "sweep.json"
+    try:
+        (group / "memory.limit_in_bytes").write_text(str(700 * 2**20))
+        shell = f'echo $$ > {group}/cgroup.procs && exec "$@"'
+        script = str(Path(__file__).parent / "tune_scripts" / "alloc_once.py")
+        args = ("--workers", "0", "--batch-sizes", "64", "--seconds-per-config", "3", "--json", str(out))
+        job = ("--", sys.executable, script)
+        got = subprocess.run(
+            ["sh", "-c", shell, "sh", sys.executable, "-m", "dlmon", "tune", "--no-plot", *args, *job],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            cwd=ROOT,
+        )
+        oom_control = (group / "memory.oom_control").read_text()
+    finally:
+        for _ in range(100):
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+    assert got.returncode == 0, got.stderr
+    result = json.loads(out.read_text())["results"][0]
+    assert result["outcome"] == "ok", (result["outcome"], result["detail"], got.stdout)
+    assert "oom_kill 0" in oom_control
