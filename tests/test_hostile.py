@@ -121,17 +121,33 @@ def test_an_agent_that_stops_answering_is_said_in_the_record_and_on_stderr(
     os.kill(proc.pid, signal.SIGSTOP)  # its socket still takes requests; nobody reads them
     try:
         out = tmp_path / "r.jsonl"
-        got = _dlmon(
-            "record", str(proc.pid), "-o", str(out), "--duration", "1.5", "--interval", "0.5", env=env
-        )
+        got = _dlmon("record", str(proc.pid), "-o", str(out), "--duration", "4", "--interval", "0.5", env=env)
     finally:
         os.kill(proc.pid, signal.SIGCONT)
     assert got.returncode == 0, got.stderr
     snaps = _snapshots(out)
     assert snaps and all(not s["loaders"] for s in snaps)
     notes = [s.get("agent_note") for s in snaps]
-    assert all(n and "not answering" in str(n) for n in notes), notes
-    assert "not answering" in got.stderr
+    assert notes[-1] and "not answering" in str(notes[-1]), notes  # after UNANSWERED_NOTE_S
+    assert got.stderr.count("not answering") == 1, got.stderr
+
+
+def test_one_late_reply_during_an_import_is_no_note(env: dict[str, str], tmp_path: Path) -> None:
+    """The GIL held by torch's import delays a reply past 200 ms now and then: that is no news."""
+    code = (
+        "import dlmon.agent, time; dlmon.agent.start(); print('READY', flush=True); time.sleep(0.5)\n"
+        "import torch; time.sleep(2)"
+    )
+    job = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
+    assert job.stdout is not None and job.stdout.readline().strip() == "READY"
+    out = tmp_path / "r.jsonl"
+    try:
+        got = _dlmon("record", str(job.pid), "-o", str(out), "--interval", "0.2", env=env)
+    finally:
+        job.kill()
+        job.wait()
+    assert "not answering" not in got.stderr, got.stderr
+    assert not any(s.get("agent_note") for s in _snapshots(out))
 
 
 # -- item 2: a long TMPDIR left the agent unable to bind --------------------------------------------

@@ -36,10 +36,9 @@ class AgentNote:
 
     def __call__(self, snapshot: Snapshot) -> Snapshot:
         if snapshot.agent_note:  # the sampler's own (an agent that stopped answering): said once
-            self.note = snapshot.agent_note
-            if self.note != self._said and self._report is not None:
-                self._said = self.note
-                self._report(self.note)
+            if snapshot.agent_note != self._said and self._report is not None:
+                self._said = snapshot.agent_note
+                self._report(snapshot.agent_note)
             return snapshot
         if snapshot.loaders or snapshot.pinned is not None or not snapshot.target.alive:
             self.note = None
