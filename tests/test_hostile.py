@@ -396,3 +396,21 @@ def test_tune_does_not_stop_a_one_time_allocation_that_fits(tmp_path: Path) -> N
     result = json.loads(out.read_text())["results"][0]
     assert result["outcome"] == "ok", (result["outcome"], result["detail"], got.stdout)
     assert "oom_kill 0" in oom_control
+
+
+# -- item 8: blank lines were read one readline at a time --------------------------------------------
+
+
+def test_blank_lines_are_skipped_in_bulk_and_lines_keep_their_numbers(tmp_path: Path) -> None:
+    import gzip
+
+    from dlmon.flow.records import iter_records
+    from dlmon.flow.sources import _read_from
+
+    path = tmp_path / "blank.jsonl.gz"
+    with gzip.open(path, "wb") as fh:
+        fh.write(b"\n" * 3_000_000 + b"  \r\n\t\n" + b"not json\n" + b"\n" * 70_000 + b"[1]\n")
+    got = [(type(r).__name__, getattr(r, "line", None)) for r in iter_records(str(path))]
+    assert got == [("RecordProblem", 3_000_003), ("RecordProblem", 3_070_004)]
+    replayed = [x.line for x in _read_from(str(path), 0, 1)]  # the replay's reader: the same numbers
+    assert replayed == [3_000_003, 3_070_004]
