@@ -76,9 +76,7 @@ def iter_records(path: str) -> Iterator[Record]:
             record = parse_line(number, raw)
             if isinstance(record, Snapshot):  # lines out of time order would give negative spans
                 if latest is not None and record.time < latest[0]:
-                    yield RecordProblem(
-                        number, f"out of time order (earlier than line {latest[1]})"
-                    )
+                    yield RecordProblem(number, f"out of time order (earlier than line {latest[1]})")
                     continue
                 latest = (record.time, number)
             yield record

@@ -53,7 +53,7 @@ def _hints(cls: Any) -> dict[str, Any]:
 
 
 def _build(cls: type[T], data: Mapping[str, Any]) -> T:
-    return cast(T, _builder(cls)(data))
+    return cast(T, _builder(cast(Any, cls))(data))
 
 
 # Converters are compiled once per type (a closure per dataclass field, union, tuple...): walking
@@ -83,19 +83,19 @@ def _builder(cls: Any) -> Converter:
     def build(data: Any) -> Any:
         if data.__class__ is not dict and not isinstance(data, Mapping):
             raise TypeError(f"{name} must be an object, not {type(data).__name__}")
-        kwargs = {}
+        kwargs: dict[str, Any] = {}
         for key, conv, nullable, bound, plain in fields:
             if key not in data:
                 continue
-            raw = data[key]
+            raw: Any = data[key]
             try:
                 if raw is None:
                     if not nullable:
                         raise TypeError("null where a value is required")
                     kwargs[key] = None
                     continue
-                if raw.__class__ is plain and (plain is not float or raw - raw == 0.0):
-                    value = raw
+                if raw.__class__ is plain and (plain is not float or math.isfinite(cast(float, raw))):
+                    value: Any = raw
                     if bound is not None and plain in (int, float) and not bound[0] <= value <= bound[1]:
                         _check_range(value, bound)
                 else:
@@ -185,7 +185,7 @@ def _core_converter(hint: Any) -> Converter:
 
         return mapping
     if dataclasses.is_dataclass(hint):
-        return _builder(hint)
+        return _builder(cast(Any, hint))
     return _scalar_converter(hint)
 
 
