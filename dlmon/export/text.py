@@ -86,7 +86,7 @@ LATE_START_S = 10.0
 
 
 def counted_since(summary: RunSummary) -> str | None:
-    """The words ', counted from the job's start at HH:MM:SS, 0:42:00 before this recording', or None."""
+    """'counted from the job's start at HH:MM:SS, 0:42:00 before this recording began', or None."""
     job, start = summary.job_start, summary.start
     if job is None or start is None or start - job < LATE_START_S:
         return None
