@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import threading
@@ -34,6 +35,8 @@ def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
 
 def parse_pid(text: str) -> int:
     try:
+        if not text.strip().isascii():  # int() takes Arabic-Indic and other Unicode digits
+            raise ValueError(text)
         pid = int(text, 10)
     except ValueError:
         fail(f"{text!r} is not a process id (a positive whole number)")
@@ -88,6 +91,8 @@ def positive_seconds(text: str | float, what: str, *, allow_zero: bool = False) 
         value = float(text)
     except (TypeError, ValueError):
         fail(f"{what} must be a number of seconds, not {text!r}")
+    if math.isnan(value) or math.isinf(value):
+        fail(f"{what} must be a finite number of seconds, not {text!r}")
     if not (value >= 0 if allow_zero else value > 0) or value == float("inf"):
         lowest = "0 or more" if allow_zero else "more than 0"
         fail(f"{what} must be {lowest} seconds, not {text!r}")
@@ -105,12 +110,15 @@ def open_sampler(pid: int, *, unlimited_smaps: bool = False) -> Sampler:
         fail(f"cannot read process {pid}: {exc.strerror or exc}")
 
 
-def check_record(path: str) -> None:
-    """Fail early on a record path that cannot be written, without truncating what is there."""
-    from dlmon.flow.recording import check_record_path
+def check_record(path: str, force: bool = False) -> None:
+    """Fail early on a record path that cannot be written, without truncating what is there, or
+    that is a symlink or another file than a record (unless ``force``)."""
+    from dlmon.flow.recording import RecordPathRefused, check_record_path
 
     try:
-        check_record_path(path)
+        check_record_path(path, force)
+    except RecordPathRefused as exc:
+        fail(str(exc.strerror))
     except OSError as exc:
         fail(f"cannot write {path}: {exc.strerror or exc}")
 
@@ -119,7 +127,7 @@ def with_prometheus(
     analyzer: Callable[[Snapshot], Snapshot], address: str | None
 ) -> Callable[[Snapshot], Snapshot]:
     """The analyzer, publishing each snapshot to a /metrics server when --prometheus is given."""
-    if not address:
+    if address is None:  # "" is given, and refused by parse_address like any other non-address
         return analyzer
     from dlmon.export.prometheus import AddressError, Exporter, parse_address, serve, start_line
 
@@ -149,6 +157,11 @@ def open_record(path: str) -> RecordWriter:
 
 
 def _say_replaced(writer: RecordWriter | None) -> None:
+    if writer is not None and writer.waiting_for_reader:
+        click.echo(
+            f"dlmon: {writer.path} is a FIFO nobody reads yet: lines are dropped until a reader opens it",
+            err=True,
+        )
     if writer is not None and writer.replaced_bytes:
         click.echo(
             f"dlmon: replacing the existing record {writer.path} ({writer.replaced_bytes} bytes)", err=True
@@ -202,6 +215,7 @@ def main() -> None:
 
 
 INTERVAL_HELP = "Seconds between samples (default 1)."
+FORCE_HELP = "Write the record through a symlink, or over a file that is not a dlmon record."
 PROMETHEUS_HELP = (
     "Also serve the latest snapshot as Prometheus metrics on [HOST:]PORT/metrics (HOST: 127.0.0.1 "
     "unless given; PORT 0: any free port, printed)."
@@ -218,6 +232,7 @@ PROMETHEUS_HELP = (
 @click.option("--json", "as_json", is_flag=True, help="Print snapshots as JSON.")
 @click.option("--inject", is_flag=True, help="Load the agent into PID first (Python 3.14+, sys.remote_exec).")
 @click.option("--prometheus", metavar="[HOST:]PORT", help=PROMETHEUS_HELP)
+@click.option("--force", is_flag=True, help=FORCE_HELP)
 def attach(
     pid: str,
     interval: str,
@@ -226,11 +241,14 @@ def attach(
     as_json: bool,
     inject: bool,
     prometheus: str | None = None,
+    force: bool = False,
 ) -> None:
     """Watch a running training process PID and all its descendants."""
     target = parse_pid(pid)
     seconds = interval_seconds(interval)
-    if prometheus and once:
+    if record_path:
+        check_record(record_path, force)
+    if prometheus is not None and once:
         fail("--prometheus serves a running watch; it cannot be combined with --once")
     if inject:
         from dlmon.launch.inject import InjectError
@@ -290,8 +308,7 @@ def _attach_dashboard(pid: int, interval: float, record_path: str | None, promet
     from dlmon.flow.sources import LiveSource
     from dlmon.ui import run_dashboard
 
-    if record_path:
-        check_record(record_path)  # opened by the source once the pid is known to exist
+    # the record path was checked by attach(), symlinks and non-records included
     try:
         source = LiveSource(
             pid, interval, record_path=record_path, analyzer=with_prometheus(Analyzer(), prometheus)
@@ -352,11 +369,13 @@ def _attach_once(pid: int, as_json: bool) -> None:
 @click.option(
     "--duration", default=None, metavar="S", help="Stop after S seconds (default: until the target exits)."
 )
-def record(pid: str, output: str, interval: str, duration: str | None) -> None:
+@click.option("--force", is_flag=True, help=FORCE_HELP)
+def record(pid: str, output: str, interval: str, duration: str | None, force: bool = False) -> None:
     """Record snapshots of PID to FILE without a dashboard, one JSON object per line."""
     target = parse_pid(pid)
     seconds = interval_seconds(interval)
     limit = positive_seconds(duration, "--duration") if duration is not None else None
+    check_record(output, force)
     from dlmon.analysis import Analyzer
     from dlmon.flow.loop import Faults, Pipeline, sample_until_done, stop_on_signals
     from dlmon.flow.recording import END_TARGET_EXITED
@@ -405,6 +424,7 @@ RUN_SETTINGS = {"ignore_unknown_options": True, "allow_interspersed_args": False
 )
 @click.option("--headless", is_flag=True, help="No dashboard: the training's output passes through.")
 @click.option("--prometheus", metavar="[HOST:]PORT", help=PROMETHEUS_HELP)
+@click.option("--force", is_flag=True, help=FORCE_HELP)
 @click.argument(
     "command", nargs=-1, required=True, type=click.UNPROCESSED, metavar="SCRIPT [ARGS]... | -- CMD [ARGS]..."
 )
@@ -416,6 +436,7 @@ def run(
     headless: bool,
     command: tuple[str, ...],
     prometheus: str | None = None,
+    force: bool = False,
 ) -> None:
     """Run a training script (with this Python) or any command, with the in-process agent, and watch it.
 
@@ -430,7 +451,9 @@ def run(
     if not is_command and not os.path.isfile(command[0]):
         fail(f"no such script: {command[0]} (to run a command, put it after --: dlmon run -- CMD)")
     sys.exit(
-        _run_training(command_for(list(command), is_command), seconds, record_path, headless, prometheus)
+        _run_training(
+            command_for(list(command), is_command), seconds, record_path, headless, prometheus, force=force
+        )
     )
 
 
@@ -483,12 +506,13 @@ def _run_training(
     headless: bool,
     prometheus: str | None = None,
     stop_by_default: bool = False,  # the demo: quitting ends the synthetic training unless told not to
+    force: bool = False,  # --force: a record path through a symlink, or over a file that is no record
 ) -> int:
     from dlmon.analysis import Analyzer
     from dlmon.launch.runner import LogDirError, launch
 
     if record_path:
-        check_record(record_path)  # fail early, before the training starts, truncating nothing
+        check_record(record_path, force)  # fail early, before the training starts, truncating nothing
     analyzer = with_prometheus(Analyzer(), prometheus)  # a bad address fails before the training starts
     no_terminal = None if headless else terminal_problem()
     if headless or no_terminal:
@@ -563,12 +587,12 @@ def _run_dashboard(
 
 def _after_exit(training: Training, code: int, stop_leftovers: bool) -> int:
     """The training ended; its children may not have: stop them if asked, else name them."""
-    from dlmon.launch.session import describe_left_behind, group_members
+    from dlmon.launch.session import describe_left_behind, left_behind
 
     if stop_leftovers:
         training.stop()
         return code
-    leftovers = group_members(training.pid)
+    leftovers = left_behind(training.pid, None, training.job_token)
     if leftovers:
         click.echo(f"dlmon: {describe_left_behind(leftovers)}", err=True)
     return code
@@ -868,6 +892,9 @@ TUNE_SETTINGS = {"ignore_unknown_options": True, "allow_interspersed_args": Fals
 @click.option("--json", "json_path", metavar="FILE", help="Write the sweep to FILE as it goes (JSON).")
 @click.option("--csv", "csv_path", metavar="FILE", help="Write the table to FILE (CSV) at the end.")
 @click.option("--resume", "resume_path", metavar="FILE", help="Continue the sweep saved in FILE.")
+@click.option(
+    "--yes", is_flag=True, help="With --resume: run the command FILE holds without asking (it is shown)."
+)
 @click.option("--no-plot", is_flag=True, help="No terminal plot after the table.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="-- CMD [ARGS]...")
 def tune(
@@ -886,6 +913,7 @@ def tune(
     resume_path: str | None,
     no_plot: bool,
     command: tuple[str, ...],
+    yes: bool = False,
 ) -> None:
     """Measure num_workers x batch_size (x pin_memory, prefetch) on the unchanged training command.
 
@@ -912,5 +940,6 @@ def tune(
             resume_path,
             no_plot,
             loader_only=loader_only,
+            yes=yes,
         )
     )

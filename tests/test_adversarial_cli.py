@@ -20,11 +20,13 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-EXISTING = '{"keep": "this line belongs to the user"}\n'
+EXISTING = '{"type": "end", "time": 1, "reason": "an older record of the user"}\n'
+NOT_A_RECORD = "the user's notes: not a dlmon record\n"
 DROP_PTRACE = [  # run dlmon as nobody, still able to load Python from /root, without ptrace rights
     "setpriv",
     "--reuid=65534",
@@ -52,6 +54,14 @@ def existing_untouched(places: dict[str, str], _: subprocess.CompletedProcess[st
     assert Path(places["existing"]).read_text() == EXISTING, "dlmon clobbered a file on an error path"
 
 
+def not_a_record_untouched(places: dict[str, str], _: subprocess.CompletedProcess[str]) -> None:
+    assert Path(places["notrecord"]).read_text() == NOT_A_RECORD, "dlmon replaced a file that is no record"
+
+
+def link_target_untouched(places: dict[str, str], _: subprocess.CompletedProcess[str]) -> None:
+    assert Path(places["linktarget"]).read_text() == NOT_A_RECORD, "dlmon wrote through a symlink"
+
+
 def no_traceback(_: dict[str, str], result: subprocess.CompletedProcess[str]) -> None:
     assert "Traceback" not in result.stderr
 
@@ -65,6 +75,29 @@ def stderr_lists_bad_lines(_: dict[str, str], result: subprocess.CompletedProces
     skipped = [x for x in result.stderr.splitlines() if "skipping line" in x]
     assert [x.split("skipping line ")[1].split()[0] for x in skipped] == ["2", "3", "4", "5", "6"]
     assert "more lines" in result.stderr  # 7 bad lines: 5 named, the rest counted
+
+
+def impossible_values_skipped(_: dict[str, str], result: subprocess.CompletedProcess[str]) -> None:
+    skipped = [x for x in result.stderr.splitlines() if "skipping line" in x]
+    assert [x.split("skipping line ")[1].split()[0] for x in skipped] == ["2", "3", "4", "5", "6"]
+    assert (
+        "(2 snapshots)" in result.stdout
+        and "PiB" not in result.stdout
+        and "-" not in result.stdout.split("duration", 1)[1].split("\n", 1)[0]
+    )
+
+
+DAEMON = (  # a double fork into a new session: out of the training's tree, group and session at once
+    "import os\n"
+    "if os.fork() == 0:\n"
+    "    os.setsid()\n"
+    "    if os.fork() == 0:\n"
+    "        fd = os.open(os.devnull, os.O_RDWR)\n"
+    "        [os.dup2(fd, n) for n in (0, 1, 2)]\n"
+    "        os.execvp('sleep', ['sleep', '600'])\n"
+    "    os._exit(0)\n"
+    "os.wait()\n"
+)
 
 
 CASES = [
@@ -159,6 +192,68 @@ CASES = [
         0,
         "replacing the existing record",
     ),
+    Case(  # issue 26 item 5: impossible values were printed as fact, an earlier line gave -1:59:54
+        "report-impossible-values-skipped",
+        ("report", "{impossible}"),
+        0,
+        "skipping line 2",
+        check=impossible_values_skipped,
+    ),
+    # -- issue 26 item 6 and 11: values that were taken for something ---------------------------
+    Case("run-prometheus-empty", ("run", "--headless", "--prometheus", "", "--", "true"), 2, "PORT must be"),
+    Case("export-prometheus-empty", ("export", "{pid}", "--prometheus", ""), 2, "PORT must be a number"),
+    Case("attach-interval-inf", ("attach", "{pid}", "--interval", "inf"), 2, "a finite number of seconds"),
+    Case("attach-interval-nan", ("attach", "{pid}", "--interval", "nan"), 2, "a finite number of seconds"),
+    Case("attach-arabic-indic-pid", ("attach", "{pid_arabic}", "--once"), 2, "is not a process id"),
+    Case(  # issue 26 item 7: it blocked in open() and ignored --duration
+        "record-to-a-fifo-without-reader-honours-duration",
+        ("record", "{pid}", "-o", "{fifo}", "--duration", "1", "--interval", "0.5"),
+        0,
+        "is a FIFO nobody reads yet",
+        timeout=20,
+    ),
+    # -- issue 26 item 10: -o followed a symlink and replaced any file -----------------------------
+    Case(
+        "record-over-a-file-that-is-no-record",
+        ("record", "{pid}", "-o", "{notrecord}", "--duration", "0.5"),
+        2,
+        "is not a dlmon record: not replaced (--force replaces it)",
+        check=not_a_record_untouched,
+    ),
+    Case(
+        "run-record-over-a-file-that-is-no-record",
+        ("run", "--headless", "--record", "{notrecord}", "--", "true"),
+        2,
+        "is not a dlmon record",
+        check=not_a_record_untouched,
+    ),
+    Case(
+        "attach-record-over-a-file-that-is-no-record",
+        ("attach", "{pid}", "--record", "{notrecord}"),
+        2,
+        "is not a dlmon record",
+        check=not_a_record_untouched,
+    ),
+    Case(
+        "record-through-a-symlink",
+        ("record", "{pid}", "-o", "{symlink}", "--duration", "0.5"),
+        2,
+        "is a symlink (to",
+        check=link_target_untouched,
+    ),
+    Case(
+        "record-through-a-symlink-in-a-world-writable-dir-even-forced",
+        ("record", "{pid}", "-o", "{wwsymlink}", "--duration", "0.5", "--force"),
+        2,
+        "in a world-writable directory: never followed",
+        check=link_target_untouched,
+    ),
+    Case(
+        "record-over-a-file-that-is-no-record-forced",
+        ("record", "{pid}", "-o", "{forced}", "--duration", "0.5", "--interval", "0.5", "--force"),
+        0,
+        "replacing the existing record",
+    ),
     # -- terminals ------------------------------------------------------------------------------
     Case(
         "run-without-a-terminal-goes-headless", ("run", "--", "true"), 0, "not a terminal: running headless"
@@ -203,6 +298,13 @@ CASES = [
     Case(
         "run-headless-names-leftovers",
         ("run", "--headless", "--", "sh", "-c", "sleep 600 </dev/null >/dev/null 2>&1 & exit 0"),
+        0,
+        "left running after the training ended",
+        check=names_the_leftover,
+    ),
+    Case(  # issue 26 item 4: a daemon that left the session was not named
+        "run-headless-names-a-daemon-that-left-the-session",
+        ("run", "--headless", "--", sys.executable, "-c", DAEMON),
         0,
         "left running after the training ended",
         check=names_the_leftover,
@@ -256,6 +358,27 @@ def bad_line(good: str, key: str, value: object) -> str:
     return json.dumps(record).replace('"__BAD__"', str(raw)) + "\n"
 
 
+def impossible_lines(good: str) -> list[str]:
+    """A good line, four with values no measurement has, one two hours early, one good later."""
+
+    def changed(where: Callable[[dict[str, Any]], dict[str, Any]], key: str, value: object) -> str:
+        record = json.loads(good)
+        where(record)[key] = value
+        return json.dumps(record) + "\n"
+
+    first_process: Callable[[dict[str, Any]], dict[str, Any]] = lambda r: r["processes"][0]  # noqa: E731
+    start = float(json.loads(good)["time"])
+    return [
+        good,
+        changed(first_process, "rss_bytes", -1_000_000_000),
+        changed(lambda r: r["memory"], "rss_sum_bytes", 10**30),
+        changed(first_process, "cpu_percent", -50.0),
+        changed(first_process, "read_bytes_per_s", 1e300),
+        changed(lambda r: r, "time", start - 7194),
+        changed(lambda r: r, "time", start + 1),
+    ]
+
+
 @pytest.fixture(scope="module")
 def places() -> Iterator[dict[str, str]]:
     tmp = tempfile.mkdtemp(prefix="dlmon-adv-")
@@ -269,6 +392,16 @@ def places() -> Iterator[dict[str, str]]:
     Path(tmp, "empty.jsonl").write_text("")
     mixed = [good] + [bad_line(good, k, v) for k, v in BAD_VALUES] + [good, end]
     Path(tmp, "mixed.jsonl").write_text("".join(mixed))
+    os.mkfifo(Path(tmp, "fifo"))
+    Path(tmp, "notrecord.txt").write_text(NOT_A_RECORD)
+    Path(tmp, "forced.txt").write_text(NOT_A_RECORD)
+    Path(tmp, "linktarget.txt").write_text(NOT_A_RECORD)
+    Path(tmp, "link.jsonl").symlink_to(Path(tmp, "linktarget.txt"))
+    world = Path(tmp, "world")
+    world.mkdir()
+    world.chmod(0o1777)
+    Path(world, "link.jsonl").symlink_to(Path(tmp, "linktarget.txt"))
+    Path(tmp, "impossible.jsonl").write_text("".join(impossible_lines(good)) + end)
     badtmp = Path(tmp, "badtmp")
     badtmp.mkdir()
     Path(badtmp, f"dlmon-{os.getuid()}").write_text("a file where the log directory goes")
@@ -289,12 +422,20 @@ def places() -> Iterator[dict[str, str]]:
     yield {
         "tmp": tmp,
         "pid": str(sleeper.pid),
+        "pid_arabic": str(sleeper.pid).translate({ord("0") + i: 0x660 + i for i in range(10)}),
         "zombie": str(zombie),
         "tid": str(thread.native_id),
         "gone": str(gone),
         "good": f"{tmp}/good.jsonl",
         "empty": f"{tmp}/empty.jsonl",
         "mixed": f"{tmp}/mixed.jsonl",
+        "impossible": f"{tmp}/impossible.jsonl",
+        "fifo": f"{tmp}/fifo",
+        "notrecord": f"{tmp}/notrecord.txt",
+        "forced": f"{tmp}/forced.txt",
+        "linktarget": f"{tmp}/linktarget.txt",
+        "symlink": f"{tmp}/link.jsonl",
+        "wwsymlink": f"{tmp}/world/link.jsonl",
         "existing": f"{tmp}/existing.jsonl",
         "badtmp": str(badtmp),
         "foreigntmp": str(foreign),

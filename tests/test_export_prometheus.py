@@ -161,6 +161,7 @@ def test_an_explicit_host_is_printed(tmp_path: Path) -> None:
         with dlmon_serving(["export", str(job.pid), "--prometheus", "localhost:0"], tmp_path / "err") as _:
             text = (tmp_path / "err").read_text()
             assert "http://localhost:" in text and "bound to localhost, as asked" in text
+            assert "reachable by whoever" not in text, "localhost is loopback: no warning"  # issue 26
     finally:
         kill_group(job)
 

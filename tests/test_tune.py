@@ -207,7 +207,7 @@ def test_ctrl_c_keeps_what_was_measured_and_resume_finishes(tmp_path: Path) -> N
     saved = json.loads(out_json.read_text())
     assert saved["complete"] is False and len(saved["results"]) == 1
 
-    done = run_tune(*tune_cmd("--resume", str(out_json)))
+    done = run_tune(*tune_cmd("--resume", str(out_json), "--yes"))  # --yes: no terminal to ask on
     assert done.returncode == 0, done.stderr
     assert "resuming with 1 done" in done.stderr
     res = results_of(out_json)

@@ -339,3 +339,35 @@ def test_a_staircase_ramp_is_stopped_before_a_step_reaches_the_cap() -> None:
     slower = [(220 + 110 * (i // 4), 200 + 110 * (i // 4)) for i in range(20)]  # a step a second
     stopped = feed(OomWatch(640 * MIB), [(220, 200)] * 4 + slower)
     assert stopped is not None and ([(220, 200)] * 4 + slower)[stopped][0] < 640, stopped
+
+
+def test_a_one_time_jump_then_flat_memory_is_not_stopped() -> None:
+    """Issue 26: a script that allocates batch x 4 MiB once (batch 64: 256 MiB in a tick) and then
+    stays flat was stopped as 'would OOM at ~1.62 GiB' at 0.43 GiB of a 700 MiB cgroup, although it
+    runs for good at 409 MiB: the jump's slope was taken for growth and 'confirmed' by the flat
+    reading after it. Readings after the jump show no growth: no stop."""
+    jump = [(184, 164)] * 8 + [(440, 420)] + [(440, 420)] * 20
+    assert feed(OomWatch(700 * MIB), jump) is None
+    near = [(184, 164)] * 8 + [(560, 540)] + [(560, 540)] * 20  # a jump to 80% of the cap, then flat
+    assert feed(OomWatch(700 * MIB), near) is None
+    after = [(184, 164)] * 8 + [(440, 420)] * 3 + [(440 + 60 * i, 420 + 60 * i) for i in range(1, 8)]
+    stopped = feed(OomWatch(700 * MIB), after)  # growth after the jump is still growth
+    assert stopped is not None and after[stopped][0] < 0.9 * 700, stopped
+
+
+def test_a_one_time_jump_split_over_two_readings_is_one_jump() -> None:
+    split = [(184, 164)] * 8 + [(312, 292), (440, 420)] + [(440, 420)] * 20
+    assert feed(OomWatch(700 * MIB), split) is None
+
+
+def test_a_projection_never_outranks_a_measured_result_silently() -> None:
+    """Issue 26: batch 64 stopped on a projection, batch 256 skipped on that verdict, and batch 8
+    recommended at a seventh of batch 64's real speed, without a word."""
+    stopped = Result(Config(0, 64), WOULD_OOM, "at ~1.62 GiB (stopped at 0.43 GiB)", samples_per_s=700.0)
+    why = f"needs at least the memory of 0 workers {X} batch 64, which ran out (would OOM)"
+    skipped = Result(Config(0, 256), "skipped", why)
+    lines = recommendation_lines([ok(0, 8, 100), stopped, skipped])
+    note = next(x for x in lines if "stopped on a projection" in x)
+    assert f"0 workers {X} batch 64" in note and "rerun with --force" in note and "1 skipped on it" in note
+    slower = Result(Config(0, 64), WOULD_OOM, "at ~1.62 GiB", samples_per_s=50.0)
+    assert not any("projection" in x for x in recommendation_lines([ok(0, 8, 100), slower]))

@@ -41,6 +41,26 @@ def socket_dir() -> str:
     return _xdg_dir() or _tmp_dir()
 
 
+# sun_path holds 108 bytes with the terminating NUL: a longer path cannot be bound at all
+SUN_PATH_MAX = 107
+
+
+def fits_sun_path(path: str) -> bool:
+    return len(os.fsencode(path)) <= SUN_PATH_MAX
+
+
+def short_socket_dirs() -> tuple[str, ...]:
+    """Where an agent serves when :func:`socket_dir` gives a path too long for a socket (a long
+    ``TMPDIR``): ``/run/user/<uid>/dlmon`` when that runtime directory exists, then
+    ``/tmp/dlmon-<uid>``; both among the places a client looks, and held to the same privacy."""
+    uid = os.getuid()
+    dirs = []
+    if os.path.isdir(f"/run/user/{uid}"):
+        dirs.append(f"/run/user/{uid}/{_DIR_NAME}")
+    dirs.append(f"/tmp/{_DIR_NAME}-{uid}")
+    return tuple(dirs)
+
+
 def socket_path(pid: int) -> str:
     """The socket an agent in process ``pid`` serves on, as seen from this process's environment."""
     return os.path.join(socket_dir(), f"{int(pid)}.sock")

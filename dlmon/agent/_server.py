@@ -52,7 +52,14 @@ import time
 from typing import Any
 
 from dlmon.agent import _hooks, _journal
-from dlmon.agent._paths import ensure_socket_dir, socket_path
+from dlmon.agent._paths import (
+    SUN_PATH_MAX,
+    ensure_socket_dir,
+    fits_sun_path,
+    short_socket_dirs,
+    socket_dir,
+    socket_path,
+)
 
 WIRE_VERSION = 1
 READ_LIMIT = 4096
@@ -75,6 +82,8 @@ REPLY_BURST = 8.0
 STACKS_MIN_GAP_S = 1.0  # stacks are built at most once a second, whoever asks
 MAX_STACK_THREADS = 32
 MAX_STACK_FRAMES = 40
+MAX_REQUEST_BRACKETS = 8
+BAD_REQUEST = b'{"error": "bad request: not a JSON line"}\n'
 _TRANSIENT_ACCEPT_ERRNOS = frozenset({errno.ECONNABORTED, errno.EPROTO, errno.EINTR, errno.EAGAIN})
 
 
@@ -130,8 +139,7 @@ class Server:
     # -- setup ---------------------------------------------------------------------------------
 
     def open(self) -> None:
-        d = ensure_socket_dir()
-        path = os.path.join(d, os.path.basename(socket_path(self.pid)))
+        d, path = self._place()
         self._clear_stale(path)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -151,6 +159,20 @@ class Server:
         self.sel.register(sock, selectors.EVENT_READ, None)
         self.thread = threading.Thread(target=self._run, name="dlmon-agent", daemon=True)
         self.thread.start()
+
+    def _place(self) -> tuple[str, str]:
+        """(directory, socket path): the usual place, or a short one of the same privacy when the
+        usual path is too long for AF_UNIX (a long TMPDIR); raises when none fits."""
+        name = os.path.basename(socket_path(self.pid))
+        usual = socket_dir()
+        for d in (usual, *short_socket_dirs()):
+            path = os.path.join(d, name)
+            if fits_sun_path(path):
+                return ensure_socket_dir(d), path
+        raise OSError(
+            errno.ENAMETOOLONG,
+            f"socket path {os.path.join(usual, name)} is longer than AF_UNIX's {SUN_PATH_MAX} bytes",
+        )
 
     @staticmethod
     def _clear_stale(path: str) -> None:
@@ -269,6 +291,10 @@ class Server:
                         self._write(conn)
                 except OSError:
                     self._close(conn)
+                except Exception as exc:  # one request's failure is that connection's alone
+                    self.error = f"{type(exc).__name__}: {exc}"[:300]
+                    with contextlib.suppress(Exception):
+                        self._close(conn)
         now = time.monotonic()
         for conn in [c for c in self.conns.values() if c.deadline <= now]:
             self._close(conn)
@@ -378,10 +404,15 @@ class Server:
             conn.sock.close()
 
     def _answer(self, line: bytes) -> bytes:
+        # A request is one flat object: anything nested deeper is refused before parsing, so a
+        # hostile line never costs a deep recursion (json.loads raises RecursionError, and would
+        # overflow the C stack under a raised recursion limit).
+        if line.count(b"[") + line.count(b"{") > MAX_REQUEST_BRACKETS:
+            return BAD_REQUEST
         try:
             req = json.loads(line.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError):
-            return b'{"error": "bad request: not a JSON line"}\n'
+        except (UnicodeDecodeError, ValueError, RecursionError, MemoryError):
+            return BAD_REQUEST
         if isinstance(req, dict) and req.get("get") == "stacks":
             return self._stacks()
         if not isinstance(req, dict) or req.get("get") != "counters":

@@ -50,6 +50,7 @@ ABSENT_FAST_POLLS = 10
 ABSENT_RECHECK_S = 2.0
 MAX_REPLY = 4 * 1024 * 1024
 DEFAULT_TIMEOUT_S = 0.2
+UNANSWERED_NOTE_S = 2.0  # an agent silent this long (and two polls) is said to be not answering
 
 _EMPTY_STR: Mapping[str, str] = MappingProxyType({})
 _EMPTY_INT: Mapping[int, int] = MappingProxyType({})
@@ -191,6 +192,10 @@ class AgentClient:
         self._exceptions: dict[tuple[int, int], TrainingException] = {}  # (reported_by, seq) -> it
         self._socket_of: dict[int, str] = {}
         self._absent: dict[int, tuple[int, float]] = {}  # pid -> (lookups without a socket, next one)
+        # pid -> consecutive polls whose request its agent's socket took without a valid reply
+        # within the deadline: the agent exists but is not answering (its loaders are unknown,
+        # not absent).
+        self._unanswered: dict[int, tuple[int, float]] = {}  # pid -> (polls, monotonic time of the first)
 
     # -- transport -----------------------------------------------------------------------------
 
@@ -321,7 +326,29 @@ class AgentClient:
                     sock.close()
             if sel is not None:
                 sel.close()
+            if request == REQUEST:
+                now = time.monotonic()
+                for pid, _sock in sockets:
+                    if out.get(pid):
+                        self._unanswered.pop(pid, None)
+                    else:
+                        polls, since = self._unanswered.get(pid, (0, now))
+                        self._unanswered[pid] = (polls + 1, since)
         return {pid: r for pid, r in out.items() if r}
+
+    def unanswered_note(self) -> str | None:
+        """A line when an agent has taken the requests but given no valid reply in time for
+        UNANSWERED_NOTE_S (two polls at least); None when every agent found answered (or none was
+        found). One late reply is no news: an import holding the GIL (torch's) delays one."""
+        now = time.monotonic()
+        for pid, (polls, since) in sorted(self._unanswered.items()):
+            if polls >= 2 and now - since >= UNANSWERED_NOTE_S:
+                ms = round(self.timeout_s * 1000)
+                return (
+                    f"agent of pid {pid} is not answering (no valid reply within {ms} ms): "
+                    "its DataLoader figures are unknown, not zero"
+                )
+        return None
 
     @staticmethod
     def _parse(data: bytes, pid: int) -> dict[str, Any] | None:
@@ -351,6 +378,8 @@ class AgentClient:
             del self._dirs[gone]
         for gone in set(self._absent) - set(want):
             del self._absent[gone]
+        for gone in set(self._unanswered) - set(want):
+            del self._unanswered[gone]
         self._read_journals()
         if not raw:
             return None

@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from dlmon.agent._paths import socket_dir
+from dlmon.agent._paths import short_socket_dirs, socket_dir
 from dlmon.collect.agent_client import AgentClient
 from dlmon.collect.processes import WORKER_COMMS
 from dlmon.collect.sampler import Sampler
@@ -72,10 +72,12 @@ def discover_jobs(uid: int | None = None) -> set[int]:
         for pid, (comm, ppid) in stats.items()
         if comm in WORKER_COMMS and ppid > 1 and _exe(ppid) == _exe(pid) is not None
     }
-    try:
-        sockets = os.listdir(socket_dir())
-    except OSError:
-        sockets = []
+    sockets: list[str] = []
+    for d in dict.fromkeys((socket_dir(), *short_socket_dirs())):  # agents of a long TMPDIR serve short
+        try:
+            sockets += os.listdir(d)
+        except OSError:
+            continue
     for entry in sockets:
         pid_text = entry.removesuffix(".sock")
         known = entry.endswith(".sock") and pid_text.isdigit() and int(pid_text) in stats

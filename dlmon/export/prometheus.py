@@ -46,6 +46,16 @@ class Address:
     def explicit_host(self) -> bool:
         return self.host != DEFAULT_HOST
 
+    @property
+    def loopback(self) -> bool:
+        """Reachable from this machine only: 127.0.0.0/8, ::1 or the name localhost."""
+        if self.host.lower() in ("localhost", "localhost.", "ip6-localhost"):
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
+
 
 def parse_address(text: str) -> Address:
     """``9108``, ``0.0.0.0:9108``, ``[::1]:9108`` or ``localhost:9108``; 127.0.0.1 by default.
@@ -197,6 +207,10 @@ def metrics_app(exporter: Source) -> WsgiApp:
     lock = threading.Lock()
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        method = environ.get("REQUEST_METHOD", "GET")
+        if method not in ("GET", "HEAD"):
+            start_response("405 Method Not Allowed", [("Content-Type", "text/plain"), ("Allow", "GET, HEAD")])
+            return [b"dlmon serves /metrics to GET and HEAD only\n"]
         if environ.get("PATH_INFO", "/") not in ("/", "/metrics"):
             start_response("404 Not Found", [("Content-Type", "text/plain")])
             return [b"dlmon serves /metrics\n"]
@@ -214,8 +228,8 @@ def metrics_app(exporter: Source) -> WsgiApp:
                     headers.append(("Content-Encoding", "gzip"))
                 hit = (published, headers, body)
                 cache[(content_type, zipped)] = hit
-        start_response("200 OK", hit[1])
-        return [hit[2]]
+        start_response("200 OK", [*hit[1], ("Content-Length", str(len(hit[2])))])
+        return [] if method == "HEAD" else [hit[2]]
 
     return app
 
@@ -262,7 +276,9 @@ def serve(exporter: Source, address: Address) -> Server:
 def start_line(server: Server) -> str:
     """What dlmon prints at start: always the URL, and a warning when it is not loopback-only."""
     line = f"dlmon: serving Prometheus metrics on {server.url}"
-    if server.address.explicit_host:
+    if server.address.explicit_host and server.address.loopback:
+        line += f" (bound to {server.address.host}, as asked: loopback, reachable from this machine only)"
+    elif not server.address.loopback:
         line += f" (bound to {server.address.host}, as asked: reachable by whoever can reach that address)"
     return line
 

@@ -240,6 +240,7 @@ class RunSummary:
     # the exit verdict of the last snapshot (its alerts as recorded): None while the training ran on
     verdict: str | None = None
     exceptions: tuple[TrainingException, ...] = ()  # what the agent's journal told (cumulative)
+    job_start: float | None = None  # Unix time the job started (the agent's counters count from it)
 
     @property
     def duration_s(self) -> float | None:
@@ -286,6 +287,7 @@ class Summarizer:
         self.oom_last: int | None = None
         self._first_seen: dict[tuple[int, int], float] = {}  # the current tree only: bounded
         self.last: Snapshot | None = None
+        self.job_start: float | None = None
 
     def feed(self, record: Record) -> None:
         if isinstance(record, RecordProblem):
@@ -304,6 +306,7 @@ class Summarizer:
         self.count += 1
         if self.start is None:
             self.start, self.host, self.command = s.time, s.host, s.target.cmdline
+            self.job_start = s.target.start_unix_time
         self.end = s.time
         stale = self._pss_predates_a_fork(s)
         for fig in PEAKS:
@@ -444,6 +447,7 @@ class Summarizer:
             startups=dict(self.startups),
             verdict=self._verdict(),
             exceptions=self.last.exceptions if self.last is not None else (),
+            job_start=self.job_start,
         )
 
     def _verdict(self) -> str | None:

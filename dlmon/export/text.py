@@ -80,6 +80,19 @@ def _distribution(name: str, d: Distribution | None, unit: str) -> tuple[str, ..
     return (name, figure(d.mean, unit), figure(d.p5, unit), figure(d.p95, unit), str(d.samples))
 
 
+# A recording that began this long after its job did: the agent's cumulative counters (epochs,
+# start-up) cover time the recording does not, and the report says from when it counts.
+LATE_START_S = 10.0
+
+
+def counted_since(summary: RunSummary) -> str | None:
+    """'counted from the job's start at HH:MM:SS, 0:42:00 before this recording began', or None."""
+    job, start = summary.job_start, summary.start
+    if job is None or start is None or start - job < LATE_START_S:
+        return None
+    return f"counted from the job's start at {clock(job)}, {span(start - job)} before this recording began"
+
+
 def _startup_section(summary: RunSummary) -> Section:
     """Per loader: epochs started, start-up seconds, seconds per epoch, share of wall time."""
     rows = tuple(
@@ -106,6 +119,9 @@ def _startup_section(summary: RunSummary) -> Section:
         if large
         else None
     )
+    since = counted_since(summary)
+    if since is not None:
+        note = " ".join(x for x in (f"Epochs and start-up are {since}.", note) if x)
     return Section(
         "Worker start-up per epoch",
         ("loader", "epochs started", "start-up total", "per epoch", "share of wall time"),
@@ -167,7 +183,8 @@ def sections(summary: RunSummary) -> list[Section]:
         overview.append(("verdict", summary.verdict))
     overview += [("loader", text) for text in summary.loaders]
     if summary.epochs is not None:
-        overview.append(("epochs finished", str(summary.epochs)))
+        since = counted_since(summary)
+        overview.append(("epochs finished", str(summary.epochs) + (f" ({since})" if since else "")))
     out.append(Section("Run", ("", ""), tuple(overview)))
 
     peaks = [

@@ -35,6 +35,11 @@ class AgentNote:
         self.note: str | None = None
 
     def __call__(self, snapshot: Snapshot) -> Snapshot:
+        if snapshot.agent_note:  # the sampler's own (an agent that stopped answering): said once
+            if snapshot.agent_note != self._said and self._report is not None:
+                self._said = snapshot.agent_note
+                self._report(snapshot.agent_note)
+            return snapshot
         if snapshot.loaders or snapshot.pinned is not None or not snapshot.target.alive:
             self.note = None
             return snapshot

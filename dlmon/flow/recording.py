@@ -52,19 +52,107 @@ def _encode(record: dict[str, Any]) -> bytes:
     return (json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n").encode()
 
 
-def check_record_path(path: str) -> None:
+class RecordPathRefused(OSError):
+    """A record path dlmon will not write through (a symlink, a file that is not a record)."""
+
+
+def _world_writable(directory: str) -> bool:
+    try:
+        return bool(os.stat(directory).st_mode & stat.S_IWOTH)
+    except OSError:
+        return False
+
+
+def _looks_like_record(path: str) -> bool:
+    """The first bytes of an existing file are those of a dlmon record (plain or gzip'd)."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4096)
+        if head[:2] == b"\x1f\x8b":
+            head = zlib.decompressobj(31).decompress(head, 4096)
+    except (OSError, zlib.error):
+        return False
+    head = head.lstrip()
+    return head.startswith(b'{"type":') or (head.startswith(b"{") and b'"schema":' in head)
+
+
+def refuse_record_path(path: str, force: bool = False) -> None:
+    """Raise :class:`RecordPathRefused` when writing ``path`` would replace what is not ours.
+
+    A symlink to a file (or to nothing yet) is refused unless ``force``, and always in a
+    world-writable directory (/tmp: another user may have planted it); a symlink to a device or a
+    pipe (``/dev/stdout``) is fine. An existing non-empty file that is not a dlmon record is
+    refused unless ``force``.
+    """
+    try:
+        link = stat.S_ISLNK(os.lstat(path).st_mode)
+    except OSError:
+        return  # nothing there (or not ours to look at: the open says why)
+    if link:
+        try:
+            target_mode: int | None = os.stat(path).st_mode
+        except OSError:
+            target_mode = None
+        if target_mode is None or stat.S_ISREG(target_mode) or stat.S_ISDIR(target_mode):
+            where = os.readlink(path)
+            if _world_writable(os.path.dirname(os.path.abspath(path))):
+                raise RecordPathRefused(
+                    errno.ELOOP,
+                    f"{path} is a symlink (to {where}) in a world-writable directory: "
+                    "never followed (anyone may have planted it; --force does not change this)",
+                )
+            if not force:
+                raise RecordPathRefused(
+                    errno.ELOOP, f"{path} is a symlink (to {where}): not followed (--force writes through it)"
+                )
+    try:
+        info = os.stat(path)
+    except OSError:
+        return
+    if not force and stat.S_ISREG(info.st_mode) and info.st_size > 0 and not _looks_like_record(path):
+        raise RecordPathRefused(
+            errno.EEXIST, f"{path} exists and is not a dlmon record: not replaced (--force replaces it)"
+        )
+
+
+def check_record_path(path: str, force: bool = False) -> None:
     """Raise OSError when ``path`` cannot become a record file; never truncates or leaves a file.
 
     An existing file is opened for appending (nothing written); a new one is created and removed.
+    See :func:`refuse_record_path` for the paths refused (``force``).
     """
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
-    except FileNotFoundError:
+    refuse_record_path(path, force)
+    try:  # O_NONBLOCK: a FIFO without a reader would block here (ENXIO instead: fine, one may come)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO and _is_fifo(path):
+            return
+        if not isinstance(exc, FileNotFoundError):
+            raise
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         os.close(fd)
         os.unlink(path)
         return
     os.close(fd)
+
+
+def _is_fifo(path: str) -> bool:
+    try:
+        return stat.S_ISFIFO(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _open_fifo(path: str) -> int | None:
+    """A FIFO opened for writing without waiting (then blocking, like any pipe); None: no reader yet."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:
+            return None
+        raise
+    os.set_blocking(fd, True)
+    return fd
 
 
 def existing_bytes(path: str) -> int | None:
@@ -85,8 +173,18 @@ class RecordWriter:
         """
         self.path = path
         self.replaced_bytes = existing_bytes(path)
-        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-        self._regular = stat.S_ISREG(os.fstat(self._fd).st_mode)
+        # A FIFO nobody reads yet: open() would block the whole watch (its --duration included).
+        # Lines are dropped (counted) until a reader opens it, then written like to any pipe.
+        self.waiting_for_reader = _is_fifo(path)
+        self.dropped_lines = 0
+        if self.waiting_for_reader:
+            self._fd: int | None = _open_fifo(path)
+            self.waiting_for_reader = self._fd is None
+        else:  # in /tmp and the like, a symlink planted since the check is not followed either
+            nofollow = os.O_NOFOLLOW if _world_writable(os.path.dirname(os.path.abspath(path))) else 0
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | nofollow
+            self._fd = os.open(path, flags, 0o644)
+        self._regular = self._fd is not None and stat.S_ISREG(os.fstat(self._fd).st_mode)
         self._offset = 0  # end of the last whole line
         self._clock = clock
         self._synced_at = clock()
@@ -100,6 +198,12 @@ class RecordWriter:
         self._write(_encode({"type": "end", "time": time.time(), "reason": reason, **extra}))
 
     def _write(self, line: bytes) -> None:
+        if self.waiting_for_reader:
+            self._fd = _open_fifo(self.path)
+            if self._fd is None:
+                self.dropped_lines += 1
+                return
+            self.waiting_for_reader = False
         if self._fd is None:
             raise OSError(errno.EBADF, "the record file is closed")
         if self._gzip is not None:

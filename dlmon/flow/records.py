@@ -50,6 +50,7 @@ def open_record_file(path: str) -> IO[bytes]:
 
 def iter_records(path: str) -> Iterator[Record]:
     """Yield every line of ``path`` as a snapshot, the end marker, or the reason it was skipped."""
+    latest: tuple[float, int] | None = None  # (time, line) of the latest snapshot so far
     with open_record_file(path) as fh:
         number = 0
         while True:
@@ -69,8 +70,40 @@ def iter_records(path: str) -> Iterator[Record]:
                     return
                 yield RecordProblem(number, f"longer than {MAX_LINE_BYTES >> 20} MiB: skipped")
                 continue
-            if raw.strip():
-                yield parse_line(number, raw)
+            if not raw.strip():
+                number += skip_blank_lines(fh)
+                continue
+            record = parse_line(number, raw)
+            if isinstance(record, Snapshot):  # lines out of time order would give negative spans
+                if latest is not None and record.time < latest[0]:
+                    yield RecordProblem(number, f"out of time order (earlier than line {latest[1]})")
+                    continue
+                latest = (record.time, number)
+            yield record
+
+
+BLANK = b" \t\r\n"
+
+
+def skip_blank_lines(fh: IO[bytes]) -> int:
+    """After a blank line: skip the blank lines that follow, a buffer at a time (a gzip of 400 M
+    blank lines took 216 s by readline), up to the last newline before anything else; returns
+    how many lines were skipped."""
+    peek = getattr(fh, "peek", None)
+    if peek is None:
+        return 0
+    skipped = 0
+    while True:
+        try:
+            chunk = peek(1 << 16)
+        except (OSError, EOFError, zlib.error):
+            return skipped  # the next readline reports it
+        blank = len(chunk) - len(chunk.lstrip(BLANK))
+        cut = chunk.rfind(b"\n", 0, blank) + 1
+        if cut <= 0:
+            return skipped
+        skipped += chunk.count(b"\n", 0, cut)
+        fh.read(cut)
 
 
 def _skip_rest_of_line(fh: IO[bytes]) -> bool:

@@ -26,6 +26,7 @@ from dlmon.flow.records import (
     iter_records,
     open_record_file,
     parse_line,
+    skip_blank_lines,
 )
 from dlmon.model import Snapshot
 
@@ -217,8 +218,10 @@ def _read_from(path: str, offset: int, line: int) -> Iterator[_Line]:
                     at, number, RecordProblem(number, f"longer than {MAX_LINE_BYTES >> 20} MiB: skipped")
                 )
                 continue
-            if raw.strip():
-                yield _Line(at, number, parse_line(number, raw))
+            if not raw.strip():
+                number += skip_blank_lines(fh)
+                continue
+            yield _Line(at, number, parse_line(number, raw))
 
 
 class ReplaySource:

@@ -91,6 +91,7 @@ class Training:
     command: list[str]
     log_path: str | None
     _interrupts: int = field(default=0)
+    job_token: str | None = None  # the value of JOB_ENV in the training's environment (its own)
 
     @property
     def pid(self) -> int:
@@ -146,6 +147,9 @@ def log_name(command: list[str]) -> str:
     return os.path.basename(command[0])
 
 
+JOB_ENV = "DLMON_JOB"  # a random token per launch, in the training's environment
+
+
 def launch(
     command: list[str], *, to_log: bool, cwd: str | None = None, env: dict[str, str] | None = None
 ) -> Training:
@@ -159,6 +163,9 @@ def launch(
         out: int | None = _open_log(log_path)
     else:
         out = None
+    token = os.urandom(8).hex()
+    child_env = env_with_agent(env)
+    child_env[JOB_ENV] = token  # inherited by all it starts: a daemon that leaves its session is still known
     try:
         popen = subprocess.Popen(
             command,
@@ -166,7 +173,7 @@ def launch(
             stdout=out,
             stderr=subprocess.STDOUT if to_log else None,
             start_new_session=True,
-            env=env_with_agent(env),
+            env=child_env,
             cwd=cwd,
             # dlmon's raised open-files limit is dlmon's: the training keeps the one it was given
             preexec_fn=restore_open_files_limit if limit_was_raised() else None,
@@ -174,4 +181,4 @@ def launch(
     finally:
         if out is not None:
             os.close(out)
-    return Training(popen, command, log_path)
+    return Training(popen, command, log_path, job_token=token)

@@ -17,7 +17,7 @@ from dlmon.collect.procfs import read_cmdline
 from dlmon.collect.sampler import Sampler
 from dlmon.flow.loop import Faults, Pipeline, handle_signals, pid_exists, sample_until_done
 from dlmon.flow.recording import RecordWriter
-from dlmon.launch.runner import Training, exit_status, launch
+from dlmon.launch.runner import JOB_ENV, Training, exit_status, launch
 from dlmon.model import Alert, Snapshot
 
 AlertPrinter = Callable[[Snapshot], None]
@@ -64,13 +64,82 @@ def group_members(pgid: int) -> list[tuple[int, str]]:
     return out
 
 
-def left_behind(training_pid: int, last: Snapshot | None) -> list[tuple[int, str]]:
+def _stat_fields(pid: int) -> list[bytes] | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def marked_processes(token: str, exclude: int | None = None) -> list[tuple[int, str]]:
+    """Live processes whose environment holds ``JOB_ENV=token``: everything a launch started,
+    however it left the session or was re-parented (a daemon's double fork), unless it cleared
+    its environment. Read once, at the end: one environ read per process of our user."""
+    needle = f"{JOB_ENV}={token}".encode()
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == exclude:
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as fh:
+                data = fh.read(1 << 20)
+        except OSError:
+            continue
+        if needle not in data.split(b"\0"):
+            continue
+        fields = _stat_fields(int(name))
+        if fields and fields[0] not in (b"Z", b"X"):
+            out.append((int(name), read_cmdline(int(name))))
+    return out
+
+
+class SeenProcesses:
+    """A sink remembering every process the watch saw in the job's tree (pid and start time), so
+    that one which left the tree (re-parented after its parent exited) is still named at the end."""
+
+    LIMIT = 4096
+
+    def __init__(self, training_pid: int) -> None:
+        self._training = training_pid
+        self.seen: dict[int, tuple[int | None, str]] = {}
+
+    def __call__(self, snapshot: Snapshot) -> None:
+        for p in snapshot.processes:
+            if p.pid != self._training and p.pid not in self.seen and len(self.seen) < self.LIMIT:
+                self.seen[p.pid] = (p.start_time, p.comm)
+
+    def alive(self) -> list[tuple[int, str]]:
+        out = []
+        for pid, (start, comm) in self.seen.items():
+            fields = _stat_fields(pid)
+            if fields is None or fields[0] in (b"Z", b"X"):
+                continue
+            if start is not None and len(fields) > 19 and int(fields[19]) != start:
+                continue  # the pid was reused
+            out.append((pid, read_cmdline(pid) or comm))
+        return out
+
+
+def left_behind(
+    training_pid: int,
+    last: Snapshot | None,
+    token: str | None = None,
+    seen: SeenProcesses | None = None,
+) -> list[tuple[int, str]]:
     """Processes of the training still running after it ended: (pid, command line). Its process
-    group, plus members of its tree that left the group (setsid) as the last snapshot saw them."""
+    group, members of its tree that left the group (setsid) as the last snapshot saw them, any
+    process the watch saw in the tree, and every process carrying the launch's token."""
     found = dict(group_members(training_pid))
     for p in last.processes if last is not None else ():
         if p.pid != training_pid and p.pid not in found and p.state not in ("Z", "X") and pid_exists(p.pid):
             found[p.pid] = read_cmdline(p.pid) or p.comm
+    for pid, cmd in seen.alive() if seen is not None else ():
+        found.setdefault(pid, cmd)
+    for pid, cmd in marked_processes(token, exclude=training_pid) if token else ():
+        found.setdefault(pid, cmd)
+    found.pop(training_pid, None)
+    found.pop(os.getpid(), None)
     return sorted(found.items())
 
 
@@ -168,7 +237,8 @@ def _watch(
 ) -> int:
     faults = Faults(report)
     last = LastSnapshot()
-    sinks = (on_alerts, last) if on_alerts else (last,)
+    seen = SeenProcesses(training.pid)
+    sinks = (on_alerts, last, seen) if on_alerts else (last, seen)
     pipeline = Pipeline(analyzer, open_writer(record_path, faults, report), sinks, faults)
     try:
         sampler = Sampler(training.pid, exit_code=training.exit_code)
@@ -184,7 +254,7 @@ def _watch(
         sampler.close()
     pipeline.finish(reason)
     code = exit_status(training.popen.wait())
-    leftovers = left_behind(training.pid, last.snapshot)
+    leftovers = left_behind(training.pid, last.snapshot, training.job_token, seen)
     if leftovers:
         report(describe_left_behind(leftovers))
     summary = faults.summary()

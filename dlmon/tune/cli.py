@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import shlex
 import signal
 import sys
 import threading
@@ -21,7 +23,7 @@ from dlmon.tune.report import (
     sweep_json,
     table,
 )
-from dlmon.tune.runner import CannotRun, RunOptions, kill_live_trainings, run_config
+from dlmon.tune.runner import CannotRun, RunOptions, kill_live_trainings, run_config, still_left_running
 from dlmon.tune.sweep import SweepAborted, plan_from_dict, plan_to_dict, run_sweep
 
 EXIT_USAGE = 2
@@ -62,6 +64,31 @@ def _plan(
     )
 
 
+def _shown(command: Sequence[str]) -> str:
+    return shlex.join(command)[:500]
+
+
+def _confirm_resume(path: str, saved: Sequence[str], given: Sequence[str]) -> str | None:
+    """None when the user agrees to run the command of the sweep file ``path`` (asked on a
+    terminal); else why not. A sweep file is data anyone may hand over: the command it holds is
+    run only once seen."""
+    if given:
+        what = f"{path} was measured with: {_shown(saved)}\nyou gave: {_shown(given)}"
+        question = "mix results of the two commands?"
+    else:
+        what = f"{path} will run: {_shown(saved)}"
+        question = "run it?"
+    if not (sys.stdin.isatty() and sys.stderr.isatty()):
+        return f"{what.replace(chr(10), '; ')}; pass --yes to go on (no terminal to ask)"
+    say(what)
+    try:
+        print(f"dlmon tune: {question} [y/N] ", end="", file=sys.stderr, flush=True)
+        answer = sys.stdin.readline().strip().lower()
+    except (OSError, ValueError, KeyboardInterrupt):
+        answer = ""
+    return None if answer in ("y", "yes") else "not resumed"
+
+
 def print_outcome(results: Sequence[Result], plot: bool) -> None:
     print(table(results))
     model = fit_memory(results)
@@ -93,6 +120,7 @@ def run_tune(
     resume_path: str | None,
     no_plot: bool,
     loader_only: bool = False,
+    yes: bool = False,
 ) -> int:
     prior: list[Result] = []
     try:
@@ -101,6 +129,7 @@ def run_tune(
         plan = _plan(workers_text, batches_text, pin_text, prefetch_text)
         if resume_path:
             saved_command, saved_plan, prior = load_sweep(resume_path)
+            given = list(command)
             command = command or saved_command
             if not (workers_text or batches_text or prefetch_text or pin_text != "own"):
                 try:
@@ -108,6 +137,12 @@ def run_tune(
                 except (KeyError, ValueError, TypeError) as exc:
                     raise ReportError(f"cannot resume from {resume_path}: bad plan: {exc}") from exc
             json_path = json_path or resume_path
+            if command and given != saved_command and not yes:
+                refusal = _confirm_resume(resume_path, saved_command, given)
+                if refusal is not None:
+                    return error(refusal)
+            if command:
+                say(f"resuming {resume_path}: {_shown(command)}")
         if not command:
             return error("no command to tune: dlmon tune [OPTIONS] -- CMD [ARGS]...")
         for path in (json_path, csv_path):
@@ -156,6 +191,11 @@ def run_tune(
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+    survivors = still_left_running()
+    if survivors:
+        from dlmon.launch.session import describe_left_behind
+
+        say(f"the sweep's trainings {describe_left_behind(survivors)}")
     if loader_only:
         print("loader only: the DataLoader iterated without the training step (the input pipeline's ceiling)")
     print_outcome(end.results, plot=not no_plot)
@@ -165,10 +205,17 @@ def run_tune(
         except ReportError as exc:
             return error(str(exc))
     if not end.complete:
-        resume = json_path or "FILE"
-        say(
-            f"interrupted: {len(end.results)} configuration(s) kept; continue with "
-            f"dlmon tune --resume {resume}" + ("" if json_path else " (give --json FILE to keep them)")
-        )
+        if json_path and os.path.isfile(json_path):
+            say(
+                f"interrupted: {len(end.results)} configuration(s) kept; continue with "
+                f"dlmon tune --resume {json_path}"
+            )
+        elif end.results:
+            say(
+                f"interrupted: {len(end.results)} configuration(s) measured; none saved "
+                "(give --json FILE to keep them and continue with --resume FILE)"
+            )
+        else:
+            say("interrupted before any configuration finished: nothing to resume")
         return EXIT_INTERRUPTED
     return 0

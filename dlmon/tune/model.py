@@ -88,6 +88,13 @@ def projected_peak(times: Sequence[float], values: Sequence[int], horizon_s: flo
 
 
 MIN_FIT_READINGS = 3  # projected_peak's least for a slope
+# A rise of anonymous memory between two readings by more than this share of the limit is a jump
+# (readings that jump in a row are one jump: an allocation split by a tick). One jump alone (a
+# buffer allocated once) is no growth: its slope counts only while it goes on (a ramp), once a
+# second jump follows within STAIR_S (a staircase: a batch at a time), or if readings after it
+# still rise.
+JUMP_FRACTION = 0.04
+STAIR_S = 3.0
 
 
 @dataclass(slots=True)
@@ -114,6 +121,8 @@ class OomWatch:
     totals: list[int] = field(default_factory=list)
     anon: list[int] = field(default_factory=list)
     over: int = 0
+    # jumps begun within the last STAIR_S: [first jumping reading's time, first flat one's or None]
+    jumps: list[list[float | None]] = field(default_factory=list)
 
     def add(self, t: float, total: int, anon: int | None, horizon_s: float) -> float | None:
         """Take a reading; the peak projected ``horizon_s`` ahead when it says stop, else None."""
@@ -121,6 +130,15 @@ class OomWatch:
             self.times.clear()
             self.totals.clear()
             self.anon.clear()
+            self.jumps.clear()
+        reading = total if anon is None else anon
+        going = bool(self.jumps) and self.jumps[-1][1] is None
+        if self.anon and reading - self.anon[-1] > JUMP_FRACTION * self.limit_bytes:
+            if not going:
+                self.jumps.append([t, None])
+        elif going:
+            self.jumps[-1][1] = t
+        self.jumps = [j for j in self.jumps if j[1] is None or t - (j[0] or 0.0) <= STAIR_S]
         self.times.append(t)
         self.totals.append(total)
         self.anon.append(total if anon is None else anon)
@@ -128,16 +146,27 @@ class OomWatch:
         # load) would leave two readings, which projected_peak fits no slope to (a ramp unseen)
         while len(self.times) > MIN_FIT_READINGS and self.times[-1] - self.times[0] > self.window_s:
             del self.times[0], self.totals[0], self.anon[0]
-        soon = projected_peak(self.times, self.anon, self.act_s)
-        rate_s = 0.0 if soon is None else (soon - self.anon[-1]) / self.act_s
+        times, anons = self.times, self.anon
+        if len(self.jumps) == 1:  # one jump: a ramp while it goes on, else only what came after it
+            began, ended = self.jumps[0]
+            # going on: from the reading before it; over: from the first flat reading after it
+            first = max(0, _first_at(times, began or 0.0) - 1) if ended is None else _first_at(times, ended)
+            times, anons = times[first:], anons[first:]
+        soon = projected_peak(times, anons, self.act_s)
+        rate_s = 0.0 if soon is None else (soon - anons[-1]) / self.act_s
         line = SAFETY * self.limit_bytes
         self.over = self.over + 1 if total + rate_s * self.act_s > line else 0
         # past the line by the next reading: no time left to confirm (the kernel kills at the
         # limit, within a tick of the line at a batch-256 ramp's 85 MiB a tick)
         tick_s = self.times[-1] - self.times[-2] if len(self.times) > 1 else 0.0
-        if total + rate_s * tick_s > line or self.over >= self.confirm:
+        if total > line or total + rate_s * tick_s > line or self.over >= self.confirm:
             return total + rate_s * max(horizon_s, self.act_s)
         return None
+
+
+def _first_at(times: Sequence[float], t: float) -> int:
+    """The index of the first reading at ``t`` or later (the last one when none is)."""
+    return next((i for i, x in enumerate(times) if x >= t), len(times) - 1)
 
 
 def _features(c: Config) -> tuple[float, float, float]:

@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import Sequence
 from typing import Any
 
-from dlmon.tune.model import GIB, Recommendation, Result, outcome_text, recommend
+from dlmon.tune.model import GIB, SKIPPED, WOULD_OOM, Recommendation, Result, outcome_text, recommend
 from dlmon.tune.plan import Config
 
 FORMAT = "dlmon-tune/1"
@@ -90,11 +90,33 @@ def paste_arguments(c: Config) -> str:
     return "DataLoader(dataset, " + ", ".join(args) + ")"
 
 
+def projection_notes(results: Sequence[Result], rec: Recommendation | None) -> list[str]:
+    """A configuration stopped on a projection ('would OOM') was never seen to run out: it does not
+    outrank what was measured silently. Each one that may have been faster is named."""
+    top = (rec.best.samples_per_s or 0.0) if rec is not None else 0.0
+    notes = []
+    for r in results:
+        if r.outcome != WOULD_OOM:
+            continue
+        if r.samples_per_s is not None and r.samples_per_s <= top:
+            continue  # measured slower before the stop: the recommendation stands either way
+        seen = f" ({r.samples_per_s:.0f} samples/s before the stop)" if r.samples_per_s else ""
+        skipped = sum(1 for o in results if o.outcome == SKIPPED and f"of {r.config.label()}," in o.detail)
+        also = f", and the {skipped} skipped on it" if skipped else ""
+        notes.append(
+            f"note: {r.config.label()} stopped on a projection ({outcome_text(r.outcome, r.detail)}), "
+            f"not a measured OOM{seen}: rerun with --force to measure it{also}"
+        )
+    return notes
+
+
 def recommendation_lines(results: Sequence[Result]) -> list[str]:
     rec: Recommendation | None = recommend(results)
     if rec is None:
-        return ["no configuration was measured to the end: no recommendation"]
+        none = "no configuration was measured to the end: no recommendation"
+        return [none, *projection_notes(results, rec)]
     lines = [f"recommended: {rec.reason}", f"paste: {paste_arguments(rec.choice.config)}"]
+    lines += projection_notes(results, rec)
     if rec.choice.loader:
         lines.append(f"(for the DataLoader built at {rec.choice.loader})")
     lines.append(LR_NOTE)

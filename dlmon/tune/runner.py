@@ -25,6 +25,7 @@ from dlmon.collect.agent_client import AgentClient, AgentReading
 from dlmon.collect.sampler import NoSuchProcess, Sampler
 from dlmon.collect.system import read_meminfo
 from dlmon.launch.runner import Training, launch
+from dlmon.launch.session import describe_left_behind, left_behind
 from dlmon.model import LoaderSample, Snapshot
 from dlmon.tune.model import (
     CRASHED,
@@ -49,6 +50,24 @@ def kill_live_trainings() -> None:
     for pid in list(LIVE):
         with contextlib.suppress(OSError):
             os.killpg(pid, signal.SIGKILL)
+
+
+# What configurations left running after their training was stopped (daemons that left its
+# session): named after each configuration, and all together at the end of the sweep.
+LEFT_RUNNING: dict[int, str] = {}
+
+
+def _note_left_running(training: Training, say: Callable[[str], None]) -> None:
+    with contextlib.suppress(Exception):  # naming them must never cost the sweep
+        left = left_behind(training.pid, None, training.job_token)
+        if left:
+            LEFT_RUNNING.update(left)
+            say(f"this configuration {describe_left_behind(left)}")
+
+
+def still_left_running() -> list[tuple[int, str]]:
+    """The processes configurations left behind that still run now."""
+    return sorted((pid, cmd) for pid, cmd in LEFT_RUNNING.items() if os.path.exists(f"/proc/{pid}"))
 
 
 INTERRUPTED = "interrupted"  # Ctrl-C in dlmon: not a result, the configuration runs again on --resume
@@ -234,6 +253,7 @@ def run_config(
         LIVE.discard(training.pid)
         with contextlib.suppress(OSError):
             os.unlink(status_path)
+        _note_left_running(training, say)
     if result.outcome == OK and training.log_path:
         with contextlib.suppress(OSError):
             os.unlink(training.log_path)
