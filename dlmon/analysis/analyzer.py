@@ -37,6 +37,7 @@ from dlmon.analysis.kinds import (
     SEVERITY_RANK,
     SHM_EXHAUSTION,
     STALL,
+    STRAGGLER,
     SWAP_ACTIVITY,
     TRAINER_DIED,
     VRAM_PRESSURE,
@@ -76,6 +77,7 @@ DEFAULT_HOLDS: Mapping[str, Hold] = MappingProxyType(
         # for a hung worker), and the exit verdict must still name the hang
         STALL: Hold(0.0, 15.0),
         FD_EXHAUSTION: Hold(0.0, 15.0),  # the detector demands a steady rise or a high share
+        STRAGGLER: Hold(5.0, 15.0),  # as input_bound: the detector already averages over 10 s
     }
 )
 _DEFAULT_HOLD = Hold(3.0, 15.0)

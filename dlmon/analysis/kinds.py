@@ -16,6 +16,7 @@ SWAP_ACTIVITY = "swap_activity"
 TRAINER_DIED = "trainer_died"
 STALL = "stall"
 FD_EXHAUSTION = "fd_exhaustion"
+STRAGGLER = "straggler"
 
 KINDS: tuple[str, ...] = (
     MEMORY_GROWTH,
@@ -32,6 +33,7 @@ KINDS: tuple[str, ...] = (
     TRAINER_DIED,
     STALL,
     FD_EXHAUSTION,
+    STRAGGLER,
 )
 
 INFO = "info"

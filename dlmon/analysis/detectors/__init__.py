@@ -32,6 +32,7 @@ from dlmon.analysis.detectors.processes import (
     detect_zombie_worker,
 )
 from dlmon.analysis.detectors.stall import detect_stall
+from dlmon.analysis.detectors.straggler import detect_straggler
 from dlmon.analysis.kinds import (
     FD_EXHAUSTION,
     INPUT_BOUND,
@@ -42,6 +43,7 @@ from dlmon.analysis.kinds import (
     OVERSUBSCRIPTION,
     SHM_EXHAUSTION,
     STALL,
+    STRAGGLER,
     SWAP_ACTIVITY,
     TRAINER_DIED,
     VRAM_PRESSURE,
@@ -67,6 +69,7 @@ DETECTORS: dict[str, Detector] = {
     TRAINER_DIED: detect_trainer_died,
     STALL: detect_stall,
     FD_EXHAUSTION: detect_fd_exhaustion,
+    STRAGGLER: detect_straggler,
 }
 
 
@@ -103,6 +106,7 @@ __all__ = [
     "detect_oversubscription",
     "detect_shm_exhaustion",
     "detect_stall",
+    "detect_straggler",
     "detect_swap_activity",
     "detect_trainer_died",
     "detect_vram_pressure",
