@@ -1,0 +1,217 @@
+"""Ranks of a distributed job (torchrun): read from the launcher's environment by the agent, carried
+by every loader, process, alert, record line and Prometheus series; and the straggler verdict,
+on a real 2-rank DDP job (gloo, CPU) where one rank's dataset is slower, beside a balanced one."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dlmon.agent import _rank
+from export_support import (
+    PORT_LINE,
+    dlmon_cmd,
+    free_port,
+    http_get,
+    kill_group,
+    parse_exposition,
+    read_snapshots,
+    wait_for,
+)
+
+SCRIPT = Path(__file__).parent / "agent_scripts" / "ddp_straggler.py"
+
+
+# -- the environment the launchers set ------------------------------------------------------------
+
+
+def test_torchrun_variables_give_rank_local_rank_world_and_node() -> None:
+    env = {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "GROUP_RANK": "1", "SLURM_PROCID": "0"}
+    assert _rank.read_rank(env) == {
+        "rank": 3,
+        "local_rank": 1,
+        "world_size": 8,
+        "node_rank": 1,
+        "source": "env",
+    }
+    # Lightning / accelerate name the node NODE_RANK
+    assert _rank.read_rank({"RANK": "0", "NODE_RANK": "2"})["node_rank"] == 2  # type: ignore[index]
+
+
+def test_slurm_variables_only_without_torchrun_ones() -> None:
+    env = {"SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NTASKS": "8", "SLURM_NODEID": "2"}
+    assert _rank.read_rank(env) == {
+        "rank": 5,
+        "local_rank": 1,
+        "world_size": 8,
+        "node_rank": 2,
+        "source": "slurm",
+    }
+
+
+@pytest.mark.parametrize(
+    "env",
+    [{}, {"RANK": ""}, {"RANK": "-1"}, {"RANK": "one"}, {"LOCAL_RANK": "0"}, {"RANK": "1" * 40}],
+)
+def test_no_or_bad_rank_is_no_rank(env: dict[str, str]) -> None:
+    assert _rank.read_rank(env) is None
+
+
+def test_a_world_size_that_contradicts_the_rank_is_dropped() -> None:
+    assert _rank.read_rank({"RANK": "4", "WORLD_SIZE": "2"}) == {
+        "rank": 4,
+        "local_rank": None,
+        "world_size": None,
+        "node_rank": None,
+        "source": "env",
+    }
+
+
+def test_a_rank_set_after_the_agent_started_is_read_lazily(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lightning's and accelerate's own launchers set RANK in the child after import: the agent
+    reads again (at most once a second) while it found none."""
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("SLURM_PROCID", raising=False)
+    _rank.reset()
+    try:
+        assert _rank.current(now=100.0) is None
+        monkeypatch.setenv("RANK", "2")
+        assert _rank.current(now=100.5) is None  # not re-read within RETRY_S
+        found = _rank.current(now=101.5)
+        assert found is not None and found["rank"] == 2
+        monkeypatch.setenv("RANK", "7")
+        assert _rank.current(now=200.0)["rank"] == 2  # type: ignore[index]  # read once found
+    finally:
+        _rank.reset()
+
+
+# -- a real torchrun job ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Run:
+    snapshots: list[dict[str, Any]]
+    stderr: str
+    stdout: str
+    scrape: str  # one Prometheus scrape while both ranks' loaders were live
+
+
+def _torchrun(tmp: Path, *script_args: str) -> Run:
+    """``dlmon run --headless --record --prometheus -- torchrun --nproc_per_node 2 ddp_straggler.py``."""
+    record, err_path, out_path = tmp / "rec.jsonl", tmp / "stderr", tmp / "stdout"
+    cmd = dlmon_cmd("run", "--headless", "--interval", "0.5", "--record", str(record))
+    cmd += ["--prometheus", "127.0.0.1:0", "--"]
+    cmd += [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
+    cmd += ["--master_port", str(free_port()), str(SCRIPT), "--seconds", "14", *script_args]
+    with open(err_path, "wb") as err, open(out_path, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, start_new_session=True)
+    try:
+        match = wait_for(lambda: PORT_LINE.search(err_path.read_text()), timeout=60)
+        assert match, err_path.read_text()
+        port = int(match.group(2))
+
+        def ranked_scrape() -> str | None:
+            try:
+                text = http_get(f"http://127.0.0.1:{port}/metrics")
+            except OSError:
+                return None
+            metrics = parse_exposition(text)
+            loader_ranks = {labels["rank"] for labels, _ in metrics.get("dlmon_loader_batches_total", [])}
+            worker_ranks = [
+                labels["rank"]
+                for labels, _ in metrics.get("dlmon_process_rss_bytes", [])
+                if labels["role"] == "worker"
+            ]
+            return (
+                text if loader_ranks == {"0", "1"} and sorted(worker_ranks) == ["0", "0", "1", "1"] else None
+            )
+
+        scrape = wait_for(ranked_scrape, timeout=90, every=0.5) or ""
+        assert proc.wait(timeout=150) == 0, err_path.read_text()[-3000:]
+    finally:
+        kill_group(proc)
+    return Run(read_snapshots(record), err_path.read_text(), out_path.read_text(), scrape)
+
+
+@pytest.fixture(scope="module")
+def straggler(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    pytest.importorskip("torch")
+    yield _torchrun(tmp_path_factory.mktemp("straggler"), "--slow-rank", "1", "--sleep-ms", "8")
+
+
+@pytest.fixture(scope="module")
+def balanced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    pytest.importorskip("torch")
+    yield _torchrun(tmp_path_factory.mktemp("balanced"))
+
+
+def _alerts(run: Run, kind: str) -> list[dict[str, Any]]:
+    return [a for s in run.snapshots for a in s["alerts"] if a["kind"] == kind]
+
+
+@pytest.mark.slow
+def test_every_loader_and_process_of_a_torchrun_job_carries_its_rank(straggler: Run) -> None:
+    steady = [
+        s
+        for s in straggler.snapshots
+        if len(s["loaders"]) == 2 and all(lo["batches_per_s"] for lo in s["loaders"])
+    ]
+    assert len(steady) >= 10
+    best = steady[-1]
+    loaders = {lo["pid"]: lo for lo in best["loaders"]}
+    assert sorted(lo["rank"] for lo in loaders.values()) == [0, 1]
+    assert all(lo["world_size"] == 2 and lo["node_rank"] == 0 for lo in loaders.values())
+    assert all(lo["local_rank"] == lo["rank"] for lo in loaders.values())
+    by_pid = {p["pid"]: p for p in best["processes"]}
+    for pid, lo in loaders.items():
+        assert by_pid[pid]["rank"] == lo["rank"]  # the trainer
+        assert len(lo["worker_pids"]) == 2
+        for worker in lo["worker_pids"]:  # its workers inherit its rank
+            assert by_pid[worker]["role"] == "worker" and by_pid[worker]["rank"] == lo["rank"]
+    assert by_pid[best["target"]["pid"]]["rank"] is None  # torchrun itself is no rank
+
+
+@pytest.mark.slow
+def test_the_straggler_is_named_with_its_cause(straggler: Run) -> None:
+    found = _alerts(straggler, "straggler")
+    assert found, straggler.stderr[-3000:]
+    last = found[-1]
+    assert last["subject"] == "rank 1"
+    assert last["evidence"]["rank"] == 1 and last["evidence"]["cause"] == "latency"
+    assert last["evidence"]["data_wait_fraction"] >= 0.3
+    assert last["evidence"]["others_max_data_wait_fraction"] < 0.2
+    assert "Rank 1 is the straggler" in last["message"] and "rank 0 waits" in last["message"]
+    assert "its 2 workers are mostly idle" in last["message"]
+    assert "RAISED" in straggler.stderr and "straggler rank 1: Rank 1 is the straggler" in straggler.stderr
+    # the slow rank is input-bound, and says which rank it is; the fast one waits in the all-reduce
+    bound = _alerts(straggler, "input_bound")
+    assert bound and all(a["subject"] == "loader ddp_straggler.py:44 (rank 1)" for a in bound)
+    assert "Loader ddp_straggler.py:44 (rank 1) waits for data" in bound[-1]["message"]
+    assert not _alerts(straggler, "stall")
+
+
+@pytest.mark.slow
+def test_a_balanced_torchrun_job_has_no_straggler(balanced: Run) -> None:
+    with_loaders = [s for s in balanced.snapshots if len(s["loaders"]) == 2]
+    assert len(with_loaders) >= 10
+    assert not _alerts(balanced, "straggler"), _alerts(balanced, "straggler")[-1]["message"]
+    assert not _alerts(balanced, "stall")
+    assert not [a for a in _alerts(balanced, "input_bound") if a["severity"] == "critical"]
+
+
+@pytest.mark.slow
+def test_prometheus_series_carry_the_rank_labels(straggler: Run) -> None:
+    metrics = parse_exposition(straggler.scrape)
+    loaders = metrics["dlmon_loader_batches_total"]
+    assert sorted(labels["rank"] for labels, _ in loaders) == ["0", "1"]
+    assert all(labels["local_rank"] == labels["rank"] and labels["node_rank"] == "0" for labels, _ in loaders)
+    workers = [labels for labels, _ in metrics["dlmon_process_rss_bytes"] if labels["role"] == "worker"]
+    assert sorted(labels["rank"] for labels in workers) == ["0", "0", "1", "1"]
+    launcher = [labels for labels, _ in metrics["dlmon_process_rss_bytes"] if labels["role"] == "main"]
+    assert launcher and launcher[0]["rank"] == ""
