@@ -14,6 +14,11 @@ from typing import Any
 import pytest
 
 from dlmon.agent import _rank
+from dlmon.model import RankInfo, Snapshot
+from dlmon.model.serialize import snapshot_from_dict
+from dlmon.ui.rank_filter import only_rank
+from dlmon.ui.state import DashboardState
+from dlmon.ui.views import rank_line
 from export_support import (
     PORT_LINE,
     dlmon_cmd,
@@ -108,7 +113,7 @@ def _torchrun(tmp: Path, *script_args: str) -> Run:
     cmd = dlmon_cmd("run", "--headless", "--interval", "0.5", "--record", str(record))
     cmd += ["--prometheus", "127.0.0.1:0", "--"]
     cmd += [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
-    cmd += ["--master_port", str(free_port()), str(SCRIPT), "--seconds", "14", *script_args]
+    cmd += ["--master_port", str(free_port()), str(SCRIPT), "--seconds", "12", *script_args]
     with open(err_path, "wb") as err, open(out_path, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, start_new_session=True)
     try:
@@ -215,3 +220,60 @@ def test_prometheus_series_carry_the_rank_labels(straggler: Run) -> None:
     assert sorted(labels["rank"] for labels in workers) == ["0", "0", "1", "1"]
     launcher = [labels for labels, _ in metrics["dlmon_process_rss_bytes"] if labels["role"] == "main"]
     assert launcher and launcher[0]["rank"] == ""
+
+
+# -- what the dashboard shows ---------------------------------------------------------------------
+
+
+def _snapshots(run: Run) -> list[Snapshot]:
+    return [snapshot_from_dict(s) for s in run.snapshots]
+
+
+@pytest.mark.slow
+def test_the_ddp_tree_names_each_rank(straggler: Run) -> None:
+    state = DashboardState()
+    snaps = _snapshots(straggler)
+    last = max(
+        i for i, s in enumerate(snaps) if len(s.loaders) == 2 and all(lo.batches_per_s for lo in s.loaders)
+    )
+    for s in snaps[: last + 1]:  # the job running, both ranks with their workers
+        state.ingest(s)
+    groups = state.rank_groups()
+    assert len(groups) == 2
+    texts = sorted("".join(text for text, _ in rank_line(g, False, 120)) for g in groups.values())
+    assert texts[0].startswith("  ▸ rank 0 · 2 workers") and texts[1].startswith("  ▸ rank 1 · 2 workers")
+
+
+def test_a_rank_line_shows_the_local_rank_where_it_differs() -> None:
+    assert RankInfo(3, 1, 1, 8).label() == "rank 3 (local 1)"
+    assert RankInfo(1, 1, 0, 2).label() == "rank 1"
+
+
+@pytest.mark.slow
+def test_rank_filter_keeps_one_rank_and_the_launcher(straggler: Run) -> None:
+    snaps = _snapshots(straggler)
+    last = next(s for s in reversed(snaps) if len(s.loaders) == 2 and s.alerts)
+    one = only_rank(last, 0)
+    assert [lo.rank for lo in one.loaders] == [0]
+    assert {p.rank for p in one.processes} == {None, 0}  # torchrun itself belongs to no rank
+    assert sum(p.role == "worker" for p in one.processes) == 2
+    # rank 1's straggler and input_bound verdicts are rank 1's, not rank 0's
+    assert not [a for a in one.alerts if a.kind in ("straggler", "input_bound")]
+    kept = only_rank(last, 1)
+    assert {a.kind for a in kept.alerts} >= {"straggler"}
+    assert [lo.rank for lo in kept.loaders] == [1]
+
+
+def test_rank_option_is_refused_without_a_dashboard(tmp_path: Path) -> None:
+    result = subprocess.run(
+        dlmon_cmd("run", "--headless", "--rank", "1", "--", "true"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2 and "--rank filters the dashboard" in result.stderr
+    assert "Traceback" not in result.stderr
+    bad = subprocess.run(
+        dlmon_cmd("replay", "--rank", "-1", "x.jsonl"), capture_output=True, text=True, timeout=60
+    )
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
