@@ -31,6 +31,9 @@ from export_support import (
 )
 
 SCRIPT = Path(__file__).parent / "agent_scripts" / "ddp_straggler.py"
+SITE = "ddp_straggler.py:" + str(
+    next(i for i, line in enumerate(SCRIPT.read_text().splitlines(), 1) if "loader = DataLoader(" in line)
+)
 
 
 # -- the environment the launchers set ------------------------------------------------------------
@@ -196,8 +199,8 @@ def test_the_straggler_is_named_with_its_cause(straggler: Run) -> None:
     assert "RAISED" in straggler.stderr and "straggler rank 1: Rank 1 is the straggler" in straggler.stderr
     # the slow rank is input-bound, and says which rank it is; the fast one waits in the all-reduce
     bound = _alerts(straggler, "input_bound")
-    assert bound and all(a["subject"] == "loader ddp_straggler.py:44 (rank 1)" for a in bound)
-    assert "Loader ddp_straggler.py:44 (rank 1) waits for data" in bound[-1]["message"]
+    assert bound and all(a["subject"] == f"loader {SITE} (rank 1)" for a in bound)
+    assert f"Loader {SITE} (rank 1) waits for data" in bound[-1]["message"]
     assert not _alerts(straggler, "stall")
 
 

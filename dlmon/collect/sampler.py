@@ -318,6 +318,6 @@ def _ranks_of(processes: tuple[ProcessSample, ...], reading: AgentReading) -> di
             for pid in loader.worker_pids:
                 ranks.setdefault(pid, rank)
     for p in processes:
-        if p.role == "worker" and p.ppid in reading.ranks:
+        if p.role == "worker" and p.ppid is not None and p.ppid in reading.ranks:
             ranks.setdefault(p.pid, reading.ranks[p.ppid])
     return ranks

@@ -1,7 +1,8 @@
 """A tiny DDP training under torchrun (gloo, CPU): DistributedDataParallel over a linear model, a
 DataLoader with 2 workers per rank. ``--slow-rank R --sleep-ms M`` makes rank R's dataset sleep M ms
 per sample (a slower disk or decoder on that rank only); the other ranks then wait in the
-all-reduce, outside their loaders. The rest of each step sleeps ``--step-ms``. Runs for ``--seconds`` and prints each rank's own step timing."""
+all-reduce, outside their loaders. The rest of each step sleeps ``--step-ms``. Runs for
+``--seconds`` and prints each rank's own step timing."""
 
 from __future__ import annotations
 
