@@ -4,6 +4,10 @@ on a real 2-rank DDP job (gloo, CPU) where one rank's dataset is slower, beside 
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -12,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_ui_terminal import Tmux
 
 from dlmon.agent import _rank
 from dlmon.model import RankInfo, Snapshot
@@ -30,6 +35,7 @@ from export_support import (
     wait_for,
 )
 
+ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = Path(__file__).parent / "agent_scripts" / "ddp_straggler.py"
 SITE = "ddp_straggler.py:" + str(
     next(i for i, line in enumerate(SCRIPT.read_text().splitlines(), 1) if "loader = DataLoader(" in line)
@@ -108,6 +114,7 @@ class Run:
     stderr: str
     stdout: str
     scrape: str  # one Prometheus scrape while both ranks' loaders were live
+    record: Path
 
 
 def _torchrun(tmp: Path, *script_args: str) -> Run:
@@ -144,7 +151,7 @@ def _torchrun(tmp: Path, *script_args: str) -> Run:
         assert proc.wait(timeout=150) == 0, err_path.read_text()[-3000:]
     finally:
         kill_group(proc)
-    return Run(read_snapshots(record), err_path.read_text(), out_path.read_text(), scrape)
+    return Run(read_snapshots(record), err_path.read_text(), out_path.read_text(), scrape, record)
 
 
 @pytest.fixture(scope="module")
@@ -280,3 +287,54 @@ def test_rank_option_is_refused_without_a_dashboard(tmp_path: Path) -> None:
         dlmon_cmd("replay", "--rank", "-1", "x.jsonl"), capture_output=True, text=True, timeout=60
     )
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
+
+
+@pytest.fixture
+def tmux() -> Iterator[Tmux]:
+    t = Tmux(f"ranks{os.getpid()}")
+    env = {**os.environ, "PS1": "$ ", "TERM": "xterm-256color"}
+    cmd = ["tmux", "-L", t.socket, "new-session", "-d", "-s", "t", "-x", "150", "-y", "45"]
+    subprocess.run([*cmd, "bash --norc --noprofile"], check=True, env=env)
+    yield t
+    subprocess.run(["tmux", "-L", t.socket, "kill-server"], capture_output=True)
+
+
+def _running_part(run: Run, tmp: Path) -> Path:
+    """The record up to the last snapshot with both ranks running (the replay's final frame)."""
+    lines = run.record.read_text().splitlines()
+    steady = [
+        i
+        for i, line in enumerate(lines)
+        if '"type":"snapshot"' in line
+        and len((s := json.loads(line))["loaders"]) == 2
+        and all(lo["batches_per_s"] for lo in s["loaders"])
+    ]
+    out = tmp / "running.jsonl"
+    out.write_text("\n".join(lines[: steady[-1] + 1]) + "\n")
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
+def test_the_dashboard_shows_each_rank_and_filters_one(straggler: Run, tmux: Tmux, tmp_path: Path) -> None:
+    record = _running_part(straggler, tmp_path)
+    last = json.loads(record.read_text().splitlines()[-1])
+    workers = {lo["rank"]: lo["worker_pids"] for lo in last["loaders"]}
+    env = f"PYTHONPATH={ROOT}"
+    tmux("send-keys", "-t", "t", f"{env} {sys.executable} -m dlmon replay --speed 0 {record}", "Enter")
+    screen = tmux.wait_for("rank 1 · 2 workers", timeout=60)
+    assert "rank 0 · 2 workers" in screen and "2 ranks (space: expand)" in screen
+    tmux("send-keys", "-t", "t", "q")
+    tmux.wait_for(re.compile(r"\n\S*[#$]\s*\Z"), timeout=20)
+    tmux("send-keys", "-t", "t", "clear", "Enter")
+    cmd = f"{env} {sys.executable} -m dlmon replay --speed 0 --rank 1 {record}"
+    tmux("send-keys", "-t", "t", cmd, "Enter")
+    screen = tmux.wait_for("rank 1 only (--rank)", timeout=60)
+    screen = tmux.wait_for(f"{SITE} (rank 1)", timeout=30)
+    for pid in workers[1]:
+        assert re.search(rf"\s{pid}\s", screen), screen
+    for pid in workers[0]:
+        assert not re.search(rf"\s{pid}\s", screen), screen
+    assert "(rank 0)" not in screen and "rank 0 ·" not in screen
+    tmux("send-keys", "-t", "t", "q")
+    tmux.wait_for(re.compile(r"\n\S*[#$]\s*\Z"), timeout=20)
