@@ -11,7 +11,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ import pytest
 from test_ui_terminal import Tmux
 
 from dlmon.agent import _rank
-from dlmon.model import RankInfo, Snapshot
+from dlmon.model import LoaderSample, RankInfo, Snapshot
 from dlmon.model.serialize import snapshot_from_dict
 from dlmon.ui.rank_filter import only_rank
 from dlmon.ui.state import DashboardState
@@ -338,3 +338,11 @@ def test_the_dashboard_shows_each_rank_and_filters_one(straggler: Run, tmux: Tmu
     assert "(rank 0)" not in screen and "rank 0 ·" not in screen
     tmux("send-keys", "-t", "t", "q")
     tmux.wait_for(re.compile(r"\n\S*[#$]\s*\Z"), timeout=20)
+
+
+def test_alerts_name_the_rank_only_in_a_job_of_several() -> None:
+    loader = LoaderSample(id="1:0", name="train.py:31", pid=1)
+    assert loader.label == "train.py:31"
+    assert replace(loader, rank=1, world_size=2).label == "train.py:31 (rank 1)"
+    assert replace(loader, rank=1).label == "train.py:31 (rank 1)"  # world size unknown
+    assert replace(loader, rank=0, world_size=1).label == "train.py:31"  # srun of one task

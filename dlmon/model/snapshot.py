@@ -240,8 +240,11 @@ class LoaderSample:
 
     @property
     def label(self) -> str:
-        """The name alerts use: ``train.py:31 (rank 1)`` in a distributed job, else the name."""
-        return self.name if self.rank is None else f"{self.name} (rank {self.rank})"
+        """The name alerts use: ``train.py:31 (rank 1)`` in a distributed job, else the name (a
+        job of one rank, such as any single-task SLURM job, is not called "rank 0")."""
+        if self.rank is None or self.world_size == 1:
+            return self.name
+        return f"{self.name} (rank {self.rank})"
 
 
 @dataclass(frozen=True, slots=True)
