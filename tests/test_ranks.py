@@ -346,3 +346,57 @@ def test_alerts_name_the_rank_only_in_a_job_of_several() -> None:
     assert replace(loader, rank=1, world_size=2).label == "train.py:31 (rank 1)"
     assert replace(loader, rank=1).label == "train.py:31 (rank 1)"  # world size unknown
     assert replace(loader, rank=0, world_size=1).label == "train.py:31"  # srun of one task
+
+
+@pytest.mark.slow
+def test_two_nodes_label_their_node_rank(tmp_path: Path) -> None:
+    """torchrun --nnodes 2 on one machine, a dlmon per "node" (one rank each): node 1's dlmon sees
+    rank 1 as local rank 0 of node 1, in its record and in Prometheus."""
+    pytest.importorskip("torch")
+    port = str(free_port())
+    procs: list[subprocess.Popen[bytes]] = []
+    err = tmp_path / "node1.err"
+    try:
+        for node in (0, 1):
+            cmd = dlmon_cmd(
+                "run", "--headless", "--interval", "0.5", "--record", str(tmp_path / f"node{node}.jsonl")
+            )
+            cmd += ["--prometheus", "127.0.0.1:0"] if node == 1 else []
+            cmd += [
+                "--",
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                "2",
+                "--node_rank",
+                str(node),
+            ]
+            cmd += ["--nproc_per_node", "1", "--master_addr", "127.0.0.1", "--master_port", port]
+            cmd += [str(SCRIPT), "--seconds", "6"]
+            with open(tmp_path / f"node{node}.err", "wb") as fh:
+                procs.append(
+                    subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=fh, start_new_session=True)
+                )
+        match = wait_for(lambda: PORT_LINE.search(err.read_text()), timeout=60)
+        assert match, err.read_text()
+
+        def node_series() -> list[dict[str, str]] | None:
+            try:
+                text = http_get(f"http://127.0.0.1:{match.group(2)}/metrics")
+            except OSError:
+                return None
+            found = [labels for labels, _ in parse_exposition(text).get("dlmon_loader_batches_total", [])]
+            return found or None
+
+        series = wait_for(node_series, timeout=90, every=0.5)
+        assert series == [{"loader": series[0]["loader"], "rank": "1", "local_rank": "0", "node_rank": "1"}]
+        assert all(p.wait(timeout=150) == 0 for p in procs), err.read_text()[-2000:]
+    finally:
+        for p in procs:
+            kill_group(p)
+    for node in (0, 1):
+        loaders = [lo for s in read_snapshots(tmp_path / f"node{node}.jsonl") for lo in s["loaders"]]
+        assert loaders and {
+            (lo["rank"], lo["local_rank"], lo["node_rank"], lo["world_size"]) for lo in loaders
+        } == {(node, 0, node, 2)}
