@@ -35,14 +35,17 @@ def main() -> None:
     ap.add_argument("--slow-rank", type=int, default=-1)
     ap.add_argument("--sleep-ms", type=float, default=0.0)
     ap.add_argument("--step-ms", type=float, default=10.0)
+    ap.add_argument("--slow-rank-workers", type=int, default=2, help="num_workers on the slow rank")
+    ap.add_argument("--every-rank-ms", type=float, default=0.0, help="every rank's dataset sleeps this")
     args = ap.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    sleep_s = args.sleep_ms / 1000 if rank == args.slow_rank else 0.0
+    sleep_s = (args.every_rank_ms + (args.sleep_ms if rank == args.slow_rank else 0.0)) / 1000
     model = DistributedDataParallel(torch.nn.Linear(16, 4))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    loader = DataLoader(Samples(sleep_s), batch_size=8, num_workers=2, persistent_workers=True)
+    workers = args.slow_rank_workers if rank == args.slow_rank else 2
+    loader = DataLoader(Samples(sleep_s), batch_size=8, num_workers=workers, persistent_workers=True)
     steps = 0
     start = time.monotonic()
     end = start + args.seconds

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from dlmon.analysis.detectors._base import Candidate, Context, duration, size
 from dlmon.analysis.detectors.loader import WorkerStats, _read_disk, _worker_stats
-from dlmon.analysis.kinds import CRITICAL, STRAGGLER, WARNING
+from dlmon.analysis.kinds import CRITICAL, INFO, STRAGGLER, WARNING
 from dlmon.analysis.stats import mean
 from dlmon.model import LoaderSample, RankInfo, Snapshot
 
@@ -30,6 +30,7 @@ WAIT_RATIO = 3.0  # ... and this many times as much
 CRITICAL_WAIT_FRACTION = 0.5
 LOCKSTEP_RATE_RATIO = 0.8  # slowest / fastest batch rate: the ranks move together
 GPU_BUSIER_PERCENT = 20.0
+CPU_GAP_PERCENT = 25.0  # its workers' CPU this far above every other rank's
 SWAP_BYTES = 64 * 1024 * 1024
 
 IO = "io"
@@ -129,7 +130,8 @@ def _gpu_util(s: Snapshot, pid: int) -> tuple[int, float] | None:
 def _causes(
     ctx: Context, slow: _RankLoad, others: Sequence[_RankLoad], window: Sequence[Snapshot]
 ) -> list[tuple[str, str, str]]:
-    """(cause, why, advice) for each thing measured on the slow rank that explains it, strongest first."""
+    """(cause, why, advice) for each thing measured on the slow rank, and not on the others, that
+    explains it, strongest first."""
     cfg = ctx.config
     s = ctx.latest
     loader = slow.loader
@@ -141,13 +143,16 @@ def _causes(
         found.append(
             (
                 FEWER_WORKERS,
-                f"it has {nw} DataLoader workers, the other ranks {min(other_nw)} or more",
+                f"it has {nw} DataLoader worker{'' if nw == 1 else 's'}, "
+                f"the other ranks {min(other_nw)} or more",
                 "Give every rank the same num_workers (a rank-dependent setting, or a rank that fell "
                 "back to fewer).",
             )
         )
+    other_stats = [_worker_stats(window, set(x.loader.worker_pids)) for x in others]
     disk = _read_disk(ctx, stats)
-    if disk is not None:
+    # one disk serves every rank on the machine: it is this rank's cause only if the others do not wait on it
+    if disk is not None and all(o.dstate <= stats.dstate / 2 for o in other_stats):
         found.append(
             (
                 IO,
@@ -157,10 +162,14 @@ def _causes(
                 "or cache it in RAM.",
             )
         )
-    if stats.cpu is not None and stats.cpu >= cfg.busy_cpu_percent:
-        other_stats = (_worker_stats(window, set(x.loader.worker_pids)) for x in others)
-        other_cpu = [o.cpu for o in other_stats if o.cpu is not None]
-        also = f" (the other ranks' at {max(other_cpu):.0f}%)" if other_cpu else ""
+    other_cpu = [o.cpu for o in other_stats if o.cpu is not None]
+    if (
+        stats.cpu is not None
+        and stats.cpu >= cfg.busy_cpu_percent
+        and other_cpu
+        and max(other_cpu) <= stats.cpu - CPU_GAP_PERCENT
+    ):
+        also = f" (the other ranks' at most {max(other_cpu):.0f}%)"
         found.append(
             (
                 CPU,
@@ -194,18 +203,33 @@ def _causes(
                 "(nvidia-smi -q -d PERFORMANCE).",
             )
         )
-    if not found and stats.cpu is not None and stats.cpu < cfg.idle_cpu_percent and disk is None:
-        found.append(
-            (
-                LATENCY,
-                f"its {stats.count} workers are mostly idle ({stats.cpu:.0f}% CPU each) and wait on no "
-                "saturated disk: each of its samples takes longer to arrive (its storage's or its dataset's "
-                "latency)",
-                "Look at what this rank's dataset does differently (its shard, its storage, a remote read); "
-                "more workers or a larger prefetch_factor on it would hide the latency.",
-            )
-        )
     return found
+
+
+def _unproven(ctx: Context, slow: _RankLoad, window: Sequence[Snapshot]) -> tuple[str, str, str]:
+    """No difference measured between the slow rank and the others: with loaders equally near their
+    limit, the slowest by a hair paces the job and takes all the waiting (the others' prefetch
+    queues stay full), which looks the same from outside. Said as a possibility, not a verdict."""
+    cfg = ctx.config
+    stats = _worker_stats(window, set(slow.loader.worker_pids))
+    if stats.cpu is not None and stats.cpu < cfg.idle_cpu_percent:
+        return (
+            LATENCY,
+            f"its {stats.count} workers are mostly idle ({stats.cpu:.0f}% CPU each) and wait on no saturated "
+            "disk: its samples take long to arrive (its storage's or its dataset's latency); nothing "
+            "dlmon measured differs from the other ranks, so every rank's loader may be as slow, the "
+            "slowest by a hair pacing the job",
+            "If its dataset does something the others' do not (another shard, another storage, a remote "
+            "read), fix that; if every rank's loader is this slow, it is input_bound's case: more workers "
+            "or a larger prefetch_factor on every rank.",
+        )
+    return (
+        NOT_MEASURED,
+        "cause not measured: nothing dlmon reads differs from the other ranks (every rank's loader may "
+        "be as slow, the slowest by a hair pacing the job)",
+        f"Dump its stack (py-spy dump --pid {slow.loader.pid}) and its workers' to see where its batches "
+        "wait; if every rank's loader is this slow, see input_bound.",
+    )
 
 
 def _straggler(
@@ -229,18 +253,16 @@ def _straggler(
         f"{slow.rate:.1f} batches/s): the other ranks wait for it in the collective, outside their loaders"
     )
     if causes:
-        why = "; ".join(c[1] for c in causes)
-        advice = " ".join(c[2] for c in causes)
-    else:
-        why = "cause not measured"
-        advice = (
-            f"Nothing dlmon reads on rank {rank.rank} explains it: dump its stack (py-spy dump --pid "
-            f"{slow.loader.pid}) and its workers' to see where its batches wait."
-        )
+        severity = CRITICAL if slow.wait >= CRITICAL_WAIT_FRACTION else WARNING
+    else:  # no measured difference: info, never the job's warning (see _unproven)
+        causes = [_unproven(ctx, slow, window)]
+        severity = INFO
+    why = "; ".join(c[1] for c in causes)
+    advice = " ".join(c[2] for c in causes)
     return Candidate(
         STRAGGLER,
         key,
-        CRITICAL if slow.wait >= CRITICAL_WAIT_FRACTION else WARNING,
+        severity,
         rank.label(),
         f"{what}. Why: {why}.",
         advice,
@@ -255,7 +277,8 @@ def _straggler(
             "others_max_data_wait_fraction": round(most_other, 3),
             "batches_per_s": round(slow.rate, 2),
             "ranks_compared": len(others) + 1,
-            "cause": causes[0][0] if causes else NOT_MEASURED,
-            "causes": ",".join(c[0] for c in causes) or NOT_MEASURED,
+            "cause": causes[0][0],
+            "causes": ",".join(c[0] for c in causes),
+            "measured_difference": severity != INFO,
         },
     )
