@@ -222,6 +222,13 @@ PROMETHEUS_HELP = (
 )
 
 
+RANK_HELP = (
+    "Show only rank N of a distributed job (torchrun, SLURM: RANK as the agent read it) and what "
+    "belongs to no rank."
+)
+rank_option = click.option("--rank", "rank", type=click.IntRange(0), metavar="N", help=RANK_HELP)
+
+
 @main.command()
 @click.argument("pid")
 @click.option("--interval", default="1", metavar="S", help=INTERVAL_HELP)
@@ -233,6 +240,7 @@ PROMETHEUS_HELP = (
 @click.option("--inject", is_flag=True, help="Load the agent into PID first (Python 3.14+, sys.remote_exec).")
 @click.option("--prometheus", metavar="[HOST:]PORT", help=PROMETHEUS_HELP)
 @click.option("--force", is_flag=True, help=FORCE_HELP)
+@rank_option
 def attach(
     pid: str,
     interval: str,
@@ -242,6 +250,7 @@ def attach(
     inject: bool,
     prometheus: str | None = None,
     force: bool = False,
+    rank: int | None = None,
 ) -> None:
     """Watch a running training process PID and all its descendants."""
     target = parse_pid(pid)
@@ -263,7 +272,7 @@ def attach(
         return
     no_terminal = terminal_problem()
     if not no_terminal and not as_json:
-        sys.exit(_attach_dashboard(target, seconds, record_path, prometheus))
+        sys.exit(_attach_dashboard(target, seconds, record_path, prometheus, rank))
     if sys.stdout.isatty() and not as_json:  # a terminal that cannot show the dashboard
         click.echo(f"dlmon: {no_terminal}: printing one line per sample instead", err=True)
     from dlmon.analysis import Analyzer
@@ -302,7 +311,9 @@ def attach(
         raise output_error[0]
 
 
-def _attach_dashboard(pid: int, interval: float, record_path: str | None, prometheus: str | None) -> int:
+def _attach_dashboard(
+    pid: int, interval: float, record_path: str | None, prometheus: str | None, rank: int | None = None
+) -> int:
     from dlmon.analysis import Analyzer
     from dlmon.collect.sampler import NoSuchProcess
     from dlmon.flow.sources import LiveSource
@@ -316,7 +327,7 @@ def _attach_dashboard(pid: int, interval: float, record_path: str | None, promet
     except NoSuchProcess:
         fail(f"no such process: {pid}")
     _say_replaced(source.writer)
-    _report_screenshots(run_dashboard(source, interval=interval))
+    _report_screenshots(run_dashboard(source, interval=interval, rank=rank))
     _report_faults(source)
     return 0
 
@@ -425,6 +436,7 @@ RUN_SETTINGS = {"ignore_unknown_options": True, "allow_interspersed_args": False
 @click.option("--headless", is_flag=True, help="No dashboard: the training's output passes through.")
 @click.option("--prometheus", metavar="[HOST:]PORT", help=PROMETHEUS_HELP)
 @click.option("--force", is_flag=True, help=FORCE_HELP)
+@rank_option
 @click.argument(
     "command", nargs=-1, required=True, type=click.UNPROCESSED, metavar="SCRIPT [ARGS]... | -- CMD [ARGS]..."
 )
@@ -437,6 +449,7 @@ def run(
     command: tuple[str, ...],
     prometheus: str | None = None,
     force: bool = False,
+    rank: int | None = None,
 ) -> None:
     """Run a training script (with this Python) or any command, with the in-process agent, and watch it.
 
@@ -450,9 +463,17 @@ def run(
     is_command = _is_command_mode(ctx, command)
     if not is_command and not os.path.isfile(command[0]):
         fail(f"no such script: {command[0]} (to run a command, put it after --: dlmon run -- CMD)")
+    if rank is not None and headless:
+        fail("--rank filters the dashboard; with --headless there is none (the record keeps every rank)")
     sys.exit(
         _run_training(
-            command_for(list(command), is_command), seconds, record_path, headless, prometheus, force=force
+            command_for(list(command), is_command),
+            seconds,
+            record_path,
+            headless,
+            prometheus,
+            force=force,
+            rank=rank,
         )
     )
 
@@ -507,6 +528,7 @@ def _run_training(
     prometheus: str | None = None,
     stop_by_default: bool = False,  # the demo: quitting ends the synthetic training unless told not to
     force: bool = False,  # --force: a record path through a symlink, or over a file that is no record
+    rank: int | None = None,
 ) -> int:
     from dlmon.analysis import Analyzer
     from dlmon.launch.runner import LogDirError, launch
@@ -533,7 +555,7 @@ def _run_training(
         fail(str(exc))
     except OSError as exc:
         fail(f"cannot start {command[0]}: {exc.strerror or exc}")
-    return _run_dashboard(training, interval, record_path, analyzer, stop_by_default)
+    return _run_dashboard(training, interval, record_path, analyzer, stop_by_default, rank)
 
 
 def _run_dashboard(
@@ -542,6 +564,7 @@ def _run_dashboard(
     record_path: str | None,
     analyzer: Callable[[Snapshot], Snapshot] | None = None,
     stop_by_default: bool = False,
+    rank: int | None = None,
 ) -> int:
     from dlmon.flow.sources import LiveSource
     from dlmon.ui import run_dashboard
@@ -567,7 +590,9 @@ def _run_dashboard(
         log_path=training.log_path,
     )
     _say_replaced(source.writer)
-    result = run_dashboard(source, interval=interval, ask_stop_on_quit=True, stop_by_default=stop_by_default)
+    result = run_dashboard(
+        source, interval=interval, ask_stop_on_quit=True, stop_by_default=stop_by_default, rank=rank
+    )
     _report_screenshots(result)
     _report_faults(source)
     code = training.exit_code()
@@ -660,7 +685,8 @@ def advise(pid: str, seconds: str, as_json: bool) -> None:
 @click.option(
     "--speed", default="1", metavar="X", help="Play X times faster than recorded (default 1; 0: all at once)."
 )
-def replay(file: str, speed: str) -> None:
+@rank_option
+def replay(file: str, speed: str, rank: int | None = None) -> None:
     """Play a record file (from record, attach --record or run --record) in the dashboard.
 
     It needs a terminal: without one (a pipe, cron, TERM=dumb) it checks the file, lists the
@@ -693,7 +719,7 @@ def replay(file: str, speed: str) -> None:
             f"replay shows a dashboard and needs a terminal ({no_terminal}); {file} holds "
             f"{scan.snapshots} readable snapshots"
         )
-    _report_screenshots(run_dashboard(source))
+    _report_screenshots(run_dashboard(source, rank=rank))
 
 
 def speed_factor(text: str) -> float:

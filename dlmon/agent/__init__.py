@@ -25,7 +25,7 @@ import os
 import threading
 from typing import Any
 
-from dlmon.agent import _hooks, _journal, _last_words
+from dlmon.agent import _hooks, _journal, _last_words, _rank
 from dlmon.agent._paths import socket_dir, socket_path
 
 __all__ = ["arm", "counters", "serving_path", "socket_dir", "socket_path", "start"]
@@ -105,6 +105,7 @@ def _start() -> None:
         _hooks.R.on_first_iter = None
         _register_fork()
         _install_hooks()
+        _rank.current()  # read now; re-read lazily while the launcher has not set it yet
         from dlmon.agent._server import Server
 
         srv = Server()
@@ -137,6 +138,7 @@ def _after_fork_child() -> None:
     _hooks.R.by_key.clear()  # the parent's workers are our siblings, not our children
     _journal.after_fork_child()
     _last_words.after_fork_child()
+    _rank.reset()  # a child forked to be a rank gets its own variables
     if srv is not None:
         with contextlib.suppress(Exception):
             srv.close(unlink=False)

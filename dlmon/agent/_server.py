@@ -21,7 +21,8 @@ Reply (wire version ``v`` 1; every counter cumulative since the agent started; n
     worker_deaths [{pid, worker_id, loader_id, iterator_id, signal, signal_name, exit_code,
                     core_dumped, time_ns, unix_time}],
     cuda_initialized, cuda [{device, allocated, reserved, peak_allocated, name, uuid}],
-    pinned {bytes, source} | null, num_threads, num_threads_time_ns
+    pinned {bytes, source} | null, num_threads, num_threads_time_ns,
+    rank {rank, local_rank, world_size, node_rank, source ("env" | "slurm")} | null
 
 ``*_pending`` are what a call to the loader that is still in progress (the training is waiting
 for a batch right now) will add to the matching ``*_total`` when it returns, measured up to
@@ -51,7 +52,7 @@ import threading
 import time
 from typing import Any
 
-from dlmon.agent import _hooks, _journal
+from dlmon.agent import _hooks, _journal, _rank
 from dlmon.agent._paths import (
     SUN_PATH_MAX,
     ensure_socket_dir,
@@ -704,4 +705,5 @@ def build_counters(server: Server | None) -> dict[str, Any]:
     out["pinned"] = pinned
     out["num_threads"] = R.num_threads
     out["num_threads_time_ns"] = R.num_threads_ns
+    out["rank"] = _rank.current()
     return out

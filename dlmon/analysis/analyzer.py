@@ -38,6 +38,7 @@ from dlmon.analysis.kinds import (
     SEVERITY_RANK,
     SHM_EXHAUSTION,
     STALL,
+    STRAGGLER,
     SWAP_ACTIVITY,
     TRAINER_DIED,
     VRAM_PRESSURE,
@@ -78,6 +79,7 @@ DEFAULT_HOLDS: Mapping[str, Hold] = MappingProxyType(
         STALL: Hold(0.0, 15.0),
         FD_EXHAUSTION: Hold(0.0, 15.0),  # the detector demands a steady rise or a high share
         EXCEPTION_DEATH: Hold(0.0, 0.0),  # judged on the ended training only: say it at once
+        STRAGGLER: Hold(5.0, 15.0),  # as input_bound: the detector already averages over 10 s
     }
 )
 _DEFAULT_HOLD = Hold(3.0, 15.0)

@@ -17,6 +17,7 @@ TRAINER_DIED = "trainer_died"
 STALL = "stall"
 FD_EXHAUSTION = "fd_exhaustion"
 EXCEPTION_DEATH = "exception_death"
+STRAGGLER = "straggler"
 
 KINDS: tuple[str, ...] = (
     MEMORY_GROWTH,
@@ -34,6 +35,7 @@ KINDS: tuple[str, ...] = (
     STALL,
     FD_EXHAUSTION,
     EXCEPTION_DEATH,
+    STRAGGLER,
 )
 
 INFO = "info"

@@ -34,7 +34,14 @@ from typing import Any
 
 from dlmon.agent._journal import DEATHS_SUFFIX
 from dlmon.agent._paths import candidate_socket_dirs, dir_is_private, target_uids
-from dlmon.model.snapshot import GpuDevice, LoaderSample, PinnedMemory, TrainingException, WorkerDeath
+from dlmon.model.snapshot import (
+    GpuDevice,
+    LoaderSample,
+    PinnedMemory,
+    RankInfo,
+    TrainingException,
+    WorkerDeath,
+)
 
 REQUEST = b'{"get": "counters"}\n'
 STACKS_REQUEST = b'{"get": "stacks"}\n'
@@ -53,6 +60,7 @@ DEFAULT_TIMEOUT_S = 0.2
 UNANSWERED_NOTE_S = 2.0  # an agent silent this long (and two polls) is said to be not answering
 
 _EMPTY_STR: Mapping[str, str] = MappingProxyType({})
+_EMPTY_RANKS: Mapping[int, RankInfo] = MappingProxyType({})
 _EMPTY_INT: Mapping[int, int] = MappingProxyType({})
 _EMPTY_VER: Mapping[int, str | None] = MappingProxyType({})
 
@@ -103,6 +111,7 @@ class AgentReading:
     details: tuple[LoaderDetail, ...] = ()
     torch_versions: Mapping[int, str | None] = field(default_factory=lambda: _EMPTY_VER)
     degraded: Mapping[str, str] = field(default_factory=lambda: _EMPTY_STR)  # "pid:hook" -> reason
+    ranks: Mapping[int, RankInfo] = field(default_factory=lambda: _EMPTY_RANKS)  # pid -> its rank
 
 
 @dataclass(slots=True)
@@ -468,6 +477,7 @@ class AgentClient:
         pinned_bytes: int | None = None
         pinned_source: str | None = None
         pids: list[int] = []
+        ranks: dict[int, RankInfo] = {}
         for pid in sorted(p for p in raw if isinstance(p, int)):
             try:
                 one = self._convert_one(pid, raw[pid])
@@ -478,6 +488,10 @@ class AgentClient:
             prev, ls, det, devs, dths, nt, ver, deg, pin = one
             self._prev[pid] = prev
             pids.append(pid)
+            rank = wire_rank(raw[pid].get("rank"))
+            if rank is not None:
+                ranks[pid] = rank
+                ls = [with_rank(x, rank) for x in ls]
             loaders.extend(ls)
             details.extend(det)
             devices.extend(devs)
@@ -500,6 +514,7 @@ class AgentClient:
             details=tuple(details),
             torch_versions=MappingProxyType(versions),
             degraded=MappingProxyType(degraded),
+            ranks=MappingProxyType(ranks),
         )
 
     def _convert_one(self, pid: int, r: Any) -> _One | None:
@@ -633,6 +648,31 @@ class AgentClient:
             compute_s_total=secs("compute_ns_total"),
         )
         return sample, detail
+
+
+def wire_rank(v: Any) -> RankInfo | None:
+    """The reply's ``rank`` object, or None when absent (an older agent, no distributed job) or malformed."""
+    if not isinstance(v, Mapping):
+        return None
+    rank = _int(v.get("rank"))
+    if rank is None or rank < 0:
+        return None
+
+    def whole(key: str) -> int | None:
+        x = _int(v.get(key))
+        return x if x is not None and x >= 0 else None
+
+    return RankInfo(rank, whole("local_rank"), whole("node_rank"), whole("world_size"))
+
+
+def with_rank(loader: LoaderSample, rank: RankInfo) -> LoaderSample:
+    return replace(
+        loader,
+        rank=rank.rank,
+        local_rank=rank.local_rank,
+        node_rank=rank.node_rank,
+        world_size=rank.world_size,
+    )
 
 
 def _in_call_s(wl: Mapping[str, Any]) -> float | None:

@@ -22,6 +22,7 @@ from dlmon.model import (
     GpuDevice,
     MemorySummary,
     ProcessSample,
+    RankInfo,
     Snapshot,
     TargetInfo,
 )
@@ -289,7 +290,8 @@ def _with_agent_identity(
 
     worker_ids = {pid: index for loader in reading.loaders for index, pid in enumerate(loader.worker_pids)}
     threads = reading.num_threads
-    if not worker_ids and not threads:
+    ranks = _ranks_of(processes, reading)
+    if not worker_ids and not threads and not ranks:
         return processes
     out = []
     for p in processes:
@@ -299,5 +301,25 @@ def _with_agent_identity(
             p = replace(p, worker_id=worker_id, role="worker")
         if p.torch_threads != torch_threads:
             p = replace(p, torch_threads=torch_threads)
+        rank = ranks.get(p.pid)
+        if rank is not None and p.rank != rank.rank:
+            p = replace(p, rank=rank.rank, local_rank=rank.local_rank, node_rank=rank.node_rank)
         out.append(p)
     return tuple(out)
+
+
+def _ranks_of(processes: tuple[ProcessSample, ...], reading: AgentReading) -> dict[int, RankInfo]:
+    """pid -> rank: the processes whose agent said so, and the workers of their loaders (or their
+    children), which inherit their trainer's rank."""
+    if not reading.ranks:
+        return {}
+    ranks = dict(reading.ranks)
+    for loader in reading.loaders:
+        rank = reading.ranks.get(loader.pid)
+        if rank is not None:
+            for pid in loader.worker_pids:
+                ranks.setdefault(pid, rank)
+    for p in processes:
+        if p.role == "worker" and p.ppid is not None and p.ppid in reading.ranks:
+            ranks.setdefault(p.pid, reading.ranks[p.ppid])
+    return ranks

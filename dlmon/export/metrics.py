@@ -80,7 +80,20 @@ class Group(Generic[T]):
 
 # --- per process -------------------------------------------------------------------------------
 
-PROCESS_LABELS = ("pid", "role", "loader", "worker_id")
+# The distributed rank (empty outside one): a function of the process or loader a series is already
+# keyed by, so it adds no series; at most the ranks on this machine (RANK / LOCAL_RANK / GROUP_RANK).
+RANK_LABELS = ("rank", "local_rank", "node_rank")
+PROCESS_LABELS = ("pid", "role", "loader", "worker_id", *RANK_LABELS)
+
+
+def rank_values(x: ProcessSample | LoaderSample | None) -> tuple[str, str, str]:
+    if x is None or x.rank is None:
+        return ("", "", "")
+
+    def text(v: int | None) -> str:
+        return "" if v is None else str(v)
+
+    return (str(x.rank), text(x.local_rank), text(x.node_rank))
 
 
 def worker_slots(snapshot: Snapshot) -> dict[int, tuple[str, int]]:
@@ -107,7 +120,7 @@ def process_series(published: Published) -> list[tuple[tuple[str, ...], ProcessS
         if labels in seen:
             labels = (str(p.pid), p.role, labels[2], labels[3])
         seen.add(labels)
-        out.append((labels, p))
+        out.append(((*labels, *rank_values(p)), p))
     return out
 
 
@@ -173,15 +186,20 @@ PROCESS: Group[ProcessSample] = Group(
 )
 
 
+def _loaders_by_id(snapshot: Snapshot) -> dict[str, LoaderSample]:
+    return {lo.id: lo for lo in snapshot.loaders}
+
+
 def worker_pid_series(published: Published) -> list[tuple[tuple[str, ...], int]]:
+    by_id = _loaders_by_id(published.snapshot)
     return [
-        ((loader, str(worker_id)), pid)
+        ((loader, str(worker_id), *rank_values(by_id.get(loader))), pid)
         for pid, (loader, worker_id) in worker_slots(published.snapshot).items()
     ]
 
 
 WORKER: Group[int] = Group(
-    ("loader", "worker_id"),
+    ("loader", "worker_id", *RANK_LABELS),
     worker_pid_series,
     (gauge("dlmon_worker_pid", "The current pid of this DataLoader worker slot.", lambda pid: pid),),
 )
@@ -300,7 +318,10 @@ JOB: Group[Snapshot] = Group(
 
 
 def loader_series(published: Published) -> list[tuple[tuple[str, ...], tuple[LoaderSample, float | None]]]:
-    return [((lo.id,), (lo, published.data_wait_seconds.get(lo.id))) for lo in published.snapshot.loaders]
+    return [
+        ((lo.id, *rank_values(lo)), (lo, published.data_wait_seconds.get(lo.id)))
+        for lo in published.snapshot.loaders
+    ]
 
 
 def _lo(path: str) -> Callable[[tuple[LoaderSample, float | None]], Number]:
@@ -309,7 +330,7 @@ def _lo(path: str) -> Callable[[tuple[LoaderSample, float | None]], Number]:
 
 
 LOADER: Group[tuple[LoaderSample, float | None]] = Group(
-    ("loader",),
+    ("loader", *RANK_LABELS),
     loader_series,
     (
         counter(
@@ -355,14 +376,14 @@ LOADER: Group[tuple[LoaderSample, float | None]] = Group(
 
 def loader_worker_series(published: Published) -> list[tuple[tuple[str, ...], int]]:
     return [
-        ((lo.id, str(worker_id)), count)
+        ((lo.id, str(worker_id), *rank_values(lo)), count)
         for lo in published.snapshot.loaders
         for worker_id, count in enumerate(lo.batches_per_worker)
     ]
 
 
 LOADER_WORKER: Group[int] = Group(
-    ("loader", "worker_id"),
+    ("loader", "worker_id", *RANK_LABELS),
     loader_worker_series,
     (counter("dlmon_worker_batches_total", "Batches this worker slot produced.", lambda n: n),),
 )

@@ -67,6 +67,25 @@ class ProcessSample:
     # Nothing in the tree faulted a page in, changed RSS, joined or left since the smaps reading
     # (however old): it holds unless a sharer outside the tree moved (collect/smaps_budget.py).
     pss_still: bool = False
+    # the distributed rank (torchrun / SLURM environment, from the agent); a worker has its trainer's
+    rank: int | None = None
+    local_rank: int | None = None
+    node_rank: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RankInfo:
+    """A process's place in a distributed job, as its launcher's environment says (RANK, ...)."""
+
+    rank: int
+    local_rank: int | None = None
+    node_rank: int | None = None
+    world_size: int | None = None
+
+    def label(self) -> str:
+        """``rank 3 (local 1)``; the local rank only where it differs from the rank."""
+        local = f" (local {self.local_rank})" if self.local_rank not in (None, self.rank) else ""
+        return f"rank {self.rank}{local}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,6 +232,19 @@ class LoaderSample:
     epochs_started: int | None = None
     in_call_s: float | None = None  # how long the trainer has been inside __next__ now (0: not waiting)
     in_startup: bool | None = None  # that call is the first of an epoch (workers starting up)
+    # the distributed rank of the process that iterates it (None: not a distributed job, or unknown)
+    rank: int | None = None
+    local_rank: int | None = None
+    node_rank: int | None = None
+    world_size: int | None = None
+
+    @property
+    def label(self) -> str:
+        """The name alerts use: ``train.py:31 (rank 1)`` in a distributed job, else the name (a
+        job of one rank, such as any single-task SLURM job, is not called "rank 0")."""
+        if self.rank is None or self.world_size == 1:
+            return self.name
+        return f"{self.name} (rank {self.rank})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,7 +348,8 @@ class Alert:
     """A verdict from dlmon.analysis, with the numbers behind it."""
 
     kind: str  # memory_growth, zombie_worker, orphan_worker, worker_died, leaked_workers, io_saturation,
-    # input_bound, shm_exhaustion, oversubscription, vram_pressure, swap_activity
+    # input_bound, shm_exhaustion, oversubscription, vram_pressure, swap_activity, trainer_died, stall,
+    # fd_exhaustion, straggler
     severity: str  # "info" | "warning" | "critical"
     subject: str  # which process / loader / disk, e.g. "worker 3 (pid 1234)", "disk vda"
     message: str  # one plain sentence with the numbers

@@ -29,6 +29,7 @@ def create_app(
     ask_stop_on_quit: bool = False,
     boot_time: float | None = None,
     stop_by_default: bool = False,
+    rank: int | None = None,
 ) -> DlmonApp:
     """The dashboard app for ``source`` (not started).
 
@@ -39,6 +40,7 @@ def create_app(
     live source; unknown for a replay).
     ``stop_by_default``: the quit question's default button stops the training (``dlmon demo``:
     a synthetic training has no reason to outlive the dashboard); otherwise it leaves it running.
+    ``rank``: show only that rank of a distributed job (``--rank N``), and what belongs to no rank.
     """
     from dlmon.ui.app import DlmonApp
 
@@ -49,6 +51,7 @@ def create_app(
         ask_stop_on_quit=ask_stop_on_quit,
         boot_time=boot_time,
         stop_by_default=stop_by_default,
+        rank=rank,
     )
 
 

@@ -38,6 +38,7 @@ from dlmon.ui.panels import (
     ThroughputPanel,
     WorkersPanel,
 )
+from dlmon.ui.rank_filter import only_rank
 from dlmon.ui.result import DashboardResult
 from dlmon.ui.screens import QUIT_STOP, AdviceScreen, HelpScreen, QuitScreen, ShowsState, WorkerDetailScreen
 from dlmon.ui.state import SORT_NAMES, DashboardState, ViewContext
@@ -285,8 +286,10 @@ class DlmonApp(App[DashboardResult]):
         ask_stop_on_quit: bool = False,
         boot_time: float | None = None,
         stop_by_default: bool = False,
+        rank: int | None = None,
     ) -> None:
         super().__init__()
+        self.rank = rank
         self.stop_by_default = stop_by_default
         self.source = source
         self.clock = clock
@@ -299,7 +302,7 @@ class DlmonApp(App[DashboardResult]):
             boot_time = read_boot_time()
         self.boot_time = boot_time
         self.clock_ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-        self.state = DashboardState()
+        self.state = DashboardState(rank=self.rank)
         self.paused = False
         self.renders = 0  # how many times the panels were redrawn (tests, benchmarks)
         self.screenshots: list[str] = []
@@ -356,7 +359,10 @@ class DlmonApp(App[DashboardResult]):
 
     # ---- data in (UI thread) ----------------------------------------------------------------
     def on_snapshot_arrived(self, message: SnapshotArrived) -> None:
-        self.state.ingest(message.snapshot)
+        snapshot = message.snapshot
+        if self.rank is not None:
+            snapshot = only_rank(snapshot, self.rank)
+        self.state.ingest(snapshot)
         self._note_analysis()
         self._schedule_render()
 
@@ -371,7 +377,7 @@ class DlmonApp(App[DashboardResult]):
 
     def on_sought(self, message: Sought) -> None:
         # snapshots queued before the jump came first (one message queue): start a fresh history
-        self.state = DashboardState()
+        self.state = DashboardState(rank=self.rank)
         self._charts_due = True  # what the charts show is from before the jump
         self.notify(f"replay at {time.strftime('%H:%M:%S', time.localtime(message.time))}")
         self._schedule_render()

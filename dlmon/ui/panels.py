@@ -134,7 +134,7 @@ class ThroughputPanel(StatePanel):
             lines: list[ChartLine] = []
             kinds = (("rate", "wait"), ("rate-2", "wait-2"))
             for hist, (rate, wait) in zip(loaders, kinds[: len(loaders)], strict=True):
-                name = f" {hist.loader.name}" if len(loaders) > 1 else ""
+                name = f" {hist.loader.label}" if len(loaders) > 1 else ""
                 lines.append(ChartLine(f"batch/s{name}", hist.batches_per_s, rate))
                 lines.append(ChartLine(f"data wait %{name}", hist.data_wait_percent, wait, right=True))
             chart.show(lines, ctx.now, ctx.interval, ctx.fresh)

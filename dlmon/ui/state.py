@@ -119,7 +119,8 @@ def _batch_shares(loaders: Iterable[LoaderSample]) -> tuple[dict[int, float], di
 class DashboardState:
     """Everything the panels draw from. ``ingest`` is O(processes) and allocation-light."""
 
-    def __init__(self, history_capacity: int = HISTORY_CAPACITY) -> None:
+    def __init__(self, history_capacity: int = HISTORY_CAPACITY, rank: int | None = None) -> None:
+        self.rank = rank  # --rank N: snapshots arrive filtered to that rank (ui/rank_filter.py)
         self.history = History(history_capacity)
         self.latest: Snapshot | None = None
         self.count = 0

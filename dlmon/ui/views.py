@@ -17,7 +17,7 @@ from dlmon.analysis.detectors._base import headroom
 from dlmon.analysis.kinds import MEMORY_GROWTH
 from dlmon.analysis.startup import startup_of
 from dlmon.analysis.verdict import exit_verdict
-from dlmon.model import Alert, GpuDevice, LoaderSample, MemorySummary, ProcessSample, Snapshot
+from dlmon.model import Alert, GpuDevice, LoaderSample, MemorySummary, ProcessSample, RankInfo, Snapshot
 from dlmon.model.format import fd_limit_note, rotation_note, target_stopped
 from dlmon.ui.fmt import DASH, NA, cbytes, cpct, duration, human_bytes, mbps, ratio
 from dlmon.ui.state import SORT_NAMES, DashboardState, ProcessRow, RankGroup
@@ -563,10 +563,10 @@ def throughput_lines(state: DashboardState, width: int, compact: bool, rows: int
                 cfg.append("pinned")
             if ld.persistent_workers:
                 cfg.append("persistent")
-            parts.insert(0, [(clip(ld.name, 28), "b")])
+            parts.insert(0, [(clip(ld.label, 36), "b")])
             parts.append([(" ".join(cfg), "dim")])
         else:
-            parts.append([(clip(ld.name, 24), "dim")])
+            parts.append([(clip(ld.label, 32), "dim")])
             if len(s.loaders) > 1:
                 parts.append([(f"+{len(s.loaders) - 1} loaders", "dim")])
         out.append(fit(parts, width, BAR if compact else SEP, lead=lead))
@@ -808,12 +808,15 @@ def sort_caption(sort: str, reverse: bool, count: int) -> str:
 
 
 def rank_line(group: RankGroup, expanded: bool, width: int) -> Line:
-    """``  ▾ 8 workers · PSS 9.08G (rank + workers) · 8.5 batch/s · data wait 25%`` under a rank."""
+    """``  ▾ rank 3 (local 1) · 8 workers · PSS 9.08G with its workers · 8.5 batch/s · data wait 25%``
+    under a rank (its number when the agent read it from the launcher's environment)."""
     wait = None if group.data_wait_fraction is None else group.data_wait_fraction * 100
     n = len(group.workers)
+    owner = group.owner.process
+    which = [] if owner.rank is None else [(RankInfo(owner.rank, owner.local_rank).label() + " · ", "b")]
     return fit(
         [
-            [("▾ " if expanded else "▸ ", "key"), (f"{n} worker" + ("" if n == 1 else "s"), "b")],
+            [("▾ " if expanded else "▸ ", "key"), *which, (f"{n} worker" + ("" if n == 1 else "s"), "b")],
             [("PSS ", "dim"), (cbytes(group.pss_bytes, NA), "b"), (" with its workers", "dim")],
             [(_rate(group.batches_per_s), ""), (" batch/s", "dim")],
             [("data wait ", "dim"), (f"{cpct(wait, NA)}%", _wait_style(wait))],

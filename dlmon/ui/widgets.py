@@ -405,6 +405,8 @@ class WorkerTable(LinesView):
         if self.cursor_key not in state.rows:
             self.cursor_key = self._keys[0] if self._keys else None
         self.caption = sort_caption(self.sort, self.reverse, total)
+        if state.rank is not None:
+            self.caption += f" · rank {state.rank} only (--rank)"
         if self._groups:
             self.caption += f" · {len(self._groups)} ranks (space: expand)"
         self._rebuild(rows)

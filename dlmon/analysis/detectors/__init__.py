@@ -33,6 +33,7 @@ from dlmon.analysis.detectors.processes import (
     detect_zombie_worker,
 )
 from dlmon.analysis.detectors.stall import detect_stall
+from dlmon.analysis.detectors.straggler import detect_straggler
 from dlmon.analysis.kinds import (
     EXCEPTION_DEATH,
     FD_EXHAUSTION,
@@ -44,6 +45,7 @@ from dlmon.analysis.kinds import (
     OVERSUBSCRIPTION,
     SHM_EXHAUSTION,
     STALL,
+    STRAGGLER,
     SWAP_ACTIVITY,
     TRAINER_DIED,
     VRAM_PRESSURE,
@@ -70,6 +72,7 @@ DETECTORS: dict[str, Detector] = {
     STALL: detect_stall,
     FD_EXHAUSTION: detect_fd_exhaustion,
     EXCEPTION_DEATH: detect_exception_death,
+    STRAGGLER: detect_straggler,
 }
 
 
@@ -107,6 +110,7 @@ __all__ = [
     "detect_oversubscription",
     "detect_shm_exhaustion",
     "detect_stall",
+    "detect_straggler",
     "detect_swap_activity",
     "detect_trainer_died",
     "detect_vram_pressure",

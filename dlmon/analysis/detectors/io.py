@@ -181,7 +181,7 @@ def detect_io_saturation(ctx: Context) -> list[Candidate]:
         if waits and reads_it:
             loader, frac = waits[0]
             message += (
-                f"; loader {loader.name} waits for data {frac:.0%} of the time, so training is input-bound"
+                f"; loader {loader.label} waits for data {frac:.0%} of the time, so training is input-bound"
             )
             severity = CRITICAL
         elif reads_it:

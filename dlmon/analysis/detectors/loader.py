@@ -135,7 +135,7 @@ def _input_bound(
     suggested = max(1, rank_cores - 1)
     on_cores = f"{cores} cores" if ranks == 1 else f"{rank_cores} of {cores} cores per rank, {ranks} ranks"
     what = (
-        f"Loader {loader.name} waits for data {wait:.0%} of the time "
+        f"Loader {loader.label} waits for data {wait:.0%} of the time "
         f"(mean over {duration(cfg.input_window_s)})"
     )
     if nw == 0:
@@ -203,7 +203,7 @@ def _input_bound(
         INPUT_BOUND,
         f"loader:{loader.id}",
         CRITICAL if wait >= cfg.input_critical_wait_fraction else WARNING,
-        f"loader {loader.name}",
+        f"loader {loader.label}",
         f"{what}: {why}.",
         advice,
         {

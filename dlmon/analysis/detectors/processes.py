@@ -374,7 +374,8 @@ def _death_candidate(
         "source": death.source,
     }
     at = f" at {_clock(when)}"
-    who = f"DataLoader {label}" + (f" of {death.loader_name}" if death.loader_name else "")
+    of = next((lo.label for lo in s.loaders if lo.id == death.loader_id), death.loader_name)  # with its rank
+    who = f"DataLoader {label}" + (f" of {of}" if of else "")
     memory_advice = "Lower num_workers or batch_size, or fix the growth (see memory_growth)"
     if room is not None:
         memory_advice += f"; now {describe_headroom(room)}"
@@ -523,7 +524,7 @@ def _vanished(ctx: Context) -> list[Candidate]:
         suspects = {x for x in suspects if x in listed and x[1] not in pids}
         if not suspects:
             return []
-    names = {loader.id: loader.name for loader in s.loaders}
+    names = {loader.id: loader.label for loader in s.loaders}
     return [
         Candidate(
             WORKER_DIED,

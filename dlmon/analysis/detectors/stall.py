@@ -227,11 +227,11 @@ def _loader_stall(
         subject = f"worker {wid} (pid {pid})"
     else:
         stuck = "no worker could be singled out"
-        subject = f"loader {ls.name}"
+        subject = f"loader {ls.label}"
     if main_stack is not None and main_stack.frames:
         evidence["trainer_stack"] = format_stack(main_stack.frames)
     message = (
-        f"DataLoader {ls.name} has delivered no batch for {duration(call)} ({usual}) while the trainer "
+        f"DataLoader {ls.label} has delivered no batch for {duration(call)} ({usual}) while the trainer "
         f"(pid {ls.pid}) waits in __next__: {stuck}."
     )
     advice = (
@@ -308,7 +308,7 @@ def _lone_workers(
                 f"stall:{ls.id}:w{wid}",
                 CRITICAL if idle_for >= CRITICAL_S else WARNING,
                 f"worker {wid} (pid {pid})",
-                f"DataLoader {ls.name}'s worker {wid} (pid {pid}) has finished no batch for "
+                f"DataLoader {ls.label}'s worker {wid} (pid {pid}) has finished no batch for "
                 f"{duration(idle_for)} while the other workers delivered, and it is asleep.{stuck}",
                 "One worker is stuck (a lock, a network read, a deadlock in a library): the loader goes on "
                 "without it for now. Read its stack (Enter on it in the Workers table).",
@@ -337,7 +337,7 @@ def _trainer_stall(
         f"stall:{ls.id}",
         CRITICAL if quiet_for >= CRITICAL_S else WARNING,
         f"main (pid {trainer.pid})",
-        f"The trainer (pid {trainer.pid}) has asked DataLoader {ls.name} for no batch for "
+        f"The trainer (pid {trainer.pid}) has asked DataLoader {ls.label} for no batch for "
         f"{duration(quiet_for)} ({usual}) and is asleep outside the loader.{stuck}",
         "The loader is not the problem: the training loop waits on something else (a collective, a "
         "lock, a queue, a subprocess). Read the stack; for distributed jobs check the other ranks.",
