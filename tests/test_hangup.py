@@ -199,3 +199,46 @@ def test_closing_the_terminal_leaves_a_real_training_running_and_says_where(
         if training and alive(training):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(training, signal.SIGKILL)
+
+
+# ---- the Trend line on the real demo: the memory_growth rule's reading, not the warm-up -------------
+def trend_line(screen: str) -> str:
+    return next((line for line in screen.splitlines() if "Trend" in line), "")
+
+
+def test_the_healthy_demo_shows_no_trend_through_its_warm_up(private_tmp: dict[str, str]) -> None:
+    """The healthy demo's start-up (torch imports, the dataset, the workers) once read as
+    "Trend PSS +152.3 MiB/min · limit in ~2h29m" after a minute."""
+    pytest.importorskip("torch")
+    session = Session("healthy", dlmon("demo", "--workers", "2", "--duration", "600"), private_tmp)
+    seen: list[str] = []
+    try:
+        session.wait_for(re.compile(r"worker\s+1\s+\d+"), timeout=90)
+        up = re.compile(r"up (?:(\d+)m)?(\d+)s")
+        elapsed = 0
+        while elapsed < 135:  # past the rule's 2-minute warm-up
+            screen = session.screen()
+            line = trend_line(screen)
+            found = up.search(screen)
+            if found:
+                elapsed = int(found.group(1) or 0) * 60 + int(found.group(2))
+            if line:
+                seen.append(line)
+                assert "/min" not in line, line
+            time.sleep(2.0)
+        assert any("none yet (warm-up" in line for line in seen), seen
+        assert "no growth" in seen[-1], seen[-1]
+    finally:
+        session.close()
+
+
+def test_the_leaking_demo_shows_its_trend(private_tmp: dict[str, str]) -> None:
+    pytest.importorskip("torch")
+    command = dlmon("demo", "--scenario", "leak", "--workers", "4", "--duration", "600")
+    session = Session("leak", command, private_tmp)
+    try:
+        screen = session.wait_for(re.compile(r"Trend\s+PSS \+\d+(?:\.\d+)? [KMG]iB/min"), timeout=300)
+        line = trend_line(screen)
+        assert "limit in ~" in line or "levels off below the limit" in line, line
+    finally:
+        session.close()
