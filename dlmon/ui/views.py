@@ -216,7 +216,7 @@ def _trend_text(reading: GrowthReading, compact: bool) -> list[Span]:
 def _trend_basis(reading: GrowthReading) -> str:
     if reading.state == GROWING and reading.window_s is not None:
         return f"(memory_growth, last {duration(reading.window_s)})"
-    return "(memory_growth rule)"
+    return "" if reading.state == WARMING_UP else "(memory_growth rule)"
 
 
 def memory_lines(state: DashboardState, width: int, compact: bool) -> Lines:
