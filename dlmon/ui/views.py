@@ -161,7 +161,10 @@ def memory_trend(state: DashboardState) -> GrowthReading:
     if s is None:
         return GrowthReading(WARMING_UP)
     watched = s.time - state.first_time if state.first_time is not None else None
-    return growth_reading(s.alerts, watched)
+    reading = growth_reading(s.alerts, watched)
+    if reading.state == WARMING_UP and not s.target.alive:
+        return GrowthReading(WARMING_UP)  # the job ended: no warm-up left to count down
+    return reading
 
 
 LIMIT_IN_REACH = 4.0  # the cgroup limit is drawn when it is at most this many times the job's PSS
