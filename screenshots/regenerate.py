@@ -114,7 +114,8 @@ class Shot:
                 time.sleep(0.3)  # written whole
                 max(found, key=lambda p: p.stat().st_mtime).replace(HERE / name)
                 print(f"wrote screenshots/{name}", flush=True)
-                # its "screenshot saved" toast must not be in the next shot
+                # its "screenshot saved" toast must not be in the next shot: wait for it to show, then go
+                self.wait_for("the toast", lambda t: "screenshot saved" in t, 5, soft=True)
                 self.wait_for("the toast to go", lambda t: "screenshot saved" not in t, 30)
                 return
         raise SystemExit(f"no screenshot appeared for {name}:\n{self.screen()}")
@@ -212,7 +213,7 @@ def death(seconds: float) -> None:
         s.wait_for("the workers", lambda t: re.search(r"worker\s+2\s+\d+", t) is not None, 120)
         s.wait_up(seconds)
         (trainer,) = s.pids
-        victims = workers_of(trainer)
+        victims = workers_of(trainer)  # persistent: the same 3 all along
         if len(victims) < 2:
             raise SystemExit(f"loader_job.py has workers {victims}, wanted 3")
         os.kill(victims[1], signal.SIGKILL)

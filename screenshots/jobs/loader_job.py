@@ -1,7 +1,7 @@
 """A small real training for the death-verdict screenshot: a tensor dataset, 3 DataLoader workers
-(not persistent), a conv net, for up to SECONDS (default 600). regenerate.py SIGKILLs one of its
-workers; torch then raises in this trainer ("DataLoader worker ... exited unexpectedly") and the
-job dies of it, as a real one would."""
+(persistent, so the one killed is mid-epoch), a conv net, for up to SECONDS (default 600).
+regenerate.py SIGKILLs one of its workers; torch then raises in this trainer ("DataLoader worker
+... is killed by signal") and the job dies of it, as a real one would."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def main() -> None:
     torch.manual_seed(0)
     torch.set_num_threads(1)
     data = TensorDataset(torch.rand(8192, 3, 32, 32), torch.randint(0, 10, (8192,)))
-    loader = DataLoader(data, batch_size=64, shuffle=True, num_workers=3)
+    loader = DataLoader(data, batch_size=64, shuffle=True, num_workers=3, persistent_workers=True)
     model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 32 * 32, 10))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     end = time.monotonic() + seconds
