@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import shlex
+import signal
 import sys
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from types import FrameType
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
@@ -254,6 +259,7 @@ def attach(
 ) -> None:
     """Watch a running training process PID and all its descendants."""
     target = parse_pid(pid)
+    _remind_unwatched(except_pid=target)
     seconds = interval_seconds(interval)
     if record_path:
         check_record(record_path, force)
@@ -350,8 +356,6 @@ def _report_screenshots(result: DashboardResult) -> None:
 
 
 def _attach_once(pid: int, as_json: bool) -> None:
-    import time
-
     from dlmon.model.format import one_line
     from dlmon.model.serialize import snapshot_to_dict
 
@@ -460,6 +464,7 @@ def run(
     from dlmon.launch.runner import command_for
 
     seconds = interval_seconds(interval)
+    _remind_unwatched()
     is_command = _is_command_mode(ctx, command)
     if not is_command and not os.path.isfile(command[0]):
         fail(f"no such script: {command[0]} (to run a command, put it after --: dlmon run -- CMD)")
@@ -512,6 +517,7 @@ def demo(
     import importlib.util
 
     seconds = interval_seconds(interval)
+    _remind_unwatched()
     if importlib.util.find_spec("torch") is None:
         fail("dlmon demo needs PyTorch: pip install 'dlmon[demo]'")
     limit = positive_seconds(duration, "--duration", allow_zero=True)
@@ -545,12 +551,18 @@ def _run_training(
         )
         try:
             return run_headless(
-                command, interval, record_path, analyzer=analyzer, on_alerts=AlertLog(), started_note=note
+                command,
+                interval,
+                record_path,
+                analyzer=analyzer,
+                on_alerts=AlertLog(),
+                started_note=note,
+                lifeline=stop_by_default,
             )
         except CannotStart as exc:
             fail(str(exc))
     try:
-        training = launch(command, to_log=True)
+        training = launch(command, to_log=True, lifeline=stop_by_default)
     except LogDirError as exc:
         fail(str(exc))
     except OSError as exc:
@@ -590,24 +602,79 @@ def _run_dashboard(
         log_path=training.log_path,
     )
     _say_replaced(source.writer)
-    result = run_dashboard(
-        source, interval=interval, ask_stop_on_quit=True, stop_by_default=stop_by_default, rank=rank
-    )
+    from dlmon.launch import unwatched
+
+    note = unwatched.note_launch(training.pid, shlex.join(training.command), training.log_path)
+    with _on_hangup(training, note):
+        result = run_dashboard(
+            source, interval=interval, ask_stop_on_quit=True, stop_by_default=stop_by_default, rank=rank
+        )
     _report_screenshots(result)
     _report_faults(source)
     code = training.exit_code()
     if code is not None:
+        unwatched.forget(training.pid)
         last.say_verdict(code)
         return _after_exit(training, code, result.stop_training)
     if result.stop_training:
         click.echo("dlmon: stopping the training (SIGINT, then SIGTERM, then SIGKILL)...", err=True)
-        return training.stop()
+        code = training.stop()
+        unwatched.forget(training.pid)
+        return code
+    training.release()  # the demo too: the user chose to leave it running
+    if note is not None:
+        unwatched.note_left(note, "you left it running")
+    _note_goes_on(training, "the dashboard was closed")
     click.echo(
         f"dlmon: the training goes on (pid {training.pid}); log: {training.log_path}\n"
         f"dlmon: watch it again with: dlmon attach {training.pid}",
         err=True,
     )
     return 0
+
+
+def _note_goes_on(training: Training, why: str) -> None:
+    """In the training's log, where the user looks first: how to find the training again."""
+    from dlmon.launch.runner import note_in_log
+
+    note_in_log(
+        training.log_path,
+        f"{why} at {time.strftime('%H:%M:%S')}; the training goes on: pid {training.pid} "
+        f"({shlex.join(training.command)[:200]}); watch it again with: dlmon attach {training.pid}",
+    )
+
+
+@contextlib.contextmanager
+def _on_hangup(training: Training, note: Any) -> Iterator[None]:
+    """SIGHUP (the terminal or the SSH connection closed): the dashboard cannot go on. ``dlmon run``
+    leaves the training running and says in its log (and its job note) how to find it again; the
+    demo's training stops through its lifeline when dlmon is gone. Then dlmon dies of the SIGHUP,
+    as before."""
+    from dlmon.launch import unwatched
+
+    def hangup(signum: int, frame: FrameType | None) -> None:
+        if training.lifeline is None and training.exit_code() is None:
+            _note_goes_on(training, "the dashboard's terminal closed (SIGHUP)")
+            if note is not None:
+                unwatched.note_left(note, "its terminal closed")
+        elif training.lifeline is not None:
+            unwatched.forget(training.pid)  # the demo's training stops with dlmon
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGHUP)
+
+    previous = signal.signal(signal.SIGHUP, hangup)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+
+
+def _remind_unwatched(except_pid: int | None = None) -> None:
+    """Trainings an earlier ``dlmon run`` left without a dashboard: say where they are."""
+    from dlmon.launch.unwatched import remind
+
+    for line in remind(except_pid):
+        click.echo(f"dlmon: {line}", err=True)
 
 
 def _after_exit(training: Training, code: int, stop_leftovers: bool) -> int:

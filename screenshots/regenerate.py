@@ -1,102 +1,265 @@
-"""Regenerate the screenshots: real `dlmon demo` runs (healthy and the copy-on-read leak) in tmux,
-saved with the dashboard's own screenshot key (``s``).
+"""Regenerate every screenshot from real runs in tmux, saved with the dashboard's own key (``s``).
 
-Run from the repository root (the dashboard saves into ``screenshots/`` when it exists)::
+Run from anywhere (the dashboards run in the repository root, where ``screenshots/`` receives
+what ``s`` saves); needs tmux and the CPU build of torch; about five minutes, unattended::
 
-    python screenshots/regenerate.py                 # ~4 minutes
-    python screenshots/regenerate.py --seconds 30    # shorter runs, shorter charts
+    python screenshots/regenerate.py                  # the whole set, then layout.json
+    python screenshots/regenerate.py --only leak      # one run (no layout.json: the set is mixed)
 
-Writes ``demo-healthy-160x50.svg``, ``demo-healthy-80x24.svg``, ``demo-leak-160x50.svg`` and
-``demo-leak-worker-detail.svg``.
+The runs, each in its own tmux server:
+
+- ``healthy``: ``dlmon demo`` at 160x50, then the same window resized to 80x24;
+- ``leak``: ``dlmon demo --scenario leak`` until the memory_growth alert is up, then a worker's detail;
+- ``death``: ``dlmon run`` of a real DataLoader job (screenshots/jobs/loader_job.py); one of its
+  workers is SIGKILLed; the trainer dies of torch's error and the final frame has the verdict;
+- ``ddp``: ``dlmon run -- python -m torch.distributed.run --nproc_per_node 2`` of a gloo DDP job
+  (screenshots/jobs/ddp_job.py), two ranks with two workers each.
+
+Whatever happens, every training a run started is killed (its process group, by the pid the
+dashboard's header shows) before the next run starts. With the whole set done, the layout it was
+made from is stored in ``layout.json`` (see layout.py): tests/test_screenshots.py fails when the
+dashboard's layout moves on without the screenshots.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(ROOT))  # this checkout's dlmon, for layout.py and the runs
+
+from layout import current_layout, store  # noqa: E402
+
+# name -> what it shows (screenshots/README.md has the same table)
+SHOTS = {
+    "demo-healthy-160x50.svg": "healthy",
+    "demo-healthy-80x24.svg": "healthy",
+    "demo-leak-160x50.svg": "leak",
+    "demo-leak-worker-detail.svg": "leak",
+    "run-worker-killed-160x50.svg": "death",
+    "run-ddp-160x50.svg": "ddp",
+}
+RUNS = ("healthy", "leak", "death", "ddp")
+UP = re.compile(r"up (?:(\d+)h)?(?:(\d+)m)?(\d+)s")
 
 
-def tmux(socket: str, *args: str) -> str:
-    return subprocess.run(["tmux", "-L", socket, *args], capture_output=True, text=True).stdout
+class Shot:
+    """One dashboard in one tmux server."""
 
+    def __init__(self, name: str, command: str, size: tuple[int, int]) -> None:
+        self.socket = f"dlmon-shots-{os.getpid()}-{name}"
+        env = {**os.environ, "TERM": "xterm-256color", "PYTHONPATH": _pythonpath()}
+        env.pop("NO_COLOR", None)
+        geometry = ["-x", str(size[0]), "-y", str(size[1])]
+        subprocess.run(
+            ["tmux", "-L", self.socket, "new-session", "-d", "-s", "s", *geometry, f"{command}; sleep 60"],
+            check=True,
+            env=env,
+            cwd=ROOT,
+        )
+        self.pids: set[int] = set()
 
-def newest_svg(after: float) -> Path | None:
-    found = [p for p in HERE.glob("dlmon-*.svg") if p.stat().st_mtime >= after]
-    return max(found, key=lambda p: p.stat().st_mtime) if found else None
+    def tmux(self, *args: str) -> str:
+        return subprocess.run(["tmux", "-L", self.socket, *args], capture_output=True, text=True).stdout
 
+    def screen(self) -> str:
+        text = self.tmux("capture-pane", "-p", "-t", "s")
+        self.pids.update(int(p) for p in re.findall(r"│ pid (\d+) │", text))  # the training's, for the end
+        return text
 
-def shoot(command: str, size: tuple[int, int], seconds: float, keys: list[str], name: str) -> None:
-    """Run ``command`` (a dlmon dashboard) in tmux, wait, press ``keys``, save with ``s``, quit."""
-    socket = f"dlmon-shots-{os.getpid()}-{Path(name).stem}"  # one server per shot: no reuse race
-    env = {**os.environ, "TERM": "xterm-256color"}
-    env.pop("NO_COLOR", None)
-    geometry = ["-x", str(size[0]), "-y", str(size[1])]
-    subprocess.run(
-        ["tmux", "-L", socket, "new-session", "-d", "-s", "s", *geometry, f"{command}; sleep 30"],
-        check=True,
-        env=env,
-        cwd=ROOT,
-    )
-    try:
-        time.sleep(seconds)
+    def wait_for(self, what: str, found: Callable[[str], bool], timeout: float, soft: bool = False) -> str:
+        """The screen once ``found`` says so; after ``timeout`` an error (``soft``: a note, and on)."""
+        deadline = time.monotonic() + timeout
+        screen = ""
+        while time.monotonic() < deadline:
+            screen = self.screen()
+            if found(screen):
+                return screen
+            time.sleep(0.5)
+        if soft:
+            print(f"{self.socket}: no {what} after {timeout:.0f} s; taking the shot anyway", flush=True)
+            return screen
+        raise SystemExit(f"{self.socket}: gave up waiting for {what} after {timeout:.0f} s:\n{screen}")
+
+    def wait_up(self, seconds: float, timeout: float = 300.0) -> str:
+        """Until the header says the training has been up ``seconds``."""
+        return self.wait_for(f"up {seconds:.0f}s", lambda s: uptime(s) >= seconds, timeout)
+
+    def keys(self, *keys: str) -> None:
         for key in keys:
-            tmux(socket, "send-keys", "-t", "s", key)
+            self.tmux("send-keys", "-t", "s", key)
             time.sleep(1.5)
+
+    def save(self, name: str) -> None:
         started = time.time()
-        tmux(socket, "send-keys", "-t", "s", "s")
-        deadline = time.monotonic() + 10
-        svg = None
-        while svg is None and time.monotonic() < deadline:
+        self.tmux("send-keys", "-t", "s", "s")
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
             time.sleep(0.2)
-            svg = newest_svg(started - 1)
-        if svg is None:
-            screen = tmux(socket, "capture-pane", "-p", "-t", "s")
-            raise SystemExit(f"no screenshot appeared for {name}:\n{screen}")
-        target = HERE / name
-        svg.replace(target)
-        print(f"wrote {target.relative_to(ROOT)}")
-        for key in ("escape", "q", "Enter"):  # back to the overview, quit: the demo stops its training
-            tmux(socket, "send-keys", "-t", "s", key)
-            time.sleep(1.0)
-        time.sleep(1.0)
-        pids = re.findall(r"dlmon attach (\d+)", tmux(socket, "capture-pane", "-p", "-t", "s"))
-        for pid in pids[-1:]:
-            os.killpg(int(pid), signal.SIGKILL)  # a demo training still there (older dlmon left it running)
+            found = [p for p in HERE.glob("dlmon-*.svg") if p.stat().st_mtime >= started - 1]
+            if found:
+                time.sleep(0.3)  # written whole
+                max(found, key=lambda p: p.stat().st_mtime).replace(HERE / name)
+                print(f"wrote screenshots/{name}", flush=True)
+                # its "screenshot saved" toast must not be in the next shot: wait for it to show, then go
+                self.wait_for("the toast", lambda t: "screenshot saved" in t, 5, soft=True)
+                self.wait_for("the toast to go", lambda t: "screenshot saved" not in t, 30)
+                return
+        raise SystemExit(f"no screenshot appeared for {name}:\n{self.screen()}")
+
+    def resize(self, width: int, height: int) -> None:
+        self.tmux("resize-window", "-t", "s", "-x", str(width), "-y", str(height))
+        time.sleep(3.0)  # the dashboard re-lays out on SIGWINCH
+
+    def close(self) -> None:
+        self.screen()
+        # `dlmon run`'s training outlives its dashboard by design; torchrun's ranks are in
+        # sessions of their own: the whole tree, collected before anything in it is killed
+        doomed = sorted({p for pid in self.pids for p in tree(pid)})
+        self.tmux("kill-server")
+        for pid in doomed:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        for pid in self.pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+
+
+def tree(pid: int) -> list[int]:
+    """``pid`` and all its descendants (from /proc's children lists)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            with contextlib.suppress(OSError, ValueError):
+                todo.extend(int(c) for c in (task / "children").read_text().split())
+    return out
+
+
+def _pythonpath() -> str:
+    rest = os.environ.get("PYTHONPATH", "")
+    return f"{ROOT}{os.pathsep}{rest}" if rest else str(ROOT)
+
+
+def uptime(screen: str) -> float:
+    m = UP.search(screen)
+    if m is None:
+        return 0.0
+    h, mins, s = (int(g or 0) for g in m.groups())
+    return h * 3600.0 + mins * 60.0 + s
+
+
+@contextlib.contextmanager
+def shot(name: str, command: str, size: tuple[int, int] = (160, 50)) -> Iterator[Shot]:
+    s = Shot(name, command, size)
+    try:
+        yield s
     finally:
-        tmux(socket, "kill-server")
-        # whatever the screen said, no demo training outlives its shot
-        subprocess.run(["pkill", "-9", "-f", "dlmon.demo --scenario"], capture_output=True)
+        s.close()
 
 
-def demo(scenario: str) -> str:
-    return f"{sys.executable} -m dlmon demo --scenario {scenario} --workers 4 --duration 900"
+def dlmon(*args: str) -> str:
+    return " ".join([sys.executable, "-m", "dlmon", *args])
+
+
+def healthy(seconds: float) -> None:
+    with shot("healthy", dlmon("demo", "--workers", "4", "--duration", "900")) as s:
+        s.wait_for("the workers", lambda t: re.search(r"worker\s+3\s+\d+", t) is not None, 120)
+        s.wait_up(seconds)
+        s.save("demo-healthy-160x50.svg")
+        s.resize(80, 24)
+        s.save("demo-healthy-80x24.svg")
+
+
+def leak(seconds: float) -> None:
+    with shot("leak", dlmon("demo", "--scenario", "leak", "--workers", "4", "--duration", "900")) as s:
+        s.wait_for("the memory_growth alert", lambda t: re.search(r"Trend\s+PSS \+", t) is not None, 300)
+        s.wait_up(seconds)  # a longer chart
+        # the alert names the cause once every worker's USS has been read a few times
+        s.wait_for("copy-on-read in the alert", lambda t: "copy-on-read" in t, 180, soft=True)
+        s.save("demo-leak-160x50.svg")
+        s.keys("down", "down", "enter")
+        s.save("demo-leak-worker-detail.svg")
+
+
+def workers_of(pid: int) -> list[int]:
+    """The DataLoader workers (comm pt_data_worker) among ``pid``'s children."""
+    out = []
+    with contextlib.suppress(OSError):
+        for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+            with contextlib.suppress(OSError):
+                if Path(f"/proc/{child}/comm").read_text().strip() == "pt_data_worker":
+                    out.append(int(child))
+    return sorted(out)
+
+
+def death(seconds: float) -> None:
+    job = HERE / "jobs" / "loader_job.py"
+    with shot("death", dlmon("run", str(job))) as s:
+        s.wait_for("the workers", lambda t: re.search(r"worker\s+2\s+\d+", t) is not None, 120)
+        s.wait_up(seconds)
+        (trainer,) = s.pids
+        victims = workers_of(trainer)  # persistent: the same 3 all along
+        if len(victims) < 2:
+            raise SystemExit(f"loader_job.py has workers {victims}, wanted 3")
+        os.kill(victims[1], signal.SIGKILL)
+        print(f"SIGKILLed worker pid {victims[1]} of the training (pid {trainer})", flush=True)
+        s.wait_for("the final frame", lambda t: "exited" in t, 120)
+        time.sleep(4.0)  # the last samples and the verdict in
+        s.wait_for("the exit toast to go", lambda t: "last data stays on screen" not in t, 30, soft=True)
+        s.save("run-worker-killed-160x50.svg")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def ddp(seconds: float) -> None:
+    job = HERE / "jobs" / "ddp_job.py"
+    run = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port())]
+    with shot("ddp", dlmon("run", "--", sys.executable, *run, str(job))) as s:
+        s.wait_for("both ranks", lambda t: "2 ranks" in t and t.count("ddp_job.py:") >= 2, 180)
+        s.wait_up(seconds)
+        s.keys("down", "space")  # the first rank's row, opened: its workers
+        s.save("run-ddp-160x50.svg")
 
 
 def main() -> None:
     formatter = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
-    parser.add_argument("--seconds", type=float, default=45.0, help="data to collect before each shot")
-    parser.add_argument("--only", action="append", choices=["healthy", "leak"], help="one scenario only")
+    parser.add_argument("--seconds", type=float, default=60.0, help="training time before each shot")
+    parser.add_argument("--only", action="append", choices=RUNS, help="one run only (repeatable)")
     args = parser.parse_args()
     if shutil.which("tmux") is None:
         raise SystemExit("needs tmux")
-    only = set(args.only or ["healthy", "leak"])
-    if "healthy" in only:
-        shoot(demo("healthy"), (160, 50), args.seconds, [], "demo-healthy-160x50.svg")
-        shoot(demo("healthy"), (80, 24), args.seconds / 2, [], "demo-healthy-80x24.svg")
-    if "leak" in only:  # long enough for the staircase to be called a leak
-        shoot(demo("leak"), (160, 50), args.seconds * 2, [], "demo-leak-160x50.svg")
-        shoot(demo("leak"), (160, 50), args.seconds, ["down", "down", "enter"], "demo-leak-worker-detail.svg")
+    only = args.only or list(RUNS)
+    started = time.monotonic()
+    for stale in HERE.glob("dlmon-*.svg"):  # a half-finished earlier run's unrenamed screenshot
+        stale.unlink()
+    runs: dict[str, Callable[[float], None]] = {"healthy": healthy, "leak": leak, "death": death, "ddp": ddp}
+    for name in only:
+        runs[name]({"leak": 1.5, "death": 0.5}.get(name, 1.0) * args.seconds)
+    if set(only) == set(RUNS):
+        store(current_layout())
+        print("wrote screenshots/layout.json (the layout this set was made from)", flush=True)
+    print(f"done in {time.monotonic() - started:.0f} s", flush=True)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ from textual.color import Color
 from textual.events import MouseScrollDown
 from textual.pilot import Pilot
 
-from dlmon.analysis.detectors._base import headroom
 from dlmon.flow.sources import ReplaySource
 from dlmon.model import Alert, LoaderSample, Snapshot, WorkerDeath
 from dlmon.model.serialize import snapshot_to_dict
@@ -149,21 +148,22 @@ def test_the_advice_window_says_the_span_it_really_read() -> None:
     assert "9m55s" in seen[0] and span == 595.0, seen
 
 
-def test_the_memory_panel_eta_uses_the_analysis_headroom_rule() -> None:
-    """The machine runs out before the cgroup does: the panel's ETA counts from MemAvailable,
-    as the memory_growth alert does (one rule: min(available, limit - working set))."""
+def test_the_memory_panel_trend_is_the_growth_rules_not_a_slope_of_its_own() -> None:
+    """A job whose PSS rose over the window but which the memory_growth rule did not call growth
+    (no alert): the Trend line reads the rule, so no "+X/min" of its own, before or after the
+    rule's warm-up."""
     state = DashboardState()
+    texts = []
     for k in range(61):
         s = make_snapshot(T0 - 300 + 5 * k, interval=5.0, alerts=False)
-        m = dataclasses.replace(s.memory, available_bytes=1 * GiB)
+        m = dataclasses.replace(s.memory, pss_sum_bytes=(1 + k) * 64 * 2**20, pss_anon_sum_bytes=None)
         state.ingest(dataclasses.replace(s, memory=m))
-    latest = state.latest
-    assert latest is not None
-    room = headroom(latest)
-    assert room is not None and room.source == "machine"
-    slope, eta = memory_trend(state)
-    assert slope is not None and eta is not None
-    assert eta == pytest.approx(room.bytes / slope)
+        if k in (6, 60):
+            texts.append("\n".join(text_of(line) for line in memory_lines(state, 160, False)))
+    assert "none yet (warm-up, 1m30s left)" in texts[0] and "/min" not in texts[0], texts[0]
+    assert "Trend   PSS no growth" in texts[1] and "/min" not in texts[1], texts[1]
+    reading = memory_trend(state)
+    assert reading.state == "no_growth" and reading.rate_bytes_per_s is None
 
 
 def test_the_memory_panel_shows_the_growth_alert_eta_when_there_is_one() -> None:
@@ -177,11 +177,11 @@ def test_the_memory_panel_shows_the_growth_alert_eta_when_there_is_one() -> None
             message="grew",
             advice="look",
             since=T0 - 100,
-            evidence={"eta_s": 2 * 3600.0 + 5 * 60},
+            evidence={"eta_s": 2 * 3600.0 + 5 * 60, "rate_bytes_per_s": 3 * 2**20 / 60, "window_s": 600.0},
         )
         state.ingest(dataclasses.replace(s, alerts=(alert,)))
     text = "\n".join(text_of(line) for line in memory_lines(state, 160, False))
-    assert "limit in ~2h05m" in text, text
+    assert "+3.0 MiB/min · limit in ~2h05m (memory_growth, last 10m00s)" in text, text
 
 
 # ---- 2. quitting the demo ends the synthetic training by default ----------------------------------

@@ -132,8 +132,16 @@ def worker_init(_worker_id: int) -> None:
     torch.set_num_threads(1)  # many workers x many intra-op threads oversubscribes the cores
 
 
+def _say_dashboard_gone() -> None:
+    print("dlmon demo: dlmon went away (the terminal closed?); the demo stops with it", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    from dlmon.launch.lifeline import hold_from_env
+
+    # under `dlmon demo` the synthetic training ends with its dashboard, however that ends
+    hold_from_env(on_cut=_say_dashboard_gone)
     try:
         import torch
         from torch import nn

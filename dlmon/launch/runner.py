@@ -29,7 +29,7 @@ class LogDirError(OSError):
     """The training log directory cannot be used safely; the message names it and says why."""
 
 
-def _private_dir(path: str) -> None:
+def private_dir(path: str) -> None:
     """Create ``path`` 0700 if missing; refuse it unless it is a real directory (not a link),
     owned by this user, that nobody else can read or write: another user's pre-created
     directory must never receive (and expose) this user's training output."""
@@ -57,18 +57,25 @@ def _private_dir(path: str) -> None:
         )
 
 
+def user_dir() -> str:
+    """This user's dlmon directory (0700, ours, checked); raises :class:`LogDirError`."""
+    base = os.path.join(tempfile.gettempdir(), f"dlmon-{os.getuid()}")
+    private_dir(base)
+    return base
+
+
 def log_dir() -> str:
     """A per-user directory (0700, ours, checked) for training logs; raises :class:`LogDirError`."""
-    base = os.path.join(tempfile.gettempdir(), f"dlmon-{os.getuid()}")
-    path = os.path.join(base, "logs")
-    _private_dir(base)
-    _private_dir(path)
+    path = os.path.join(user_dir(), "logs")
+    private_dir(path)
     return path
 
 
 def _open_log(path: str) -> int:
-    """A new log file, 0600, never following a link or reusing a file someone placed there."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    """A new log file, 0600, never following a link or reusing a file someone placed there.
+    Append mode, so a line dlmon adds later (:func:`note_in_log`) is not overwritten by the
+    training's next write at its own offset."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
         return os.open(path, flags, 0o600)
     except OSError as exc:
@@ -92,6 +99,15 @@ class Training:
     log_path: str | None
     _interrupts: int = field(default=0)
     job_token: str | None = None  # the value of JOB_ENV in the training's environment (its own)
+    lifeline: int | None = None  # dlmon's end of the pipe whose closing stops the training (the demo)
+
+    def release(self) -> None:
+        """The user leaves the training running: cutting the lifeline must no longer stop it."""
+        if self.lifeline is not None:
+            from dlmon.launch.lifeline import release
+
+            release(self.lifeline)
+            self.lifeline = None
 
     @property
     def pid(self) -> int:
@@ -150,11 +166,31 @@ def log_name(command: list[str]) -> str:
 JOB_ENV = "DLMON_JOB"  # a random token per launch, in the training's environment
 
 
+def note_in_log(log_path: str | None, line: str) -> None:
+    """Append one ``dlmon:`` line to the training's log (best effort: the log may be gone)."""
+    if not log_path:
+        return
+    with contextlib.suppress(OSError):
+        fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            os.write(fd, f"dlmon: {line}\n".encode())
+        finally:
+            os.close(fd)
+
+
 def launch(
-    command: list[str], *, to_log: bool, cwd: str | None = None, env: dict[str, str] | None = None
+    command: list[str],
+    *,
+    to_log: bool,
+    cwd: str | None = None,
+    env: dict[str, str] | None = None,
+    lifeline: bool = False,
 ) -> Training:
     """Start ``command`` with the agent (in ``env``, default this process's environment); raises
-    FileNotFoundError/PermissionError for a bad command."""
+    FileNotFoundError/PermissionError for a bad command.
+
+    ``lifeline`` (the demo): the training gets, in ``$DLMON_LIFELINE_FD``, the read end of a pipe
+    whose write end dlmon holds, so it can stop when dlmon goes away (see lifeline.py)."""
     log_path: str | None = None
     if to_log:
         stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -164,8 +200,14 @@ def launch(
     else:
         out = None
     token = os.urandom(8).hex()
+    pipe: tuple[int, int] | None = None
     child_env = env_with_agent(env)
     child_env[JOB_ENV] = token  # inherited by all it starts: a daemon that leaves its session is still known
+    if lifeline:
+        from dlmon.launch.lifeline import ENV, open_lifeline
+
+        pipe = open_lifeline()
+        child_env[ENV] = str(pipe[0])
     try:
         popen = subprocess.Popen(
             command,
@@ -177,8 +219,15 @@ def launch(
             cwd=cwd,
             # dlmon's raised open-files limit is dlmon's: the training keeps the one it was given
             preexec_fn=restore_open_files_limit if limit_was_raised() else None,
+            pass_fds=pipe[:1] if pipe else (),
         )
+    except BaseException:
+        if pipe:
+            os.close(pipe[1])
+        raise
     finally:
         if out is not None:
             os.close(out)
-    return Training(popen, command, log_path, job_token=token)
+        if pipe:
+            os.close(pipe[0])
+    return Training(popen, command, log_path, job_token=token, lifeline=pipe[1] if pipe else None)

@@ -191,8 +191,11 @@ def run_headless(
     on_alerts: AlertPrinter | None = None,
     report: Reporter = say,
     started_note: str | None = None,
+    lifeline: bool = False,
 ) -> int:
     """Launch ``command`` and sample until it exits; returns its exit status.
+
+    ``lifeline`` (the demo): the training stops if dlmon goes away (see dlmon/launch/lifeline.py).
 
     ``started_note`` is reported once the training has started (e.g. why there is no dashboard).
 
@@ -217,7 +220,7 @@ def run_headless(
 
     with handle_signals(forward, signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         try:
-            training = launch(command, to_log=False)
+            training = launch(command, to_log=False, lifeline=lifeline)
         except OSError as exc:
             raise CannotStart(f"cannot start {command[0]}: {exc.strerror or exc}") from exc
         if started_note:

@@ -13,8 +13,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dlmon.analysis.detectors._base import headroom
-from dlmon.analysis.kinds import MEMORY_GROWTH
+from dlmon.analysis.growth_reading import GROWING, NO_GROWTH, WARMING_UP, GrowthReading, growth_reading
 from dlmon.analysis.startup import startup_of
 from dlmon.analysis.verdict import exit_verdict
 from dlmon.model import Alert, GpuDevice, LoaderSample, MemorySummary, ProcessSample, RankInfo, Snapshot
@@ -155,33 +154,17 @@ def _cgroup_used(m: MemorySummary) -> int | None:
     return m.cgroup_working_set_bytes if m.cgroup_working_set_bytes is not None else m.cgroup_current_bytes
 
 
-def memory_trend(state: DashboardState, window: float = 300.0) -> tuple[float | None, float | None]:
-    """(PSS slope in bytes/s over the window, seconds until the limit at that slope)."""
+def memory_trend(state: DashboardState) -> GrowthReading:
+    """The memory_growth rule's reading of the job (its alert, or its warm-up), never a slope of
+    our own: the Trend line and the alert never disagree, and a warm-up is not read as a trend."""
     s = state.latest
     if s is None:
-        return None, None
-    m = s.memory
-    # without file-backed pages when the kernel splits them: a mapped dataset is cache, not growth
-    series = state.pss_anon_sum if m.pss_anon_sum_bytes is not None else state.pss_sum
-    slope = series.slope(window, s.time)
-    if slope is None or slope <= 0:
-        return slope, None
-    alert_eta = _growth_alert_eta(s)
-    if alert_eta is not None:  # the alert's own figure: the panel and the alert never disagree
-        return slope, alert_eta
-    room = headroom(s)  # the analysis package's rule: min(MemAvailable, limit - working set)
-    if room is None:
-        return slope, None
-    return slope, max(0.0, float(room.bytes)) / slope
-
-
-def _growth_alert_eta(s: Snapshot) -> float | None:
-    for a in s.alerts:
-        if a.kind == MEMORY_GROWTH:
-            eta = a.evidence.get("eta_s")
-            if isinstance(eta, (int, float)):
-                return float(eta)
-    return None
+        return GrowthReading(WARMING_UP)
+    watched = s.time - state.first_time if state.first_time is not None else None
+    reading = growth_reading(s.alerts, watched)
+    if reading.state == WARMING_UP and not s.target.alive:
+        return GrowthReading(WARMING_UP)  # the job ended: no warm-up left to count down
+    return reading
 
 
 LIMIT_IN_REACH = 4.0  # the cgroup limit is drawn when it is at most this many times the job's PSS
@@ -211,19 +194,32 @@ def memory_chart_plan(state: DashboardState) -> MemoryChartPlan:
     return MemoryChartPlan("MiB", float(2**20), in_reach, anon)
 
 
-def _trend_text(slope: float | None, eta: float | None, compact: bool) -> list[Span]:
-    if slope is None:
-        return [("trend n/a yet", "dim")]
-    per_min = slope * 60
-    if abs(per_min) < 1024**2:  # under 1 MiB/min: flat
-        return [("flat", "ok")]
-    sign = "+" if per_min > 0 else "-"
-    amount = cbytes(abs(per_min)) if compact else human_bytes(abs(per_min))
-    spans: list[Span] = [(f"{sign}{amount}/min", "warn" if per_min > 0 else "ok")]
+def _trend_text(reading: GrowthReading, compact: bool) -> list[Span]:
+    if reading.state == WARMING_UP:
+        if compact:
+            return [("trend: warm-up", "dim")]
+        left = f", {duration(reading.warmup_left_s)} left" if reading.warmup_left_s is not None else ""
+        return [(f"none yet (warm-up{left})", "dim")]
+    if reading.state == NO_GROWTH:
+        return [("no growth", "ok")]
+    spans: list[Span] = [("growing", "warn")]
+    if reading.rate_bytes_per_s is not None:
+        per_min = reading.rate_bytes_per_s * 60
+        amount = cbytes(abs(per_min)) if compact else human_bytes(abs(per_min))
+        spans = [(f"{'+' if per_min >= 0 else '-'}{amount}/min", "warn")]
+    eta = reading.eta_s
     if eta is not None:
         style = "crit" if eta < 600 else "warn" if eta < 3600 else "dim"
         spans.append((f" full in ~{duration(eta)}" if compact else f" · limit in ~{duration(eta)}", style))
+    elif reading.fits and not compact:
+        spans.append((" · levels off below the limit", "ok"))
     return spans
+
+
+def _trend_basis(reading: GrowthReading) -> str:
+    if reading.state == GROWING and reading.window_s is not None:
+        return f"(memory_growth, last {duration(reading.window_s)})"
+    return "" if reading.state == WARMING_UP else "(memory_growth rule)"
 
 
 def memory_lines(state: DashboardState, width: int, compact: bool) -> Lines:
@@ -241,7 +237,7 @@ def memory_lines(state: DashboardState, width: int, compact: bool) -> Lines:
     pss_text = human_bytes(m.pss_sum_bytes) if not compact else cbytes(m.pss_sum_bytes, NA)
     if m.pss_missing and m.pss_sum_bytes is not None:
         pss_text += f" (+{m.pss_missing} unread)"
-    slope, eta = memory_trend(state)
+    reading = memory_trend(state)
     shm = s.shm
     swap = m.swap_used_bytes
     pinned = s.pinned.bytes if s.pinned is not None else None
@@ -281,7 +277,7 @@ def memory_lines(state: DashboardState, width: int, compact: bool) -> Lines:
             (f" ({double:.1f}x PSS)" if double is not None else "", "warn" if (double or 0) > 2 else "dim"),
         ],
         [("USS ", "dim"), (f(m.uss_sum_bytes, NA), "")],
-        _trend_text(slope, eta, compact),
+        _trend_text(reading, compact),
     ]
     if m.pss_file_sum_bytes is not None and m.pss_anon_sum_bytes is not None:
         job.insert(1, [("anon ", "dim"), (f(m.pss_anon_sum_bytes), "")])
@@ -312,7 +308,7 @@ def memory_lines(state: DashboardState, width: int, compact: bool) -> Lines:
         fit(system, width, SEP, lead=[label("System", lead)]),
         fit(job[:-1], width, SEP, lead=[label("Job", lead)]),
         fit(
-            [[("PSS", "dim")], _trend_text(slope, eta, False), [("(last 5 min, at this rate)", "dim")]],
+            [[("PSS", "dim")], _trend_text(reading, False), [(_trend_basis(reading), "dim")]],
             width,
             (" ", ""),
             [label("Trend", lead)],
