@@ -1157,6 +1157,7 @@ def _attach(it: Any, loader: Any) -> _IterState | None:
             ls = _loader_state_for(loader)
             _read_loader_settings(ls, loader)  # num_workers etc. may have been changed since
             _iter_built(ls, loader)
+            ls = _continue_dead_twin(ls, loader)
         else:
             ls = new_ls = _new_loader_state()
             _set_site(ls, _user_site(), "first_iterated")
@@ -1183,6 +1184,37 @@ def _attach(it: Any, loader: Any) -> _IterState | None:
     if loader is None:
         _iter_constructed(it, st)
     return st
+
+
+def _continue_dead_twin(ls: _LoaderState, loader: Any) -> _LoaderState:
+    """A loader first iterated that was built at the same place, for the same role, as one whose
+    iterators are all gone (HF Trainer's eval loader at each evaluation, which accelerate keeps
+    alive; a DataLoader built anew every epoch): it goes on in that one's row, its counters
+    continuing, instead of a new row each time."""
+    try:
+        if ls.iters or ls.file is None or not ls.tracked:
+            return ls
+        key = id(loader)
+        if R.by_loader_id.get(key) is not ls:
+            return ls
+        for old in list(R.loaders.values()):
+            if old is ls or old.iters or not old.iterated or old.replaced_by is not None:
+                continue
+            if (old.file, old.line, old.role, old.framework) != (ls.file, ls.line, ls.role, ls.framework):
+                continue
+            R.loader_refs[key] = weakref.ref(loader, _loader_died(old.serial, key))
+            R.by_loader_id[key] = old
+            old.settings = ls.settings
+            if len(ls.per_worker) > len(old.per_worker):
+                old.per_worker.extend([0] * (len(ls.per_worker) - len(old.per_worker)))
+            old.alive = True
+            old.dead_ns = None
+            old.tracked = True
+            R.loaders.pop(ls.serial, None)
+            return old
+    except Exception:
+        pass
+    return ls
 
 
 def _iter_built(ls: _LoaderState, loader: Any) -> None:

@@ -1,6 +1,6 @@
 """A plain Lightning job: a train loader and a validation loader, as a user writes them.
 
-Usage: lightning_train.py OUT.json [--persistent] [--epochs N]
+Usage: lightning_train.py OUT.json [--persistent] [--epochs N] [--slow-train]
 It times its own training steps (a Callback) and writes them to OUT.json: the truth that dlmon's
 figures are compared with. Nothing in it knows about dlmon.
 """
@@ -17,7 +17,8 @@ from torch.utils.data import DataLoader, Dataset
 
 OUT = sys.argv[1]
 PERSISTENT = "--persistent" in sys.argv
-EPOCHS = int(sys.argv[sys.argv.index("--epochs") + 1]) if "--epochs" in sys.argv else 6
+EPOCHS = int(sys.argv[sys.argv.index("--epochs") + 1]) if "--epochs" in sys.argv else 4
+SLOW_TRAIN = "--slow-train" in sys.argv  # the training itself waits on its loader
 
 
 class Samples(Dataset[tuple[torch.Tensor, torch.Tensor]]):
@@ -39,7 +40,7 @@ class Model(L.LightningModule):
         self.net = torch.nn.Linear(8, 1)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], _i: int) -> torch.Tensor:
-        time.sleep(0.02)  # the "GPU" step: the training is compute-bound, not input-bound
+        time.sleep(0.04)  # the "GPU" step: the training is compute-bound, not input-bound
         x, y = batch
         return torch.nn.functional.mse_loss(self.net(x).squeeze(-1), y)
 
@@ -64,9 +65,9 @@ class StepClock(L.Callback):
 
 
 train_loader = DataLoader(
-    Samples(160, 0.001), batch_size=4, num_workers=2, persistent_workers=PERSISTENT, shuffle=True
+    Samples(240, 0.04 if SLOW_TRAIN else 0.0), batch_size=4, num_workers=2, persistent_workers=PERSISTENT
 )
-val_loader = DataLoader(Samples(20, 0.03), batch_size=4, num_workers=1, persistent_workers=PERSISTENT)
+val_loader = DataLoader(Samples(20, 0.008), batch_size=4, num_workers=1, persistent_workers=PERSISTENT)
 clock = StepClock()
 trainer = L.Trainer(
     max_epochs=EPOCHS,
