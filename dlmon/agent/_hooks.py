@@ -396,6 +396,13 @@ def _patch_all(dl: ModuleType) -> None:
         orig = loader_cls.__dict__["__init__"]
         if not _is_ours(orig):
             loader_cls.__init__ = _mark(_make_loader_init(orig), orig, "loader_init")
+        # subclasses defined later whose __init__ may not call DataLoader.__init__ (torchdata's
+        # StatefulDataLoader): named where they are built too
+        for sub in loader_cls.__subclasses__():
+            _patch_loader_class(sub)
+        _on_subclass(loader_cls, _patch_loader_class)
+        if base is not None:
+            _on_subclass(base, _patch_iter_class)
         _ok("loader_init")
     except Exception as exc:
         _fail("loader_init", exc)
@@ -769,6 +776,44 @@ def _tune_site(loader: Any) -> str | None:
 
 
 _patched_iter_classes: set[type] = set()
+
+
+def _on_subclass(cls: type, patch: Callable[[type], None]) -> None:
+    """Call ``patch`` on every subclass of ``cls`` defined from now on (``__init_subclass__``,
+    chained to what the class had: typing.Generic's for torch's DataLoader)."""
+    if getattr(cls.__dict__.get("__init_subclass__"), "__dlmon_subclass__", False):
+        return
+    prev = cls.__dict__.get("__init_subclass__")
+
+    def __init_subclass__(sub: type, **kwargs: Any) -> None:
+        if isinstance(prev, classmethod):
+            prev.__func__(sub, **kwargs)
+        else:
+            super(cls, sub).__init_subclass__(**kwargs)  # type: ignore[misc]
+        with contextlib.suppress(Exception):
+            patch(sub)
+
+    __init_subclass__.__dlmon_subclass__ = True  # type: ignore[attr-defined]
+    cls.__init_subclass__ = classmethod(__init_subclass__)  # type: ignore[assignment]
+
+
+_patched_loader_classes: set[type] = set()
+
+
+def _patch_loader_class(cls: type) -> None:
+    if cls in _patched_loader_classes:
+        return
+    _patched_loader_classes.add(cls)
+    orig = cls.__dict__.get("__init__")
+    if orig is None or _is_ours(orig):
+        return
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        orig(self, *args, **kwargs)
+        with contextlib.suppress(Exception):
+            _loader_constructed(self)  # once: DataLoader.__init__'s hook may have named it already
+
+    cls.__init__ = _mark(__init__, orig, "loader_subclass_init")  # type: ignore[misc]
 
 
 def _patch_iter_class(cls: type) -> None:
