@@ -60,7 +60,7 @@ with tempfile.TemporaryDirectory() as out_dir:
         output_dir=out_dir,
         per_device_train_batch_size=4,
         per_device_eval_batch_size=4,
-        num_train_epochs=3,
+        num_train_epochs=2,
         dataloader_num_workers=2,
         eval_strategy="steps",
         eval_steps=40,
@@ -71,7 +71,7 @@ with tempfile.TemporaryDirectory() as out_dir:
         disable_tqdm=True,
     )
     trainer = Trainer(
-        model=Tiny(), args=args, train_dataset=Samples(320), eval_dataset=Samples(24), callbacks=[clock]
+        model=Tiny(), args=args, train_dataset=Samples(240), eval_dataset=Samples(24), callbacks=[clock]
     )
     t0 = time.time()
     trainer.train()

@@ -127,9 +127,9 @@ def _role_note(loader: LoaderSample) -> str:
     return f" ({', '.join(known)})" if known else ""
 
 
-def _what(
-    ctx: Context, wait: float, window: Sequence[Snapshot], shares: _Shares
-) -> tuple[str, list[dict[str, object]]]:
+def _what(ctx: Context, wait: float, window: Sequence[Snapshot], shares: _Shares) -> tuple[str, float | None]:
+    """The sentence naming the loader(s) that cost the job its wait, with each other loader that
+    waits much of its own time but costs the job little; and the first one's own share."""
     cfg = ctx.config
     over = f"(mean over {duration(cfg.input_window_s)})"
     named = shares.culprits
@@ -138,26 +138,18 @@ def _what(
     else:
         each = ", ".join(f"{x.name}{_role_note(x)} {shares.per.get(x.id, 0.0):.0%}" for x in named)
         what = f"The trainer waits for data {wait:.0%} of the time {over}, on loaders {each}"
-    rows: list[dict[str, object]] = []
     asides: list[str] = []
     for x in shares.live:
+        if x in named:
+            continue
         own = own_share(window, x.id)
         wall = shares.per.get(x.id)
-        rows.append(
-            {
-                "id": x.id,
-                "name": x.name,
-                "role": x.role,
-                "wall_wait_fraction": None if wall is None else round(wall, 3),
-                "own_wait_fraction": None if own is None else round(own, 3),
-            }
-        )
-        if x not in named and own is not None and own >= cfg.input_wait_fraction and wall is not None:
+        if own is not None and own >= cfg.input_wait_fraction and wall is not None:
             who = f"{x.role} loader {x.name}" if x.role else f"loader {x.name}"
             asides.append(f"{who} waits {own:.0%} of its own time, {wall:.0%} of the job's")
     if asides:
         what += " (" + "; ".join(asides) + ")"
-    return what, rows
+    return what, own_share(window, named[0].id)
 
 
 def _input_bound(
@@ -182,7 +174,7 @@ def _input_bound(
     rank_cores = max(1, cores // ranks)
     suggested = max(1, rank_cores - 1)
     on_cores = f"{cores} cores" if ranks == 1 else f"{rank_cores} of {cores} cores per rank, {ranks} ranks"
-    what, rows = _what(ctx, wait, window, shares)
+    what, own = _what(ctx, wait, window, shares)
     if nw == 0:
         cause = NO_WORKERS
         why = "with num_workers=0 the main process loads every batch itself"
@@ -272,8 +264,9 @@ def _input_bound(
             "batch_size": loader.batch_size,
             "prefetch_factor": loader.prefetch_factor,
             "role": loader.role,
-            "job_wall_wait_fraction": round(wait, 3),
-            "loaders": rows,
+            "job_wall_wait_fraction": round(wait, 3),  # = data_wait_fraction: the job's share of wall time
+            "own_wait_fraction": None if own is None else round(own, 3),  # within the loader's own iteration
+            "loaders_named": ", ".join(x.name for x in shares.culprits),
         },
     )
 
