@@ -145,7 +145,8 @@ def test_lightning_input_bound_names_the_train_loader_not_validation(lightning_s
     assert val["epochs"] == val["epochs_started"] == 4
     assert_rate_matches_the_scripts_steps(r, train["id"])
     fired = r.alerts("input_bound")
-    assert fired and {(a["subject"], a["evidence"]["role"]) for a in fired} == {(f"loader {train['name']}", "train")}
+    named = {(a["subject"], a["evidence"]["role"]) for a in fired}
+    assert fired and named == {(f"loader {train['name']}", "train")}, named
     assert f"RAISED warning input_bound loader {train['name']}" in r.stderr or (
         f"RAISED critical input_bound loader {train['name']}" in r.stderr
     ), r.stderr[-2000:]
@@ -185,3 +186,39 @@ def test_torchdata_stateful_dataloader(tmp_path: Path, env: dict[str, str]) -> N
     assert ld["epochs"] == ld["epochs_started"] == r.truth["epochs"] == 4
     assert ld["samples_total"] == 4 * 160
     assert_rate_matches_the_scripts_steps(r, ld["id"])
+
+
+@pytest.mark.slow
+def test_screen_and_prometheus_show_roles_and_both_shares(lightning_healthy: Run) -> None:
+    """The validation loader's own figure stays visible beside what it costs the job: on the
+    Throughput panel ("… of its own time, …% of the job's") and in Prometheus (``role`` label,
+    the wall ratio, the job's total)."""
+    from prometheus_client import generate_latest
+
+    from dlmon.export.prometheus import Exporter, registry_for
+    from dlmon.model.serialize import snapshot_from_dict
+    from dlmon.ui.state import DashboardState
+    from dlmon.ui.views import text_of, throughput_lines
+
+    r = lightning_healthy
+    val_id = r.loader("validation")["id"]
+    # a reading taken during a validation burst: the validation loader has both figures
+    during = next(
+        s
+        for s in r.snapshots
+        for x in s["loaders"]
+        if x["id"] == val_id and x["data_wait_fraction"] is not None
+    )
+    snap = snapshot_from_dict(during)
+    state = DashboardState()
+    state.ingest(snap)
+    screen = "\n".join(text_of(x) for x in throughput_lines(state, 240, False))
+    assert "train · lightning_train.py:" in screen and "validation · lightning_train.py:" in screen, screen
+    assert "of its own time, " in screen and "of the job's" in screen, screen
+    assert "job data wait " in screen and "Lightning" in screen, screen
+    exporter = Exporter()
+    exporter(snap)
+    text = generate_latest(registry_for(exporter)).decode()
+    assert f'dlmon_loader_data_wait_wall_ratio{{loader="{val_id}",role="validation"}}' in text, text
+    assert f'dlmon_loader_data_wait_ratio{{loader="{val_id}",role="validation"}}' in text
+    assert 'dlmon_job_data_wait_wall_ratio{pid="' in text
