@@ -643,9 +643,9 @@ def _epoch_started(st: _IterState) -> None:
         pass
 
 
-# The loader each loader's last epoch ran "between the batches of", and that loader's batch count
-# then: a candidate, confirmed at its next epoch start when the other loader has moved on since.
-_pattern_candidates: dict[int, tuple[_LoaderState, int]] = {}
+# The loaders each loader's last epoch ran "between the batches of", and their batch counts then:
+# candidates, one confirmed at its next epoch start when that loader has moved on since.
+_pattern_candidates: dict[int, tuple[tuple[_LoaderState, int], ...]] = {}
 
 
 def _epoch_ended(st: _IterState) -> None:
@@ -662,27 +662,24 @@ def _epoch_ended(st: _IterState) -> None:
         if ls.role_source == "framework":
             return
         mine = ls.c[B_BATCHES]
-        for other, batches in others:
-            now = other.c[B_BATCHES]
-            if now == batches and now > mine:
-                _pattern_candidates[ls.serial] = (other, now)
-                return
-        _pattern_candidates.pop(ls.serial, None)
+        paused = tuple((o, b) for o, b in others if o.c[B_BATCHES] == b and b > mine)
+        if paused:
+            _pattern_candidates[ls.serial] = paused
+        else:
+            _pattern_candidates.pop(ls.serial, None)
     except Exception:
         pass
 
 
 def _confirm_pattern_role(ls: _LoaderState) -> None:
-    cand = _pattern_candidates.pop(ls.serial, None)
-    if cand is None:
-        return
-    other, batches = cand
-    if other.c[B_BATCHES] > batches and other.c[B_BATCHES] > ls.c[B_BATCHES]:
-        ls.role = "validation"
-        ls.role_source = "pattern"
-        if other.role is None:
-            other.role = "train"
-            other.role_source = "pattern"
+    for other, batches in _pattern_candidates.pop(ls.serial, ()):
+        if other.c[B_BATCHES] > batches and other.c[B_BATCHES] > ls.c[B_BATCHES]:
+            ls.role = "validation"
+            ls.role_source = "pattern"
+            if other.role is None:
+                other.role = "train"
+                other.role_source = "pattern"
+            return
 
 
 def _probe_samples(st: _IterState, data: Any) -> int:
@@ -1232,10 +1229,10 @@ def _attach(it: Any, loader: Any) -> _IterState | None:
 
 
 def _continue_dead_twin(ls: _LoaderState, loader: Any) -> _LoaderState:
-    """A loader first iterated that was built at the same place, for the same role, as one whose
+    """A loader first iterated that was built at the same place, for the same role, as one that
+    died (a DataLoader built anew every epoch) or, with the role from the framework, one whose
     iterators are all gone (HF Trainer's eval loader at each evaluation, which accelerate keeps
-    alive; a DataLoader built anew every epoch): it goes on in that one's row, its counters
-    continuing, instead of a new row each time."""
+    alive): it goes on in that one's row, its counters continuing, instead of a new row each time."""
     try:
         if ls.iters or ls.file is None or not ls.tracked:
             return ls
@@ -1245,6 +1242,8 @@ def _continue_dead_twin(ls: _LoaderState, loader: Any) -> _LoaderState:
         for old in list(R.loaders.values()):
             if old is ls or old.iters or not old.iterated or old.replaced_by is not None:
                 continue
+            if old.alive and ls.role_source != "framework":
+                continue  # two live loaders from one helper function stay two rows
             if (old.file, old.line, old.role, old.framework) != (ls.file, ls.line, ls.role, ls.framework):
                 continue
             R.loader_refs[key] = weakref.ref(loader, _loader_died(old.serial, key))
