@@ -778,20 +778,21 @@ _patched_iter_classes: set[type] = set()
 def _on_subclass(cls: type, patch: Callable[[type], None]) -> None:
     """Call ``patch`` on every subclass of ``cls`` defined from now on (``__init_subclass__``,
     chained to what the class had: typing.Generic's for torch's DataLoader)."""
-    if getattr(cls.__dict__.get("__init_subclass__"), "__dlmon_subclass__", False):
-        return
     prev = cls.__dict__.get("__init_subclass__")
+    if getattr(getattr(prev, "__func__", None), "__dlmon_subclass__", False):
+        return
+    parent: Any = cls
 
-    def __init_subclass__(sub: type, **kwargs: Any) -> None:
+    def __init_subclass__(sub: Any, /, **kwargs: Any) -> None:
         if isinstance(prev, classmethod):
             prev.__func__(sub, **kwargs)
         else:
-            super(cls, sub).__init_subclass__(**kwargs)  # type: ignore[misc]
+            super(parent, sub).__init_subclass__(**kwargs)
         with contextlib.suppress(Exception):
             patch(sub)
 
     __init_subclass__.__dlmon_subclass__ = True  # type: ignore[attr-defined]
-    cls.__init_subclass__ = classmethod(__init_subclass__)  # type: ignore[assignment]
+    setattr(cls, "__init_subclass__", classmethod(__init_subclass__))  # noqa: B010 -- mypy: a method
 
 
 _patched_loader_classes: set[type] = set()
