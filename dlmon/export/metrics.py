@@ -456,6 +456,8 @@ ALERTS_RAISED: Group[int] = Group(
     raised_series,
     (counter("dlmon_alerts_raised_total", "Alerts raised (or escalated) since dlmon started.", lambda n: n),),
 )
+
+
 def job_wait_series(published: Published) -> list[tuple[tuple[str, ...], float]]:
     out: list[tuple[tuple[str, ...], float]] = []
     for pid, loaders in sorted(by_process(published.snapshot.loaders).items()):
