@@ -79,13 +79,19 @@ class _LoaderState:
         "alive",
         "c",
         "created_ns",
+        "dataset_ref",
         "dead_ns",
         "file",
+        "framework",
         "function",
+        "iterated",
         "iters",
         "line",
         "name",
         "per_worker",
+        "replaced_by",
+        "role",
+        "role_source",
         "serial",
         "settings",
         "site_kind",
@@ -107,6 +113,14 @@ class _LoaderState:
         self.tracked = False  # a weak reference to the DataLoader tells when it dies
         self.dead_ns: int | None = None
         self.created_ns = time.monotonic_ns()
+        # what the user is told about it (computed at construction and iterator creation, never
+        # on the hot path): "train" | "validation" | "test" | "other" | None, and from where
+        self.role: str | None = None
+        self.role_source: str | None = None  # "framework" | "pattern"
+        self.framework: str | None = None  # "Lightning" | "HF Trainer" | "accelerate" | "torchdata"
+        self.iterated = False  # an iterator was ever built (a loader never iterated is not listed)
+        self.replaced_by: int | None = None  # the serial of the loader a framework re-created it as
+        self.dataset_ref: weakref.ref[Any] | None = None
 
 
 class _IterState:
@@ -121,6 +135,7 @@ class _IterState:
         "last_ret",
         "loader",
         "mode",
+        "others_at_start",
         "per_worker",
         "pids",
         "serial",
@@ -141,6 +156,8 @@ class _IterState:
         self.pids: tuple[int, ...] = ()
         self.wref: weakref.ref[Any] | None = None
         self.t_in = 0  # perf_counter_ns at the entry of a call in progress (or of __init__); 0: none
+        # at this iterator's epoch start: (loader, its batches) of the other loaders then mid-epoch
+        self.others_at_start: tuple[tuple[_LoaderState, int], ...] = ()
 
 
 class _Registry:
@@ -364,11 +381,10 @@ def _patch_all(dl: ModuleType) -> None:
     try:
         if base is None:
             raise AttributeError("no _BaseDataLoaderIter")
-        targets = [c for c in base.__subclasses__() if "__init__" in c.__dict__] or [base]
-        for cls in targets:
-            orig = cls.__dict__["__init__"]
-            if not _is_ours(orig):
-                cls.__init__ = _mark(_make_iter_init(orig), orig, "iter_init")
+        # the base class too: iterator classes defined later (torchdata's StatefulDataLoader)
+        # reach it through super().__init__; the first such iterator patches its own class
+        for cls in (base, *base.__subclasses__()):
+            _patch_iter_class(cls)
         _ok("iter_init")
     except Exception as exc:
         _fail("iter_init", exc)
@@ -380,6 +396,13 @@ def _patch_all(dl: ModuleType) -> None:
         orig = loader_cls.__dict__["__init__"]
         if not _is_ours(orig):
             loader_cls.__init__ = _mark(_make_loader_init(orig), orig, "loader_init")
+        # subclasses defined later whose __init__ may not call DataLoader.__init__ (torchdata's
+        # StatefulDataLoader): named where they are built too
+        for sub in loader_cls.__subclasses__():
+            _patch_loader_class(sub)
+        _on_subclass(loader_cls, _patch_loader_class)
+        if base is not None:
+            _on_subclass(base, _patch_iter_class)
         _ok("loader_init")
     except Exception as exc:
         _fail("loader_init", exc)
@@ -504,6 +527,8 @@ def _make_next(orig: Callable[[Any], Any]) -> Callable[[Any], Any]:
             try:
                 st.t_in = t0  # a call in progress, visible to the serving thread
                 if first:  # a new epoch, even one begun without finishing the last
+                    if st.in_epoch:  # the last one stopped by length, without StopIteration
+                        _epoch_stopped_by_length(st)
                     st.in_epoch = False
                     st.last_ret = 0
             except Exception:
@@ -530,7 +555,7 @@ def _make_next(orig: Callable[[Any], Any]) -> Callable[[Any], Any]:
                 c[4] += t1 - t0  # B_STARTUP
                 c[7] += 1  # B_EPOCHS_STARTED
                 st.in_epoch = True
-                sample_num_threads()
+                _epoch_started(st)
                 _last_words.note_batch(st, data)  # once an epoch: its size, for a shm verdict
             else:
                 c[2] += t1 - t0  # B_WAIT
@@ -581,10 +606,82 @@ def _on_stop(st: _IterState, t0: int, first: bool) -> None:
             c[6] += 1  # B_EPOCHS
             if first and not st.in_epoch:
                 c[7] += 1  # an empty epoch started and ended here
+            _epoch_ended(st)
         st.in_epoch = False
         st.last_ret = 0
     except Exception:
         pass
+
+
+def _epoch_stopped_by_length(st: _IterState) -> None:
+    """The iterator's epoch is over without a StopIteration from it: the loop stopped by length
+    (Lightning's CombinedLoader raises StopIteration itself, ``limit_*_batches``, ``break``), and
+    now the iterator starts again (``_reset`` of persistent workers, or its first batch again)
+    or another iterator of the same loader is built. Counted as an ended epoch."""
+    try:
+        if not st.in_epoch:
+            return
+        st.in_epoch = False
+        st.last_ret = 0
+        st.c[B_EPOCHS] += 1
+        _epoch_ended(st)
+    except Exception:
+        pass
+
+
+def _epoch_started(st: _IterState) -> None:
+    """First batch of an epoch returned (once an epoch, off the per-batch path)."""
+    sample_num_threads()
+    try:
+        ls = st.loader
+        if ls.role_source != "framework":
+            _confirm_pattern_role(ls)
+            st.others_at_start = tuple(
+                (other, other.c[B_BATCHES])
+                for other in list(R.loaders.values())
+                if other is not ls and other.alive and other.c[B_EPOCHS_STARTED] > 0
+            )
+    except Exception:
+        pass
+
+
+# The loaders each loader's last epoch ran "between the batches of", and their batch counts then:
+# candidates, one confirmed at its next epoch start when that loader has moved on since.
+_pattern_candidates: dict[int, tuple[tuple[_LoaderState, int], ...]] = {}
+
+
+def _epoch_ended(st: _IterState) -> None:
+    """An epoch of ``st`` ended: did it run in a pause of a bigger loader (a validation burst)?
+
+    The other loader made no batch during this epoch and has made more batches than this one in
+    all: a candidate, confirmed when the other loader has made batches again by this loader's
+    next epoch start (so a second training phase after the first is not taken for validation).
+    """
+    try:
+        others = st.others_at_start
+        st.others_at_start = ()
+        ls = st.loader
+        if ls.role_source == "framework":
+            return
+        mine = ls.c[B_BATCHES]
+        paused = tuple((o, b) for o, b in others if o.c[B_BATCHES] == b and b > mine)
+        if paused:
+            _pattern_candidates[ls.serial] = paused
+        else:
+            _pattern_candidates.pop(ls.serial, None)
+    except Exception:
+        pass
+
+
+def _confirm_pattern_role(ls: _LoaderState) -> None:
+    for other, batches in _pattern_candidates.pop(ls.serial, ()):
+        if other.c[B_BATCHES] > batches and other.c[B_BATCHES] > ls.c[B_BATCHES]:
+            ls.role = "validation"
+            ls.role_source = "pattern"
+            if other.role is None:
+                other.role = "train"
+                other.role_source = "pattern"
+            return
 
 
 def _probe_samples(st: _IterState, data: Any) -> int:
@@ -677,12 +774,99 @@ def _tune_site(loader: Any) -> str | None:
     return f"{fn}:{line}" if fn is not None else None
 
 
+_patched_iter_classes: set[type] = set()
+
+
+def _on_subclass(cls: type, patch: Callable[[type], None]) -> None:
+    """Call ``patch`` on every subclass of ``cls`` defined from now on (``__init_subclass__``,
+    chained to what the class had: typing.Generic's for torch's DataLoader)."""
+    prev = cls.__dict__.get("__init_subclass__")
+    if getattr(getattr(prev, "__func__", None), "__dlmon_subclass__", False):
+        return
+    parent: Any = cls
+
+    def __init_subclass__(sub: Any, /, **kwargs: Any) -> None:
+        if isinstance(prev, classmethod):
+            prev.__func__(sub, **kwargs)
+        else:
+            super(parent, sub).__init_subclass__(**kwargs)
+        with contextlib.suppress(Exception):
+            patch(sub)
+
+    __init_subclass__.__dlmon_subclass__ = True  # type: ignore[attr-defined]
+    setattr(cls, "__init_subclass__", classmethod(__init_subclass__))  # noqa: B010 -- mypy: a method
+
+
+_patched_loader_classes: set[type] = set()
+
+
+def _patch_loader_class(cls: type) -> None:
+    if cls in _patched_loader_classes:
+        return
+    _patched_loader_classes.add(cls)
+    orig = cls.__dict__.get("__init__")
+    if orig is None or _is_ours(orig):
+        return
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        orig(self, *args, **kwargs)
+        with contextlib.suppress(Exception):
+            _loader_constructed(self)  # once: DataLoader.__init__'s hook may have named it already
+
+    cls.__init__ = _mark(__init__, orig, "loader_subclass_init")  # type: ignore[misc]
+
+
+def _patch_iter_class(cls: type) -> None:
+    """Hook ``__init__`` and ``_reset`` where ``cls`` defines them (once per class).
+
+    ``_reset`` is hooked on subclasses only: a persistent-worker iterator is restarted through
+    the most derived one (``DataLoader.__iter__`` calls ``iterator._reset(loader)``)."""
+    if cls in _patched_iter_classes:
+        return
+    _patched_iter_classes.add(cls)
+    orig = cls.__dict__.get("__init__")
+    if orig is not None and not _is_ours(orig):
+        cls.__init__ = _mark(_make_iter_init(orig), orig, "iter_init")  # type: ignore[misc]
+    reset = cls.__dict__.get("_reset")
+    if reset is not None and cls.__name__ != "_BaseDataLoaderIter" and not _is_ours(reset):
+        cls._reset = _mark(_make_reset(reset), reset, "reset")  # type: ignore[attr-defined]
+
+
+def _make_reset(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def _reset(self: Any, loader: Any, *args: Any, **kwargs: Any) -> Any:
+        st: _IterState | None = None
+        with contextlib.suppress(Exception):
+            first_iter = kwargs.get("first_iter", args[0] if args else False)
+            got = getattr(self, "_dlmon_st", None)
+            # not inside __init__ (first_iter) or another hooked _reset: those are timed already
+            if not first_iter and isinstance(got, _IterState) and not got.t_in:
+                st = got
+                _epoch_stopped_by_length(st)  # a persistent iterator restarted mid-epoch
+                _note_context(st.loader, *_framework_context())
+        if st is None:
+            return orig(self, loader, *args, **kwargs)
+        t0 = _pc()
+        st.t_in = t0  # restarting the workers' epoch is start-up wait
+        try:
+            return orig(self, loader, *args, **kwargs)
+        finally:
+            with contextlib.suppress(Exception):
+                st.t_in = 0
+                st.c[B_STARTUP] += _pc() - t0
+
+    return _reset
+
+
 def _make_iter_init(orig: Callable[..., None]) -> Callable[..., None]:
     def __init__(self: Any, loader: Any, *args: Any, **kwargs: Any) -> None:
+        if getattr(self, "_dlmon_st", None) is not None or _attach_refused(self):  # done by an outer hook
+            orig(self, loader, *args, **kwargs)
+            return
         if R.on_first_iter is not None:
             _first_iter()
         st: _IterState | None = None
         with contextlib.suppress(Exception):
+            _patch_iter_class(type(self))  # a class defined after the hooks: its next iterators
             st = _attach(self, loader)
         t0 = _pc()
         if st is not None:
@@ -711,12 +895,18 @@ def _first_iter() -> None:
 
 
 def _user_site(skip_self: Any = None) -> tuple[str | None, int | None, str | None]:
-    """The first frame outside torch and dlmon (and outside __init__ of the object being built)."""
+    """The first frame of the user's code: outside torch, dlmon, installed packages (torchdata,
+    accelerate, lightning, transformers...: site-packages, dist-packages) and the standard
+    library, and outside ``__init__`` of the object being built. When every frame is in one of
+    those (a loader built by a library's own script), the first frame outside torch and dlmon's
+    agent, as before."""
     try:
         f: FrameType | None = sys._getframe(2)
     except Exception:
         return None, None, None
     tdir = R.torch_dir
+    internal = _internal_prefixes()
+    fallback: tuple[str | None, int | None, str | None] = (None, None, None)
     depth = 0
     while f is not None and depth < 64:
         depth += 1
@@ -726,9 +916,123 @@ def _user_site(skip_self: Any = None) -> tuple[str | None, int | None, str | Non
             with contextlib.suppress(Exception):
                 inside = f.f_locals.get("self") is skip_self  # a DataLoader subclass's __init__
         if not inside:
-            return fn, f.f_lineno, f.f_code.co_name
+            if not _is_library_file(fn, internal):
+                return fn, f.f_lineno, f.f_code.co_name
+            if fallback[0] is None:
+                fallback = (fn, f.f_lineno, f.f_code.co_name)
         f = f.f_back
-    return None, None, None
+    return fallback
+
+
+_internal: tuple[str, ...] | None = None
+
+
+def _internal_prefixes() -> tuple[str, ...]:
+    """Directories whose files are not the user's: the standard library, installed packages, dlmon."""
+    global _internal
+    if _internal is not None:
+        return _internal
+    found: set[str] = {os.path.dirname(_AGENT_DIR) + os.sep}
+    try:
+        import sysconfig
+
+        for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+            path = sysconfig.get_paths().get(key)
+            if path:
+                found.add(os.path.abspath(path) + os.sep)
+        import site
+
+        for path in [*site.getsitepackages(), site.getusersitepackages()]:
+            found.add(os.path.abspath(path) + os.sep)
+    except Exception:
+        pass
+    _internal = tuple(sorted(found))
+    return _internal
+
+
+def _is_library_file(fn: str, internal: tuple[str, ...]) -> bool:
+    if fn.startswith("<frozen"):
+        return True
+    if "/site-packages/" in fn or "/dist-packages/" in fn:
+        return True
+    return fn.startswith(internal)
+
+
+# Frameworks by a path fragment of their files; the outermost one seen on the stack is named.
+_FRAMEWORK_PATHS: tuple[tuple[str, str], ...] = (
+    ("/transformers/", "HF Trainer"),
+    ("/lightning/", "Lightning"),
+    ("/pytorch_lightning/", "Lightning"),
+    ("/lightning_fabric/", "Lightning"),
+    ("/accelerate/", "accelerate"),
+    ("/torchdata/", "torchdata"),
+)
+_HF_ROLES = {
+    "get_train_dataloader": "train",
+    "get_eval_dataloader": "validation",
+    "get_test_dataloader": "test",
+}
+_LIGHTNING_ROLES = {
+    "train": "train",
+    "sanity_check": "validation",
+    "validate": "validation",
+    "test": "test",
+    "predict": "other",
+}
+
+
+def _framework_context() -> tuple[str | None, str | None]:
+    """(framework, role) from the calling stack: HF Trainer's ``get_*_dataloader``, Lightning's
+    trainer stage (``trainer.state.stage`` of the loop that builds or restarts the iterator).
+    Called when a loader or an iterator is built, or a persistent iterator restarts: never per batch."""
+    try:
+        f: FrameType | None = sys._getframe(2)
+    except Exception:
+        return None, None
+    framework: str | None = None
+    role: str | None = None
+    depth = 0
+    while f is not None and depth < 96:
+        depth += 1
+        fn = f.f_code.co_filename
+        for part, name in _FRAMEWORK_PATHS:
+            if part in fn:
+                framework = name  # the outermost wins (HF Trainer around accelerate)
+                if role is None:
+                    role = _frame_role(f, name)
+                break
+        f = f.f_back
+    return framework, role
+
+
+def _frame_role(f: FrameType, framework: str) -> str | None:
+    if framework == "HF Trainer":
+        return _HF_ROLES.get(f.f_code.co_name)
+    if framework != "Lightning":
+        return None
+    try:
+        owner = f.f_locals.get("self")
+        trainer = getattr(owner, "trainer", None) or (owner if hasattr(owner, "state") else None)
+        stage = getattr(getattr(getattr(trainer, "state", None), "stage", None), "value", None)
+        return _LIGHTNING_ROLES.get(stage) if isinstance(stage, str) else None
+    except Exception:
+        return None
+
+
+def _note_context(ls: _LoaderState, framework: str | None, role: str | None) -> None:
+    if framework is not None and ls.framework in (None, "accelerate", "torchdata"):
+        ls.framework = framework
+    if role is not None and ls.role_source != "framework":
+        ls.role = role
+        ls.role_source = "framework"
+
+
+def _loader_class_framework(loader: Any) -> str | None:
+    mod = getattr(type(loader), "__module__", "") or ""
+    for prefix, name in (("torchdata", "torchdata"), ("accelerate", "accelerate")):
+        if mod.startswith(prefix):
+            return name
+    return None
 
 
 def _new_loader_state() -> _LoaderState:
@@ -789,8 +1093,38 @@ def _loader_constructed(loader: Any) -> _LoaderState:
         except TypeError:  # not weak-referenceable: it is not tracked across iterators
             pass
         _set_site(ls, _user_site(loader), "constructed")
+        with contextlib.suppress(Exception):
+            _note_context(ls, *_framework_context())
+            _note_context(ls, _loader_class_framework(loader), None)
+            _inherit_from_wrapped(ls, loader)
     _read_loader_settings(ls, loader)
     return ls
+
+
+def _inherit_from_wrapped(ls: _LoaderState, loader: Any) -> None:
+    """A loader a framework builds again from the user's (accelerate's DataLoaderShard and
+    DataLoaderDispatcher, Lightning's re-instantiation for a DistributedSampler): the same
+    dataset object as a loader built before and never iterated. It takes that loader's name,
+    site and role, and the older one is marked replaced (never listed: it is never iterated)."""
+    ds = getattr(loader, "dataset", None)
+    if ds is None:
+        return
+    with contextlib.suppress(TypeError):
+        ls.dataset_ref = weakref.ref(ds)
+    for old in reversed(list(R.loaders.values())):
+        if old is ls or old.iterated or not old.alive or old.replaced_by is not None:
+            continue
+        ref = old.dataset_ref
+        if ref is None or ref() is not ds:
+            continue
+        old.replaced_by = ls.serial
+        if old.file is not None:
+            ls.file, ls.line, ls.function, ls.name = old.file, old.line, old.function, old.name
+            ls.site_kind = old.site_kind
+        if old.role_source == "framework" and ls.role_source != "framework":
+            ls.role, ls.role_source = old.role, old.role_source
+        _note_context(ls, old.framework, None)
+        return
 
 
 def _loader_state_for(loader: Any) -> _LoaderState:
@@ -834,7 +1168,9 @@ def _read_loader_settings(ls: _LoaderState, loader: Any) -> None:
     nw = get("num_workers")
     s["num_workers"] = nw if isinstance(nw, int) else None
     bs = get("batch_size")
-    s["batch_size"] = bs if isinstance(bs, int) else None
+    if bs is None:  # a batch_sampler was given (accelerate's shards, HF's samplers): its batch size
+        bs = getattr(get("batch_sampler"), "batch_size", None)
+    s["batch_size"] = bs if isinstance(bs, int) and not isinstance(bs, bool) else None
     pf = get("prefetch_factor")
     s["prefetch_factor"] = pf if isinstance(pf, int) else None
     for attr in ("pin_memory", "persistent_workers", "drop_last"):
@@ -865,10 +1201,13 @@ def _attach(it: Any, loader: Any) -> _IterState | None:
         if loader is not None:
             ls = _loader_state_for(loader)
             _read_loader_settings(ls, loader)  # num_workers etc. may have been changed since
+            _iter_built(ls, loader)
+            ls = _continue_dead_twin(ls, loader)
         else:
             ls = new_ls = _new_loader_state()
             _set_site(ls, _user_site(), "first_iterated")
             _read_iter_settings(ls, it)
+            ls.iterated = True
         with R.lock:
             serial = R.next_iter_serial
             R.next_iter_serial += 1
@@ -890,6 +1229,52 @@ def _attach(it: Any, loader: Any) -> _IterState | None:
     if loader is None:
         _iter_constructed(it, st)
     return st
+
+
+def _continue_dead_twin(ls: _LoaderState, loader: Any) -> _LoaderState:
+    """A loader first iterated that was built at the same place, for the same role, as one that
+    died (a DataLoader built anew every epoch) or, with the role from the framework, one whose
+    iterators are all gone (HF Trainer's eval loader at each evaluation, which accelerate keeps
+    alive): it goes on in that one's row, its counters continuing, instead of a new row each time."""
+    try:
+        if ls.iters or ls.file is None or not ls.tracked:
+            return ls
+        key = id(loader)
+        if R.by_loader_id.get(key) is not ls:
+            return ls
+        for old in list(R.loaders.values()):
+            if old is ls or old.iters or not old.iterated or old.replaced_by is not None:
+                continue
+            if old.alive and ls.role_source != "framework":
+                continue  # two live loaders from one helper function stay two rows
+            if (old.file, old.line, old.role, old.framework) != (ls.file, ls.line, ls.role, ls.framework):
+                continue
+            R.loader_refs[key] = weakref.ref(loader, _loader_died(old.serial, key))
+            R.by_loader_id[key] = old
+            old.settings = ls.settings
+            if len(ls.per_worker) > len(old.per_worker):
+                old.per_worker.extend([0] * (len(ls.per_worker) - len(old.per_worker)))
+            old.alive = True
+            old.dead_ns = None
+            old.tracked = True
+            R.loaders.pop(ls.serial, None)
+            return old
+    except Exception:
+        pass
+    return ls
+
+
+def _iter_built(ls: _LoaderState, loader: Any) -> None:
+    """A new iterator of ``ls``: an epoch of an older one still running was stopped by length;
+    the framework's state tells the loader's role (Lightning's stage)."""
+    with contextlib.suppress(Exception):
+        ls.iterated = True
+        for older in list(ls.iters.values()):
+            if older.in_epoch:
+                _epoch_stopped_by_length(older)
+        _note_context(ls, *_framework_context())
+        if ls.framework is None:
+            _note_context(ls, _loader_class_framework(loader), None)
 
 
 def _read_iter_settings(ls: _LoaderState, it: Any) -> None:
@@ -940,6 +1325,8 @@ def _iter_died(loader_serial: int, serial: int, key: int) -> Callable[[Any], Non
         try:
             ls = R.loaders.get(loader_serial)
             st = ls.iters.pop(serial, None) if ls is not None else None
+            if st is not None and st.in_epoch:  # abandoned mid-epoch: the loop stopped by length
+                _epoch_stopped_by_length(st)
             if st is not None and R.by_key.get(key) is st:
                 R.by_key.pop(key, None)
             if ls is not None and not ls.tracked and not ls.iters:

@@ -17,7 +17,11 @@ Reply (wire version ``v`` 1; every counter cumulative since the agent started; n
               wait_ns_total, compute_ns_total, startup_wait_ns_total, end_wait_ns_total,
               epochs, epochs_started, worker_pids, batches_per_worker,
               wait_ns_pending, startup_wait_ns_pending, compute_ns_pending,
-              iterators [{id, worker_pids, in_call_ns}]}],
+              iterators [{id, worker_pids, in_call_ns}],
+              role ("train" | "validation" | "test" | "other" | null), role_source
+              ("framework" | "pattern" | null), framework ("Lightning" | "HF Trainer" |
+              "accelerate" | "torchdata" | null), iterated, replaced_by (the id of the loader a
+              framework re-created this one as, or null)}],
     worker_deaths [{pid, worker_id, loader_id, iterator_id, signal, signal_name, exit_code,
                     core_dumped, time_ns, unix_time}],
     cuda_initialized, cuda [{device, allocated, reserved, peak_allocated, name, uuid}],
@@ -641,6 +645,12 @@ def _loader_wire(ls: _hooks._LoaderState, now_pc: int) -> dict[str, Any]:
         "worker_pids": pids,
         "batches_per_worker": [int(x) for x in list(ls.per_worker)],
         "iterators": iters,
+        # what the loader is for and who built it (older clients ignore these keys)
+        "role": ls.role,
+        "role_source": ls.role_source,
+        "framework": ls.framework,
+        "iterated": ls.iterated,
+        "replaced_by": ls.replaced_by,
     }
 
 

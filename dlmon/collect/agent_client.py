@@ -58,6 +58,7 @@ ABSENT_RECHECK_S = 2.0
 MAX_REPLY = 4 * 1024 * 1024
 DEFAULT_TIMEOUT_S = 0.2
 UNANSWERED_NOTE_S = 2.0  # an agent silent this long (and two polls) is said to be not answering
+ROLES = ("train", "validation", "test", "other")
 
 _EMPTY_STR: Mapping[str, str] = MappingProxyType({})
 _EMPTY_RANKS: Mapping[int, RankInfo] = MappingProxyType({})
@@ -551,6 +552,8 @@ class AgentClient:
             if isinstance(wid, bool) or not isinstance(wid, (int, str)):
                 continue
             cur_loaders[wid] = wl
+            if not listed(wl):
+                continue
             before = prev.loaders.get(wid) if prev is not None and same_agent else None
             ls, det = self._loader(pid, wl, before, dt_s)
             loaders.append(ls)
@@ -596,13 +599,14 @@ class AgentClient:
         pid: int, wl: Mapping[str, Any], before: Mapping[str, Any] | None, dt_s: float | None
     ) -> tuple[LoaderSample, LoaderDetail]:
         lid = f"{pid}:{wl['id']}"
-        bps = sps = frac = None
+        bps = sps = frac = wall = None
         if before is not None and dt_s is not None and dt_s > 0:
             db = _delta(wl, before, "batches_total")
             ds = _delta(wl, before, "samples_total")
             bps = db / dt_s if db is not None else None
             sps = ds / dt_s if ds is not None else None
             frac = _wait_fraction(wl, before, dt_s)
+            wall = _wall_wait_fraction(wl, before, dt_s)
 
         def secs(key: str) -> float | None:
             v = _int(wl.get(key))
@@ -631,6 +635,10 @@ class AgentClient:
             epochs_started=_int(wl.get("epochs_started")),
             in_call_s=_in_call_s(wl),
             in_startup=_pending(wl, "startup_wait_ns_pending") > 0 and not _pending(wl, "wait_ns_pending"),
+            wall_wait_fraction=wall,
+            role=_choice(wl.get("role"), ROLES),
+            role_source=_choice(wl.get("role_source"), ("framework", "pattern")),
+            framework=_str(wl.get("framework")),
         )
         detail = LoaderDetail(
             id=lid,
@@ -749,6 +757,39 @@ def _journal_exception(reporter: int, line: bytes) -> tuple[int, TrainingExcepti
     )
 
 
+def _choice(v: Any, allowed: tuple[str, ...]) -> str | None:
+    return v if isinstance(v, str) and v in allowed else None
+
+
+def listed(wl: Mapping[str, Any]) -> bool:
+    """A loader is listed once it was iterated, unless a framework re-created it (its data goes
+    through the new one). Older agents send neither key: listed."""
+    return wl.get("iterated") is not False and wl.get("replaced_by") is None
+
+
+def _steady_deltas(cur: Mapping[str, Any], prev: Mapping[str, Any]) -> tuple[int, int] | None:
+    """(wait, compute) ns over the interval, calls in progress included; None when not known."""
+    w2, w1 = _int(cur.get("wait_ns_total")), _int(prev.get("wait_ns_total"))
+    c2, c1 = _int(cur.get("compute_ns_total")), _int(prev.get("compute_ns_total"))
+    if w2 is None or w1 is None or c2 is None or c1 is None:
+        return None
+    dw = (w2 + _pending(cur, "wait_ns_pending")) - (w1 + _pending(prev, "wait_ns_pending"))
+    dc = (c2 + _pending(cur, "compute_ns_pending")) - (c1 + _pending(prev, "compute_ns_pending"))
+    if dw < 0 or dc < 0:
+        return None
+    return dw, dc
+
+
+def _wall_wait_fraction(cur: Mapping[str, Any], prev: Mapping[str, Any], dt_s: float) -> float | None:
+    """The share of the interval's wall time the trainer spent waiting for this loader (steady
+    state, a call in progress included): what this loader cost the job, however little of the
+    interval it was iterated. Start-up is left out, as in :func:`_wait_fraction`."""
+    got = _steady_deltas(cur, prev)
+    if got is None or dt_s <= 0:
+        return None
+    return min(1.0, got[0] / (dt_s * 1e9))
+
+
 def _wait_fraction(cur: Mapping[str, Any], prev: Mapping[str, Any], dt_s: float) -> float | None:
     """The share of the interval's steady-state time the training spent waiting for this loader.
 
@@ -758,14 +799,10 @@ def _wait_fraction(cur: Mapping[str, Any], prev: Mapping[str, Any], dt_s: float)
     gives None, and the time is in ``startup_s_total`` (a job with slow start-up and no
     persistent workers is not input-bound between epochs).
     """
-    w2, w1 = _int(cur.get("wait_ns_total")), _int(prev.get("wait_ns_total"))
-    c2, c1 = _int(cur.get("compute_ns_total")), _int(prev.get("compute_ns_total"))
-    if w2 is None or w1 is None or c2 is None or c1 is None:
+    got = _steady_deltas(cur, prev)
+    if got is None:
         return None
-    dw = (w2 + _pending(cur, "wait_ns_pending")) - (w1 + _pending(prev, "wait_ns_pending"))
-    dc = (c2 + _pending(cur, "compute_ns_pending")) - (c1 + _pending(prev, "compute_ns_pending"))
-    if dw < 0 or dc < 0:
-        return None
+    dw, dc = got
     if dw + dc > 0:
         return min(1.0, dw / (dw + dc))
     return None  # all start-up (LoaderSample.startup_s_total), or nothing happened

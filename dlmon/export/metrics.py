@@ -18,6 +18,7 @@ from operator import attrgetter
 from types import MappingProxyType
 from typing import Any, Generic, TypeVar
 
+from dlmon.analysis.wait import by_process, job_wall_wait
 from dlmon.model import DiskSample, GpuDevice, LoaderSample, ProcessSample, Snapshot
 
 T = TypeVar("T")
@@ -319,7 +320,10 @@ JOB: Group[Snapshot] = Group(
 
 def loader_series(published: Published) -> list[tuple[tuple[str, ...], tuple[LoaderSample, float | None]]]:
     return [
-        ((lo.id, *rank_values(lo)), (lo, published.data_wait_seconds.get(lo.id)))
+        (
+            (lo.id, lo.role or "", *rank_values(lo)),
+            (lo, published.data_wait_seconds.get(lo.id)),
+        )  # role "": not known
         for lo in published.snapshot.loaders
     ]
 
@@ -330,7 +334,7 @@ def _lo(path: str) -> Callable[[tuple[LoaderSample, float | None]], Number]:
 
 
 LOADER: Group[tuple[LoaderSample, float | None]] = Group(
-    ("loader", *RANK_LABELS),
+    ("loader", "role", *RANK_LABELS),
     loader_series,
     (
         counter(
@@ -364,6 +368,12 @@ LOADER: Group[tuple[LoaderSample, float | None]] = Group(
             "dlmon_loader_data_wait_ratio",
             "Share of the last interval spent waiting for data.",
             _lo("data_wait_fraction"),
+        ),
+        gauge(
+            "dlmon_loader_data_wait_wall_ratio",
+            "Share of the last interval's wall time the training waited for this loader (its own "
+            "ratio is within its own iteration: a validation loader's bursts).",
+            _lo("wall_wait_fraction"),
         ),
         gauge("dlmon_loader_workers", "num_workers.", _lo("num_workers")),
         gauge("dlmon_loader_batch_size", "batch_size.", _lo("batch_size")),
@@ -467,6 +477,28 @@ ALERTS_RAISED: Group[int] = Group(
     raised_series,
     (counter("dlmon_alerts_raised_total", "Alerts raised (or escalated) since dlmon started.", lambda n: n),),
 )
+
+
+def job_wait_series(published: Published) -> list[tuple[tuple[str, ...], float]]:
+    out: list[tuple[tuple[str, ...], float]] = []
+    for pid, loaders in sorted(by_process(published.snapshot.loaders).items()):
+        share = job_wall_wait(loaders)
+        if share is not None:
+            out.append(((str(pid),), share))
+    return out
+
+
+JOB_WAIT: Group[float] = Group(
+    ("pid",),
+    job_wait_series,
+    (
+        gauge(
+            "dlmon_job_data_wait_wall_ratio",
+            "Share of the last interval's wall time this training process waited for data, over its loaders.",
+            lambda v: v,
+        ),
+    ),
+)
 DEATHS: Group[int] = Group(
     ("loader", "cause"),
     death_series,
@@ -479,6 +511,7 @@ GROUPS: tuple[Group[Any], ...] = (
     WORKER,
     LOADER,
     LOADER_WORKER,
+    JOB_WAIT,
     DISK,
     GPU,
     ALERT,

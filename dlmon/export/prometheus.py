@@ -26,6 +26,7 @@ from prometheus_client.registry import Collector
 
 from dlmon import __version__
 from dlmon.analysis.events import CLEARED, events
+from dlmon.analysis.wait import wall_wait
 from dlmon.export.metrics import GROUPS, Published
 from dlmon.model import Snapshot
 
@@ -103,8 +104,9 @@ class Exporter:
         self._wait_s = {lid: seconds for lid, seconds in self._wait_s.items() if lid in current}  # bounded
         if snapshot.interval_s:
             for loader in snapshot.loaders:
-                if loader.data_wait_fraction is not None:
-                    waited = loader.data_wait_fraction * snapshot.interval_s
+                share = wall_wait(loader)  # of wall time: a validation burst's own ratio over-counts
+                if share is not None:
+                    waited = share * snapshot.interval_s
                     self._wait_s[loader.id] = self._wait_s.get(loader.id, 0.0) + waited
                 else:
                     self._wait_s.setdefault(loader.id, 0.0)

@@ -232,6 +232,14 @@ class LoaderSample:
     epochs_started: int | None = None
     in_call_s: float | None = None  # how long the trainer has been inside __next__ now (0: not waiting)
     in_startup: bool | None = None  # that call is the first of an epoch (workers starting up)
+    # the share of the interval's wall time the trainer spent waiting for this loader (steady
+    # state, like data_wait_fraction, which is the share within this loader's own iteration): a
+    # validation loader waiting 65% of its own bursts may cost the job 3% of its time
+    wall_wait_fraction: float | None = None
+    role: str | None = None  # "train" | "validation" | "test" | "other"; None: not known
+    # "framework" (it said so) | "pattern" (iterated in short bursts between another loader's batches)
+    role_source: str | None = None
+    framework: str | None = None  # "Lightning" | "HF Trainer" | "accelerate" | "torchdata"
     # the distributed rank of the process that iterates it (None: not a distributed job, or unknown)
     rank: int | None = None
     local_rank: int | None = None

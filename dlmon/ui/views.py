@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from dlmon.analysis.growth_reading import GROWING, NO_GROWTH, WARMING_UP, GrowthReading, growth_reading
 from dlmon.analysis.startup import startup_of
 from dlmon.analysis.verdict import exit_verdict
+from dlmon.analysis.wait import by_process, job_wall_wait
 from dlmon.model import Alert, GpuDevice, LoaderSample, MemorySummary, ProcessSample, RankInfo, Snapshot
 from dlmon.model.format import fd_limit_note, rotation_note, target_stopped
 from dlmon.ui.fmt import DASH, NA, cbytes, cpct, duration, human_bytes, mbps, ratio
@@ -535,12 +536,19 @@ def throughput_lines(state: DashboardState, width: int, compact: bool, rows: int
     if rows is not None and len(loaders) > rows:  # the busiest in full, the others summed up
         loaders.sort(key=lambda x: -(x.batches_per_s or 0.0))
         loaders, rest = loaders[: max(0, rows - 1)], loaders[max(0, rows - 1) :]
+    groups = by_process(s.loaders)
     for ld in loaders:
         wait = None if ld.data_wait_fraction is None else ld.data_wait_fraction * 100
+        wait_part: list[Span] = [("data wait ", "dim"), (f"{cpct(wait, NA)}%", _wait_style(wait))]
+        if len(groups.get(ld.pid, ())) > 1 and ld.wall_wait_fraction is not None:
+            # several loaders: its own share beside what it costs the job (a validation burst)
+            wall = ld.wall_wait_fraction * 100
+            wait_part += [(" of its own time, ", "dim"), (f"{cpct(wall, NA)}%", _wait_style(wall))]
+            wait_part.append((" of the job's", "dim"))
         parts: list[list[Span]] = [
             [(_rate(ld.batches_per_s), "b"), (" batch/s", "dim")],
             [(_rate(ld.samples_per_s), ""), (" samples/s", "dim")],
-            [("data wait ", "dim"), (f"{cpct(wait, NA)}%", _wait_style(wait))],
+            wait_part,
         ]
         startup = startup_of(s, ld)
         if startup is not None and startup.seconds_per_epoch is not None:
@@ -559,13 +567,31 @@ def throughput_lines(state: DashboardState, width: int, compact: bool, rows: int
                 cfg.append("pinned")
             if ld.persistent_workers:
                 cfg.append("persistent")
-            parts.insert(0, [(clip(ld.label, 36), "b")])
+            if ld.framework is not None:
+                cfg.append(ld.framework)
+            name = f"{ld.role} · {clip(ld.label, 28)}" if ld.role else clip(ld.label, 28)
+            parts.insert(0, [(name, "b")])
             parts.append([(" ".join(cfg), "dim")])
         else:
-            parts.append([(clip(ld.label, 32), "dim")])
+            parts.append([(f"{ld.role} · {clip(ld.label, 24)}" if ld.role else clip(ld.label, 24), "dim")])
             if len(s.loaders) > 1:
                 parts.append([(f"+{len(s.loaders) - 1} loaders", "dim")])
         out.append(fit(parts, width, BAR if compact else SEP, lead=lead))
+    if not compact and (rows is None or len(out) + len(groups) + (1 if rest else 0) <= rows):
+        for pid, mine in sorted(groups.items()):
+            job = job_wall_wait(mine) if len(mine) > 1 else None
+            if job is None:
+                continue
+            pct = job * 100
+            who = f"pid {pid} " if len(groups) > 1 else ""
+            out.append(
+                fit(
+                    [[(f"job {who}data wait ", "dim"), (f"{cpct(pct, NA)}%", _wait_style(pct))],
+                     [("of wall time, over its loaders", "dim")]],
+                    width,
+                    SEP,
+                )
+            )  # fmt: skip
     if rest:
         total = sum(x.batches_per_s or 0.0 for x in rest)
         waits = [x.data_wait_fraction * 100 for x in rest if x.data_wait_fraction is not None]

@@ -9,6 +9,7 @@ from dlmon.analysis.detectors._base import Candidate, Context, duration, size
 from dlmon.analysis.detectors.io import DiskLoad, disk_loads, saturated_disks
 from dlmon.analysis.kinds import CRITICAL, INPUT_BOUND, OVERSUBSCRIPTION, SHM_EXHAUSTION, WARNING
 from dlmon.analysis.stats import mean, median
+from dlmon.analysis.wait import by_process, own_share, window_shares
 from dlmon.model import LoaderSample, Snapshot
 
 NO_WORKERS = "no_workers"
@@ -86,34 +87,73 @@ def _main_cpu(window: Sequence[Snapshot], pid: int) -> float | None:
 
 
 def detect_input_bound(ctx: Context) -> list[Candidate]:
+    """Judged per training process on its share of wall time spent waiting for data, summed over
+    its loaders, and named after the loader(s) that cost it. A loader iterated a small share of
+    the time (validation bursts) waits a high share of its own time without costing the job
+    much: it is never the verdict then, and its own figure is given beside the job's."""
     cfg = ctx.config
     s = ctx.latest
     if not s.loaders:
         return []
     window = ctx.window(cfg.input_window_s)
     out: list[Candidate] = []
-    for loader in s.loaders:
-        if not loader.alive:
+    for pid, live in by_process(x for x in s.loaders if x.alive).items():
+        job, per, n = window_shares(window, pid)
+        if job is None:
             continue
-        key = f"loader:{loader.id}"
-        held = ctx.is_active(INPUT_BOUND, key)
-        values = [
-            other.data_wait_fraction
-            for snap in window
-            for other in snap.loaders
-            if other.id == loader.id and other.data_wait_fraction is not None
-        ]
-        if not values:
+        held = [x for x in live if ctx.is_active(INPUT_BOUND, f"loader:{x.id}")]
+        if job < (cfg.input_hold_wait_fraction if held else cfg.input_wait_fraction):
             continue
-        wait = mean(values)
-        if wait < (cfg.input_hold_wait_fraction if held else cfg.input_wait_fraction):
-            continue
-        out.append(_input_bound(ctx, loader, wait, len(values), window))
+        ranked = sorted(live, key=lambda x: -per.get(x.id, 0.0))
+        culprits = [x for x in ranked if per.get(x.id, 0.0) >= CULPRIT_SHARE * job] or ranked[:1]
+        top = next((x for x in held if x in culprits), culprits[0])  # a held verdict keeps its key
+        culprits = [top, *(x for x in culprits if x is not top)]
+        out.append(_input_bound(ctx, top, job, n, window, _Shares(culprits, live, per)))
     return out
 
 
+CULPRIT_SHARE = 0.25  # a loader that costs at least this part of the job's wait is named
+
+
+@dataclass(frozen=True, slots=True)
+class _Shares:
+    culprits: list[LoaderSample]  # the loaders that cost the job its wait, the verdict's first
+    live: list[LoaderSample]  # all of the process's loaders
+    per: dict[str, float]  # loader id -> its mean share of wall time
+
+
+def _role_note(loader: LoaderSample) -> str:
+    known = [x for x in (f"{loader.role} loader" if loader.role else None, loader.framework) if x]
+    return f" ({', '.join(known)})" if known else ""
+
+
+def _what(ctx: Context, wait: float, window: Sequence[Snapshot], shares: _Shares) -> tuple[str, float | None]:
+    """The sentence naming the loader(s) that cost the job its wait, with each other loader that
+    waits much of its own time but costs the job little; and the first one's own share."""
+    cfg = ctx.config
+    over = f"(mean over {duration(cfg.input_window_s)})"
+    named = shares.culprits
+    if len(named) == 1:
+        what = f"Loader {named[0].label}{_role_note(named[0])} waits for data {wait:.0%} of the time {over}"
+    else:
+        each = ", ".join(f"{x.label}{_role_note(x)} {shares.per.get(x.id, 0.0):.0%}" for x in named)
+        what = f"The trainer waits for data {wait:.0%} of the time {over}, on loaders {each}"
+    asides: list[str] = []
+    for x in shares.live:
+        if x in named:
+            continue
+        own = own_share(window, x.id)
+        wall = shares.per.get(x.id)
+        if own is not None and own >= cfg.input_wait_fraction and wall is not None:
+            who = f"{x.role} loader {x.label}" if x.role else f"loader {x.label}"
+            asides.append(f"{who} waits {own:.0%} of its own time, {wall:.0%} of the job's")
+    if asides:
+        what += " (" + "; ".join(asides) + ")"
+    return what, own_share(window, named[0].id)
+
+
 def _input_bound(
-    ctx: Context, loader: LoaderSample, wait: float, n: int, window: Sequence[Snapshot]
+    ctx: Context, loader: LoaderSample, wait: float, n: int, window: Sequence[Snapshot], shares: _Shares
 ) -> Candidate:
     cfg = ctx.config
     cores = ctx.cores
@@ -134,10 +174,7 @@ def _input_bound(
     rank_cores = max(1, cores // ranks)
     suggested = max(1, rank_cores - 1)
     on_cores = f"{cores} cores" if ranks == 1 else f"{rank_cores} of {cores} cores per rank, {ranks} ranks"
-    what = (
-        f"Loader {loader.label} waits for data {wait:.0%} of the time "
-        f"(mean over {duration(cfg.input_window_s)})"
-    )
+    what, own = _what(ctx, wait, window, shares)
     if nw == 0:
         cause = NO_WORKERS
         why = "with num_workers=0 the main process loads every batch itself"
@@ -226,6 +263,10 @@ def _input_bound(
             "ranks": ranks,
             "batch_size": loader.batch_size,
             "prefetch_factor": loader.prefetch_factor,
+            "role": loader.role,
+            "job_wall_wait_fraction": round(wait, 3),  # = data_wait_fraction: the job's share of wall time
+            "own_wait_fraction": None if own is None else round(own, 3),  # within the loader's own iteration
+            "loaders_named": ", ".join(x.name for x in shares.culprits),
         },
     )
 
