@@ -250,7 +250,7 @@ class RunSummary:
 def slot_name(labels: tuple[str, ...], target_pid: int) -> str:
     """A name that is the same in two runs of the same job (for diff): the trainer is "main", its
     loaders go by their number ("PID:N" -> "N"); other processes keep their pid."""
-    pid, role, loader, worker_id = labels
+    pid, role, loader, worker_id = labels[:4]  # then the rank labels
     owner, _, number = loader.partition(":")
     if owner == str(target_pid):
         loader = number
