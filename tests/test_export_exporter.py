@@ -65,7 +65,7 @@ def test_data_wait_seconds_integrate_ratio_times_interval(snapshot: Snapshot) ->
     for interval in (2.0, 2.0, 4.0):
         exporter(dataclasses.replace(snapshot, loaders=(loader,), interval_s=interval))
     [(labels, seconds)] = scrape(exporter)["dlmon_loader_data_wait_seconds_total"]
-    assert labels == {"loader": "7:1"} and seconds == pytest.approx(2.0)
+    assert labels["loader"] == "7:1" and seconds == pytest.approx(2.0)
     exporter(dataclasses.replace(snapshot, loaders=(), interval_s=1.0))
     assert "dlmon_loader_data_wait_seconds_total" not in scrape(exporter)  # the loader is gone
 
