@@ -219,6 +219,6 @@ def test_screen_and_prometheus_show_roles_and_both_shares(lightning_healthy: Run
     exporter = Exporter()
     exporter(snap)
     text = generate_latest(registry_for(exporter)).decode()
-    assert f'dlmon_loader_data_wait_wall_ratio{{loader="{val_id}",role="validation"}}' in text, text
-    assert f'dlmon_loader_data_wait_ratio{{loader="{val_id}",role="validation"}}' in text
+    assert f'dlmon_loader_data_wait_wall_ratio{{loader="{val_id}",role="validation",' in text, text
+    assert f'dlmon_loader_data_wait_ratio{{loader="{val_id}",role="validation",' in text
     assert 'dlmon_job_data_wait_wall_ratio{pid="' in text
