@@ -295,6 +295,22 @@ def test_an_exception_caught_by_the_loop_is_recorded_but_no_death(
     assert re.search(r"worker 0 +left the DataLoader +KeyError: 'label'", text), text
 
 
+def test_an_exception_caught_then_a_new_loader_and_exit_1_is_no_death(
+    agent_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The loop catches the KeyError, goes on for seconds with a NEW DataLoader (the old one never
+    delivers again) and then exits 3 of its own accord: the caught exception is not what it died of."""
+    cfg = {"mode": "caught", "at": 40, "steps": 600, "new_loader": True, "exit": 3}
+    run = start(agent_env, tmp_path, cfg)
+    run.event("caught")
+    run.event("done")
+    assert run.wait(DEADLINE_S) == 3
+    snaps = run.snapshots()
+    assert [e.origin for e in snaps[-1].exceptions] == ["next"]
+    assert not [a for s in snaps for a in s.alerts if a.kind == KIND]
+    assert "raised" not in run.verdict(), run.verdict()
+
+
 def test_a_killed_workers_echo_is_not_the_cause(agent_env: dict[str, str], tmp_path: Path) -> None:
     """kill -9 of a worker: torch raises "DataLoader worker (pid N) is killed by signal" in the
     trainer, which dies of it uncaught. The signal is the cause; the exception only its echo."""
