@@ -497,3 +497,21 @@ def test_the_snapshot_field_reads_both_ways() -> None:
         json.loads(json.dumps(snapshot_to_dict(dataclasses.replace(s, exceptions=(e,)))))
     )
     assert again.exceptions == (e,)
+
+
+def test_the_excepthook_calls_the_one_it_chains_to_even_if_recording_is_interrupted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A KeyboardInterrupt (a second Ctrl-C) while the line is written must not cost the user the
+    traceback: the previous hook is called all the same."""
+    from dlmon.agent import _last_words
+
+    def interrupted(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_last_words, "_record", interrupted)
+    called: list[object] = []
+    hook = _last_words._make_excepthook(lambda *a: called.append(a))
+    exc = ValueError("boom")
+    hook(ValueError, exc, None)
+    assert called == [(ValueError, exc, None)]
