@@ -437,3 +437,29 @@ def test_a_stall_that_resolved_is_not_the_verdict_of_a_clean_exit_seconds_later(
     assert of_kind(analyzed[55], "stall"), "the premise: the hang is a stall"
     assert not of_kind(analyzed[66], "stall"), "batches flow again: the stall is over"
     assert exit_verdict(analyzed[-1], 0) is None
+
+
+def test_the_exception_leads_the_verdict_and_fd_exhaustion_follows_it() -> None:
+    """Both at the end: the exception is what the training died of and the line the user finds in
+    the log (it carries the fd figures itself); fd_exhaustion, the condition before it, comes second."""
+    from dlmon.analysis.verdict import exit_verdict
+    from dlmon.model import Alert
+
+    fds = Alert(
+        "fd_exhaustion", "critical", "trainer", "The trainer has 1020 of 1024 file descriptors open.", "", T0
+    )
+    died = Alert(
+        "exception_death",
+        "critical",
+        "trainer",
+        "The trainer (pid 1) raised OSError: [Errno 24] Too many open files — the trainer had 1023 "
+        "files open.",
+        "",
+        T0 + 5,
+        {"time": T0 + 5},
+    )
+    last = dataclasses.replace(_ended(snap(120), 1), alerts=(fds, died))
+    verdict = exit_verdict(last, 1)
+    lead = "training exited 1: the trainer (pid 1) raised OSError"
+    assert verdict is not None and verdict.startswith(lead), verdict
+    assert "Also: the trainer has 1020 of 1024 file descriptors open." in verdict, verdict

@@ -295,6 +295,22 @@ def test_an_exception_caught_by_the_loop_is_recorded_but_no_death(
     assert re.search(r"worker 0 +left the DataLoader +KeyError: 'label'", text), text
 
 
+def test_an_exception_caught_then_a_new_loader_and_exit_1_is_no_death(
+    agent_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The loop catches the KeyError, goes on for seconds with a NEW DataLoader (the old one never
+    delivers again) and then exits 3 of its own accord: the caught exception is not what it died of."""
+    cfg = {"mode": "caught", "at": 40, "steps": 600, "new_loader": True, "exit": 3}
+    run = start(agent_env, tmp_path, cfg)
+    run.event("caught")
+    run.event("done")
+    assert run.wait(DEADLINE_S) == 3
+    snaps = run.snapshots()
+    assert [e.origin for e in snaps[-1].exceptions] == ["next"]
+    assert not [a for s in snaps for a in s.alerts if a.kind == KIND]
+    assert "raised" not in run.verdict(), run.verdict()
+
+
 def test_a_killed_workers_echo_is_not_the_cause(agent_env: dict[str, str], tmp_path: Path) -> None:
     """kill -9 of a worker: torch raises "DataLoader worker (pid N) is killed by signal" in the
     trainer, which dies of it uncaught. The signal is the cause; the exception only its echo."""
@@ -481,3 +497,21 @@ def test_the_snapshot_field_reads_both_ways() -> None:
         json.loads(json.dumps(snapshot_to_dict(dataclasses.replace(s, exceptions=(e,)))))
     )
     assert again.exceptions == (e,)
+
+
+def test_the_excepthook_calls_the_one_it_chains_to_even_if_recording_is_interrupted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A KeyboardInterrupt (a second Ctrl-C) while the line is written must not cost the user the
+    traceback: the previous hook is called all the same."""
+    from dlmon.agent import _last_words
+
+    def interrupted(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_last_words, "_record", interrupted)
+    called: list[object] = []
+    hook = _last_words._make_excepthook(lambda *a: called.append(a))
+    exc = ValueError("boom")
+    hook(ValueError, exc, None)
+    assert called == [(ValueError, exc, None)]

@@ -81,7 +81,8 @@ def install() -> None:
 
 def _make_excepthook(prev: Callable[..., Any]) -> Callable[..., Any]:
     def excepthook(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> Any:
-        with contextlib.suppress(Exception):
+        # the user's traceback is printed whatever happens here (a second Ctrl-C included)
+        with contextlib.suppress(BaseException):
             if isinstance(exc, Exception):
                 _record(exc, "main", tb, None)
         return prev(exc_type, exc, tb)
@@ -92,7 +93,7 @@ def _make_excepthook(prev: Callable[..., Any]) -> Callable[..., Any]:
 
 def _make_thread_excepthook(prev: Callable[[Any], Any]) -> Callable[[Any], Any]:
     def excepthook(args: Any) -> Any:
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(BaseException):
             exc = args.exc_value
             if isinstance(exc, Exception):
                 thread = args.thread

@@ -12,7 +12,8 @@ Argument: JSON ``{"mode": ..., ...}``. Prints ``@@ {json}`` lines (``ready`` wit
 - ``cuda_oom``: the Dataset raises torch's CUDA out-of-memory text at ``at`` (a stand-in: no GPU).
 - ``trainer_bug``: the training loop itself raises ValueError after a few batches.
 - ``thread_bug``: a helper thread raises; the main thread sees it gone and exits 1.
-- ``caught``: the Dataset raises at ``at``; the loop catches it, starts a new epoch and exits 0.
+- ``caught``: the Dataset raises at ``at``; the loop catches it, starts a new epoch and exits 0
+  (``"new_loader": true``: it goes on with a new DataLoader; ``"exit": N``: it then exits N).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from torch.utils.data import DataLoader, Dataset
 CFG: dict[str, Any] = json.loads(sys.argv[1])
 MODE = CFG["mode"]
 AT = CFG.get("at", 40)
+AT_NEW = [AT]  # a new loader of the 'caught' mode raises no more (its workers fork after the change)
 
 
 def emit(ev: str, **kw: Any) -> None:
@@ -49,7 +51,7 @@ class Samples(Dataset[Any]):
             return torch.zeros(256, 256)  # 256 KiB: a batch of 8 is 2 MiB of shared memory
         if MODE == "fds":
             return [torch.zeros(2) for _ in range(16)]  # 16 tensors: 16 descriptors per batch
-        if i >= AT:
+        if i >= AT_NEW[0]:
             if MODE in ("key_error", "caught"):
                 return item["label"]
             if MODE == "memory_error":
@@ -102,6 +104,9 @@ def main() -> None:
                 raise
             recovered = True
             emit("caught")
+            if CFG.get("new_loader"):
+                dl = DataLoader(Samples(), batch_size=batch, num_workers=2, **extra)
+                AT_NEW[0] = 1 << 30
             it = iter(dl)  # a new epoch, new workers
             continue
         n += 1
@@ -116,6 +121,7 @@ def main() -> None:
             sys.exit(1)
         time.sleep(CFG.get("step_s", 0.005))
     emit("done")
+    sys.exit(CFG.get("exit", 0))
 
 
 if __name__ == "__main__":

@@ -93,14 +93,29 @@ def _after_a_death(s: Snapshot, e: TrainingException) -> bool:
 
 
 def _delivered_after(ctx: Context, e: TrainingException) -> bool:
-    """The loader returned batches after ``e`` left it: the program caught it and went on."""
-    if e.batches is None or e.loader_id is None:
+    """The loader returned batches after ``e`` left it, or any loader did between the first poll
+    after ``e`` and the last one (a new DataLoader): the program caught it and went on."""
+    if e.batches is not None and e.loader_id is not None:
+        for snap in reversed(ctx.recent):
+            for loader in snap.loaders:
+                if loader.id == e.loader_id and loader.batches_total is not None:
+                    if loader.batches_total > e.batches:
+                        return True
+                    break
+            else:
+                continue
+            break
+    if e.time is None:
         return False
-    for snap in reversed(ctx.recent):
-        for loader in snap.loaders:
-            if loader.id == e.loader_id and loader.batches_total is not None:
-                return loader.batches_total > e.batches
-    return False
+    # the same process's loaders only: another rank of a DDP job goes on a while as one dies
+    polled = [
+        [x for x in snap.loaders if x.pid == e.reported_by] for snap in ctx.recent if snap.time >= e.time
+    ]
+    polled = [got for got in polled if got]
+    if len(polled) < 2:
+        return False
+    first = {x.id: x.batches_total or 0 for x in polled[0]}
+    return any((x.batches_total or 0) > first.get(x.id, 0) for x in polled[-1])
 
 
 def _loader(ctx: Context, loader_id: str | None) -> LoaderSample | None:
