@@ -414,3 +414,28 @@ def test_blank_lines_are_skipped_in_bulk_and_lines_keep_their_numbers(tmp_path: 
     assert got == [("RecordProblem", 3_000_003), ("RecordProblem", 3_070_004)]
     replayed = [x.line for x in _read_from(str(path), 0, 1)]  # the replay's reader: the same numbers
     assert replayed == [3_000_003, 3_070_004]
+
+
+def test_record_to_dev_stdout_redirected_to_a_file_is_not_refused(tmp_path: Path) -> None:
+    """Review: ``-o /dev/stdout > file`` (a symlink to our own stdout, a regular file) was refused
+    as "a symlink: not followed", although the user's own shell opened that file for us."""
+    sleeper = subprocess.Popen(["sleep", "30"])
+    out = tmp_path / "out.jsonl"
+    args = ["record", str(sleeper.pid), "-o", "/dev/stdout", "--duration", "1"]
+    try:
+        with out.open("wb") as fh:
+            done = subprocess.run(
+                [sys.executable, "-m", "dlmon", *args],
+                stdin=subprocess.DEVNULL,
+                stdout=fh,
+                stderr=subprocess.PIPE,
+                text=True,
+                env={**os.environ, "PYTHONPATH": str(ROOT)},
+                cwd=ROOT,
+                timeout=60,
+            )
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert done.returncode == 0, done.stderr
+    assert _snapshots(out), out.read_text()[:300]
