@@ -414,3 +414,63 @@ def test_blank_lines_are_skipped_in_bulk_and_lines_keep_their_numbers(tmp_path: 
     assert got == [("RecordProblem", 3_000_003), ("RecordProblem", 3_070_004)]
     replayed = [x.line for x in _read_from(str(path), 0, 1)]  # the replay's reader: the same numbers
     assert replayed == [3_000_003, 3_070_004]
+
+
+def test_record_to_dev_stdout_redirected_to_a_file_is_not_refused(tmp_path: Path) -> None:
+    """Review: ``-o /dev/stdout > file`` (a symlink to our own stdout, a regular file) was refused
+    as "a symlink: not followed", although the user's own shell opened that file for us."""
+    sleeper = subprocess.Popen(["sleep", "30"])
+    out = tmp_path / "out.jsonl"
+    args = ["record", str(sleeper.pid), "-o", "/dev/stdout", "--duration", "1"]
+    try:
+        with out.open("wb") as fh:
+            done = subprocess.run(
+                [sys.executable, "-m", "dlmon", *args],
+                stdin=subprocess.DEVNULL,
+                stdout=fh,
+                stderr=subprocess.PIPE,
+                text=True,
+                env={**os.environ, "PYTHONPATH": str(ROOT)},
+                cwd=ROOT,
+                timeout=60,
+            )
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert done.returncode == 0, done.stderr
+    assert _snapshots(out), out.read_text()[:300]
+
+
+def test_a_clock_that_stepped_back_loses_no_snapshot_but_a_lone_early_line_is_skipped(tmp_path: Path) -> None:
+    """Review: the time-order check dropped every snapshot after an NTP step back until the clock
+    passed its old maximum (200 lines, 150 s back after line 100: the last 100 lost)."""
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        got = _dlmon(
+            "record",
+            str(sleeper.pid),
+            "-o",
+            str(tmp_path / "one.jsonl"),
+            "--duration",
+            "1.5",
+            "--interval",
+            "0.5",
+            env=dict(os.environ),
+        )
+        assert got.returncode == 0, got.stderr
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    first = _snapshots(tmp_path / "one.jsonl")[0]
+    t0 = float(first["time"])  # type: ignore[arg-type]
+    times = [t0 + i for i in range(100)] + [t0 + 99 - 150 + i for i in range(100)]
+    stepped = tmp_path / "stepped.jsonl"
+    stepped.write_text("".join(json.dumps({**first, "time": t}) + "\n" for t in times))
+    report = _dlmon("report", str(stepped), env=dict(os.environ))
+    assert report.returncode == 0, report.stderr
+    assert "skipping line" not in report.stderr and "(200 snapshots)" in report.stdout, report.stdout
+    assert "-" not in report.stdout.split("duration", 1)[1].split("\n", 1)[0]
+    lone = tmp_path / "lone.jsonl"  # one line two hours early among lines in order: skipped
+    lone.write_text("".join(json.dumps({**first, "time": t}) + "\n" for t in (t0, t0 + 1, t0 - 7200, t0 + 2)))
+    report = _dlmon("report", str(lone), env=dict(os.environ))
+    assert "skipping line 3" in report.stderr and "(3 snapshots)" in report.stdout, report.stdout

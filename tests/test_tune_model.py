@@ -369,5 +369,20 @@ def test_a_projection_never_outranks_a_measured_result_silently() -> None:
     lines = recommendation_lines([ok(0, 8, 100), stopped, skipped])
     note = next(x for x in lines if "stopped on a projection" in x)
     assert f"0 workers {X} batch 64" in note and "rerun with --force" in note and "1 skipped on it" in note
+    # Review: --force runs the skipped; it never turns the memory watch off, so promising that it
+    # measures the stopped configuration itself was false advice
+    alone = next(x for x in recommendation_lines([ok(0, 8, 100), stopped]) if "projection" in x)
+    assert "--force" not in alone, alone
     slower = Result(Config(0, 64), WOULD_OOM, "at ~1.62 GiB", samples_per_s=50.0)
     assert not any("projection" in x for x in recommendation_lines([ok(0, 8, 100), slower]))
+
+
+def test_a_staircase_of_steps_seconds_apart_is_stopped_before_a_step_reaches_the_cap() -> None:
+    """Review: jumps were forgotten after 3 s, so a batch every 3 s or more (each step taken for a
+    one-time allocation) was only stopped past the line: 550 -> 660 MiB in a 640 MiB cgroup was the
+    kernel's OOM kill, not a stop. A second jump, however far after the first, makes a staircase."""
+    for per in (12, 16, 40):  # a step every 3 s, 4 s, 10 s
+        steps = [(220 + 110 * (i // per), 200 + 110 * (i // per)) for i in range(6 * per)]
+        readings = [(220, 200)] * 4 + steps
+        stopped = feed(OomWatch(640 * MIB), readings)
+        assert stopped is not None and readings[stopped][0] < 640, (per, stopped)

@@ -307,7 +307,9 @@ class Summarizer:
         if self.start is None:
             self.start, self.host, self.command = s.time, s.host, s.target.cmdline
             self.job_start = s.target.start_unix_time
-        self.end = s.time
+        # the earliest to the latest: a clock that stepped back (kept by the reader) spans no less
+        self.start = min(self.start, s.time)
+        self.end = s.time if self.end is None else max(self.end, s.time)
         stale = self._pss_predates_a_fork(s)
         for fig in PEAKS:
             value = None if fig.pss_sum and stale else fig.read(s)

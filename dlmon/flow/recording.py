@@ -88,6 +88,8 @@ def refuse_record_path(path: str, force: bool = False) -> None:
         link = stat.S_ISLNK(os.lstat(path).st_mode)
     except OSError:
         return  # nothing there (or not ours to look at: the open says why)
+    if link and _is_own_std_stream(path):
+        return  # -o /dev/stdout > file: the user's shell opened that file for us
     if link:
         try:
             target_mode: int | None = os.stat(path).st_mode
@@ -113,6 +115,23 @@ def refuse_record_path(path: str, force: bool = False) -> None:
         raise RecordPathRefused(
             errno.EEXIST, f"{path} exists and is not a dlmon record: not replaced (--force replaces it)"
         )
+
+
+def _is_own_std_stream(path: str) -> bool:
+    """``path`` (a symlink such as /dev/stdout or /proc/self/fd/2) leads to the very file our
+    stdin, stdout or stderr is open on."""
+    try:
+        target = os.stat(path)
+    except OSError:
+        return False
+    for fd in (0, 1, 2):
+        try:
+            own = os.fstat(fd)
+        except OSError:
+            continue
+        if (own.st_dev, own.st_ino) == (target.st_dev, target.st_ino):
+            return True
+    return False
 
 
 def check_record_path(path: str, force: bool = False) -> None:

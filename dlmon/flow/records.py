@@ -50,7 +50,49 @@ def open_record_file(path: str) -> IO[bytes]:
 
 def iter_records(path: str) -> Iterator[Record]:
     """Yield every line of ``path`` as a snapshot, the end marker, or the reason it was skipped."""
-    latest: tuple[float, int] | None = None  # (time, line) of the latest snapshot so far
+    return in_time_order(_iter_lines(path))
+
+
+def in_time_order(lines: Iterator[tuple[int, Record]]) -> Iterator[Record]:
+    """Drop a lone snapshot earlier than the latest before it (a line from elsewhere, a forged
+    time: it gave "duration -1:59:54"), but keep a clock that stepped back (NTP, a resumed VM):
+    when the next snapshot is also early and not earlier than the first, both are kept and time
+    goes on from there (a summary spans its earliest to its latest time). At most one snapshot is
+    held back, and only until the next one."""
+    latest: tuple[float, int] | None = None  # (time, line) of the latest snapshot kept
+    held: tuple[Snapshot, int] | None = None  # an early snapshot, waiting for the next one to judge it
+
+    def outlier() -> RecordProblem:
+        assert held is not None and latest is not None
+        return RecordProblem(held[1], f"out of time order (earlier than line {latest[1]})")
+
+    for number, record in lines:
+        if not isinstance(record, Snapshot):
+            if held is not None and isinstance(record, RecordEnd):
+                yield outlier()
+                held = None
+            yield record
+            continue
+        if latest is None or record.time >= latest[0]:
+            if held is not None:  # back in order: the held one was a lone outlier
+                yield outlier()
+                held = None
+            latest = (record.time, number)
+            yield record
+        elif held is None:
+            held = (record, number)
+        elif record.time >= held[0].time:  # two early lines in order: the clock stepped back
+            yield held[0]
+            yield record
+            latest, held = (record.time, number), None
+        else:
+            yield outlier()
+            held = (record, number)
+    if held is not None:
+        yield outlier()
+
+
+def _iter_lines(path: str) -> Iterator[tuple[int, Record]]:
     with open_record_file(path) as fh:
         number = 0
         while True:
@@ -58,28 +100,25 @@ def iter_records(path: str) -> Iterator[Record]:
             try:
                 raw = fh.readline(MAX_LINE_BYTES + 1)
             except (OSError, EOFError, zlib.error) as exc:  # a truncated or damaged .gz, a read error
-                yield RecordProblem(number, f"unreadable from here on: {exc}")
+                yield number, RecordProblem(number, f"unreadable from here on: {exc}")
                 return
             if not raw:
                 return
             if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
                 if not _skip_rest_of_line(fh):
-                    yield RecordProblem(
-                        number, f"longer than {MAX_LINE_BYTES >> 20} MiB and never ends: stopped"
+                    yield (
+                        number,
+                        RecordProblem(
+                            number, f"longer than {MAX_LINE_BYTES >> 20} MiB and never ends: stopped"
+                        ),
                     )
                     return
-                yield RecordProblem(number, f"longer than {MAX_LINE_BYTES >> 20} MiB: skipped")
+                yield number, RecordProblem(number, f"longer than {MAX_LINE_BYTES >> 20} MiB: skipped")
                 continue
             if not raw.strip():
                 number += skip_blank_lines(fh)
                 continue
-            record = parse_line(number, raw)
-            if isinstance(record, Snapshot):  # lines out of time order would give negative spans
-                if latest is not None and record.time < latest[0]:
-                    yield RecordProblem(number, f"out of time order (earlier than line {latest[1]})")
-                    continue
-                latest = (record.time, number)
-            yield record
+            yield number, parse_line(number, raw)
 
 
 BLANK = b" \t\r\n"

@@ -91,10 +91,10 @@ MIN_FIT_READINGS = 3  # projected_peak's least for a slope
 # A rise of anonymous memory between two readings by more than this share of the limit is a jump
 # (readings that jump in a row are one jump: an allocation split by a tick). One jump alone (a
 # buffer allocated once) is no growth: its slope counts only while it goes on (a ramp), once a
-# second jump follows within STAIR_S (a staircase: a batch at a time), or if readings after it
-# still rise.
+# second jump follows within STAIR_S (a staircase: a batch at a time, even seconds apart), or if
+# readings after it still rise.
 JUMP_FRACTION = 0.04
-STAIR_S = 3.0
+STAIR_S = 30.0  # not 3 s: a staircase of a step every few seconds crossed the cap unstopped
 
 
 @dataclass(slots=True)

@@ -102,10 +102,16 @@ def projection_notes(results: Sequence[Result], rec: Recommendation | None) -> l
             continue  # measured slower before the stop: the recommendation stands either way
         seen = f" ({r.samples_per_s:.0f} samples/s before the stop)" if r.samples_per_s else ""
         skipped = sum(1 for o in results if o.outcome == SKIPPED and f"of {r.config.label()}," in o.detail)
-        also = f", and the {skipped} skipped on it" if skipped else ""
+        # --force runs what was skipped; it does not turn the memory watch off, so the stopped
+        # configuration itself would be stopped again on the same readings
+        then = (
+            f"rerun with --force to run the {skipped} skipped on it"
+            if skipped
+            else "the recommendation leaves it out"
+        )
         notes.append(
             f"note: {r.config.label()} stopped on a projection ({outcome_text(r.outcome, r.detail)}), "
-            f"not a measured OOM{seen}: rerun with --force to measure it{also}"
+            f"not a measured OOM{seen}: {then}"
         )
     return notes
 
