@@ -198,7 +198,8 @@ def test_every_loader_and_process_of_a_torchrun_job_carries_its_rank(straggler: 
         if len(s["loaders"]) == 2 and all(lo["batches_per_s"] for lo in s["loaders"])
     ]
     assert len(steady) >= 10
-    best = steady[-1]
+    # the last steady reading can come as the job exits, its workers already shut down
+    best = next(s for s in reversed(steady) if all(lo["worker_pids"] for lo in s["loaders"]))
     loaders = {lo["pid"]: lo for lo in best["loaders"]}
     assert sorted(lo["rank"] for lo in loaders.values()) == [0, 1]
     assert all(lo["world_size"] == 2 and lo["node_rank"] == 0 for lo in loaders.values())
@@ -446,3 +447,46 @@ def test_two_nodes_label_their_node_rank(tmp_path: Path) -> None:
         assert loaders and {
             (lo["rank"], lo["local_rank"], lo["node_rank"], lo["world_size"]) for lo in loaders
         } == {(node, 0, node, 2)}
+
+
+# -- review: env digits, a missed reply, a reused worker pid ----------------------------------------
+
+
+def test_a_non_ascii_digit_is_no_rank_and_slurm_still_counts() -> None:
+    """'²'.isdigit() is True but int('²') raises: the bad RANK must fall through to SLURM's."""
+    found = _rank.read_rank({"RANK": "²", "SLURM_PROCID": "3"})
+    assert found is not None and found["rank"] == 3 and found["source"] == "slurm"
+
+
+def _proc(pid: int, ppid: int, role: str, start_time: int = 1) -> Any:
+    from dlmon.model import ProcessSample
+
+    return ProcessSample(pid=pid, start_time=start_time, ppid=ppid, role=role, comm="python", state="S")
+
+
+def test_a_rank_survives_a_tick_without_its_agents_reply() -> None:
+    """A rank never changes; a reply that timed out once must not drop it (Prometheus labels would
+    flip to rank="" and back: new series), and a reused pid (a new start time) is not given it."""
+    from dlmon.collect.sampler import keep_ranks
+
+    known: dict[tuple[int, int], tuple[int, int | None, int | None]] = {}
+    ranked = replace(_proc(100, 1, "main"), rank=1, local_rank=1, node_rank=0)
+    keep_ranks((ranked,), known)
+    again = keep_ranks((_proc(100, 1, "main"),), known)  # the agent did not answer this tick
+    assert (again[0].rank, again[0].local_rank, again[0].node_rank) == (1, 1, 0)
+    reused = keep_ranks((_proc(100, 1, "main", start_time=2),), known)
+    assert reused[0].rank is None
+
+
+def test_a_worker_takes_its_parents_rank_over_a_stale_pid_list() -> None:
+    """Rank 0's loader still lists a dead worker's pid, now reused by a worker of rank 1."""
+    from dlmon.collect.agent_client import AgentReading
+    from dlmon.collect.sampler import _ranks_of
+
+    loader0 = LoaderSample(id="10:1", name="t.py:1", pid=10, worker_pids=(500,))
+    loader1 = LoaderSample(id="20:1", name="t.py:1", pid=20, worker_pids=(600,))
+    reading = AgentReading(
+        time=0.0, pids=(10, 20), loaders=(loader0, loader1), ranks={10: RankInfo(0), 20: RankInfo(1)}
+    )
+    procs = (_proc(10, 1, "main"), _proc(20, 1, "main"), _proc(500, 20, "worker"), _proc(600, 20, "worker"))
+    assert _ranks_of(procs, reading)[500].rank == 1

@@ -32,7 +32,7 @@ _read_at: float | None = None
 
 def _whole(environ: Mapping[str, str], name: str) -> int | None:
     raw = environ.get(name, "").strip()
-    if not raw or len(raw) > 9 or not raw.isdigit():
+    if not raw or len(raw) > 9 or not raw.isascii() or not raw.isdigit():  # '²'.isdigit()
         return None
     return int(raw)
 

@@ -96,6 +96,7 @@ class Sampler:
         self._exit_code = exit_code
         self._exit_retried = False
         self._last_time: float | None = None
+        self._ranks: dict[tuple[int, int], tuple[int, int | None, int | None]] = {}
         self.last_cost: TickCost | None = None
         self._kernel = KernelLog()
         self._job_shm = JobShm(proc_root)
@@ -147,6 +148,7 @@ class Sampler:
         if reading is not None:
             processes = _with_agent_identity(processes, reading)
             gpus = merge_torch_memory(gpus, reading)
+        processes = keep_ranks(processes, self._ranks)
         self._remember_identity(reading)
         rss = [p.rss_bytes for p in processes if p.rss_bytes is not None]
         pss = [p.pss_bytes for p in processes if p.pss_bytes is not None]
@@ -314,12 +316,35 @@ def _ranks_of(processes: tuple[ProcessSample, ...], reading: AgentReading) -> di
     if not reading.ranks:
         return {}
     ranks = dict(reading.ranks)
+    for p in processes:  # the parent is the truth; a loader's pid list can name a dead worker's reused pid
+        if p.role == "worker" and p.ppid is not None and p.ppid in reading.ranks:
+            ranks.setdefault(p.pid, reading.ranks[p.ppid])
     for loader in reading.loaders:
         rank = reading.ranks.get(loader.pid)
         if rank is not None:
             for pid in loader.worker_pids:
                 ranks.setdefault(pid, rank)
-    for p in processes:
-        if p.role == "worker" and p.ppid is not None and p.ppid in reading.ranks:
-            ranks.setdefault(p.pid, reading.ranks[p.ppid])
     return ranks
+
+
+def keep_ranks(
+    processes: tuple[ProcessSample, ...], known: dict[tuple[int, int], tuple[int, int | None, int | None]]
+) -> tuple[ProcessSample, ...]:
+    """A process's rank never changes (its agent reads it once): one tick without its agent's
+    reply (a timeout under load) keeps the rank it had, so its Prometheus series keep their labels
+    and ``--rank`` keeps hiding it. ``known`` ((pid, start_time) -> rank) is updated in place."""
+    from dataclasses import replace
+
+    out = []
+    for p in processes:
+        key = (p.pid, p.start_time)
+        if p.rank is not None:
+            known[key] = (p.rank, p.local_rank, p.node_rank)
+        elif key in known:
+            rank, local_rank, node_rank = known[key]
+            p = replace(p, rank=rank, local_rank=local_rank, node_rank=node_rank)
+        out.append(p)
+    live = {(p.pid, p.start_time) for p in processes}
+    for key in [k for k in known if k not in live]:
+        del known[key]
+    return tuple(out)
