@@ -55,3 +55,34 @@ def test_a_pipe_whose_write_end_closes_stops_the_training() -> None:
     finally:
         os.close(read_end)
     assert "cut" in out.stdout and "alive" not in out.stdout, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize(
+    "bad", [{"command": 5}, {"left_at": "noon"}, {"why": ["x"]}, {"log_path": 3}, {"watcher_pid": "1"}]
+)
+def test_a_badly_typed_job_note_is_dropped_not_a_traceback(
+    bad: dict[str, object], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job note naming a live process (this one) whose fields are of the wrong type."""
+    import json
+    import tempfile
+
+    from dlmon.launch import unwatched
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    me = os.getpid()
+    note = {
+        "pid": me,
+        "started": unwatched.start_ticks(me),
+        "command": "python train.py",
+        "log_path": None,
+        "watcher_pid": None,
+        "watcher_started": None,
+        "left_at": None,
+        "why": "",
+        **bad,
+    }
+    path = Path(unwatched.jobs_dir()) / f"{me}.json"
+    path.write_text(json.dumps(note))
+    assert unwatched.remind() == []
+    assert not path.exists()
