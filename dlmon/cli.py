@@ -616,14 +616,17 @@ def _run_dashboard(
         unwatched.forget(training.pid)
         last.say_verdict(code)
         return _after_exit(training, code, result.stop_training)
-    if result.stop_training:
+    # the demo's training is left running only when the user said so: a dashboard that ended
+    # otherwise (the terminal gone under it, an error) must not release it to burn a core for ever
+    demo_orphaned = training.lifeline is not None and not result.quit_by_user
+    if result.stop_training or demo_orphaned:
         click.echo("dlmon: stopping the training (SIGINT, then SIGTERM, then SIGKILL)...", err=True)
         code = training.stop()
         unwatched.forget(training.pid)
         return code
     training.release()  # the demo too: the user chose to leave it running
     if note is not None:
-        unwatched.note_left(note, "you left it running")
+        unwatched.note_left(note, "you left it running" if result.quit_by_user else "the dashboard ended")
     _note_goes_on(training, "the dashboard was closed")
     click.echo(
         f"dlmon: the training goes on (pid {training.pid}); log: {training.log_path}\n"

@@ -25,17 +25,23 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def code_digest(source: str) -> str:
+    """The code's digest without its comments and formatting, the same on every Python dlmon
+    supports: ``ast.unparse``, not ``ast.dump``, whose output grows with each version's new node
+    fields (3.12's ``type_params``, 3.13's omitted defaults) and would fail CI on another Python."""
+    return _digest(ast.unparse(ast.parse(textwrap.dedent(source))))
+
+
 def current_layout() -> dict[str, Any]:
     from dlmon.ui import app, views
 
-    compose = ast.parse(textwrap.dedent(inspect.getsource(app.MainScreen.compose)))
     css_path = Path(app.__file__).with_name("dlmon.tcss")
     css = re.sub(r"/\*.*?\*/", "", css_path.read_text(), flags=re.S)
     return {
         "panels": [list(p) for p in app.PANELS],
         "top_panels": sorted(app.TOP_PANELS),
         "workers_columns": [[c.key, c.title] for c in views.COLUMNS],
-        "main_screen": _digest(ast.dump(compose, annotate_fields=False)),
+        "main_screen": code_digest(inspect.getsource(app.MainScreen.compose)),
         "stylesheet": _digest(" ".join(css.split())),
     }
 

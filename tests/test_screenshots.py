@@ -7,15 +7,22 @@ them); a change to any of them without a new set fails here.
 
 from __future__ import annotations
 
+import glob
+import inspect
+import os
 import re
+import shutil
+import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SHOTS_DIR = ROOT / "screenshots"
 sys.path.insert(0, str(SHOTS_DIR))
 
-from layout import changed_parts, current_layout, stored_layout  # noqa: E402
+from layout import changed_parts, code_digest, current_layout, stored_layout  # noqa: E402
 
 REGENERATE = "run screenshots/regenerate.py (about five minutes, unattended) and commit the new set"
 
@@ -39,6 +46,29 @@ def test_the_layout_fingerprint_sees_a_new_column() -> None:
     moved = {**current, "workers_columns": [*current["workers_columns"], ["rank", "RANK"]]}
     assert changed_parts(current, moved) == ["workers_columns"]
     assert changed_parts(None, current) == sorted(current)
+
+
+def test_the_layout_fingerprint_is_the_same_on_every_python() -> None:
+    """CI may run another Python than the one that made layout.json: the digest of the main
+    screen's code must not change with it (``ast.dump`` did, from 3.11 to 3.12 and 3.13)."""
+    from dlmon.ui import app
+
+    source = inspect.getsource(app.MainScreen.compose)
+    candidates = [shutil.which(f"python3.{minor}") for minor in range(10, 15)]
+    candidates += glob.glob(os.path.expanduser("~/.pyenv/versions/3.*/bin/python3"))
+    ran = 0
+    probe = (
+        f"import sys; sys.path.insert(0, {str(SHOTS_DIR)!r}); from layout import code_digest; "
+        "print(code_digest(sys.stdin.read()))"
+    )
+    for exe in sorted({c for c in candidates if c}):
+        out = subprocess.run([exe, "-I", "-c", probe], input=source, capture_output=True, text=True)
+        if out.returncode != 0:  # not runnable (a pyenv shim, too old for layout.py): not a digest
+            continue
+        ran += 1
+        assert out.stdout.strip() == code_digest(source), f"{exe} digests the main screen apart"
+    if ran < 2:  # this interpreter's own run plus at least one other
+        pytest.skip("no other Python interpreter here")
 
 
 def test_every_screenshot_is_there_and_referenced() -> None:

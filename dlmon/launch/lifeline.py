@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -54,14 +55,20 @@ def hold_from_env(on_cut: Callable[[], None] = lambda: None) -> bool:
     text = os.environ.pop(ENV, "")
     if not text.isdigit():
         return False
-    hold(int(text), on_cut)
-    return True
+    return hold(int(text), on_cut)
 
 
-def hold(read_end: int, on_cut: Callable[[], None] = lambda: None, grace_s: float = STOP_GRACE_S) -> None:
+def hold(read_end: int, on_cut: Callable[[], None] = lambda: None, grace_s: float = STOP_GRACE_S) -> bool:
     """In the training: a daemon thread that stops this process when dlmon goes away.
-    ``on_cut`` runs first (e.g. a line in the training's log saying why it stops)."""
-    os.set_inheritable(read_end, False)  # forked workers and subprocesses need not hold it
+    ``on_cut`` runs first (e.g. a line in the training's log saying why it stops). An fd that is
+    not a pipe (closed, /dev/null, a file: a stray ``$DLMON_LIFELINE_FD``) is no lifeline: its
+    end-of-file would stop a training that dlmon never meant to stop. False then."""
+    try:
+        if not stat.S_ISFIFO(os.fstat(read_end).st_mode):
+            return False
+        os.set_inheritable(read_end, False)  # forked workers and subprocesses need not hold it
+    except OSError:
+        return False
 
     def watch() -> None:
         try:
@@ -75,3 +82,4 @@ def hold(read_end: int, on_cut: Callable[[], None] = lambda: None, grace_s: floa
         _stop_self(grace_s)
 
     threading.Thread(target=watch, name="dlmon-lifeline", daemon=True).start()
+    return True

@@ -91,9 +91,31 @@ def _read(path: str) -> JobNote | None:
     try:
         with open(path, encoding="utf-8") as fh:
             raw = json.load(fh)
-        return JobNote(**raw) if isinstance(raw, dict) else None
+        note = JobNote(**raw) if isinstance(raw, dict) else None
     except (OSError, ValueError, TypeError):
         return None
+    return note if note is not None and _well_typed(note) else None
+
+
+def _is_int(value: object, optional: bool = False) -> bool:
+    return (value is None and optional) or (isinstance(value, int) and not isinstance(value, bool))
+
+
+def _well_typed(note: JobNote) -> bool:
+    """A note another version (or a hand) wrote wrong is dropped, not a traceback in every command."""
+    return (
+        _is_int(note.pid)
+        and _is_int(note.started)
+        and isinstance(note.command, str)
+        and (note.log_path is None or isinstance(note.log_path, str))
+        and _is_int(note.watcher_pid, optional=True)
+        and _is_int(note.watcher_started, optional=True)
+        and (
+            note.left_at is None
+            or (isinstance(note.left_at, (int, float)) and not isinstance(note.left_at, bool))
+        )
+        and isinstance(note.why, str)
+    )
 
 
 def unwatched() -> list[JobNote]:
