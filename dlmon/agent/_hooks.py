@@ -1066,12 +1066,13 @@ def _loader_died(serial: int, key: int) -> Callable[[Any], None]:
     def cb(_ref: Any) -> None:
         try:
             ls = R.loaders.get(serial)
-            if ls is not None:
-                ls.alive = False
-                ls.dead_ns = time.monotonic_ns()
             if R.by_loader_id.get(key) is ls:
                 R.by_loader_id.pop(key, None)
             R.loader_refs.pop(key, None)
+            # a loader that goes on in this row (_continue_dead_twin) keeps it alive
+            if ls is not None and not any(v is ls for v in list(R.by_loader_id.values())):
+                ls.alive = False
+                ls.dead_ns = time.monotonic_ns()
         except Exception:
             pass
 
