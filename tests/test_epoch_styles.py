@@ -83,3 +83,22 @@ def test_a_merged_row_stays_alive_when_the_earlier_loader_dies() -> None:
     assert got["rows_before"] == 1 and len(got["rows"]) == 1, got  # one row for both
     (row,) = got["rows"]
     assert row["alive"] is True and row["batches_total"] == 8, row
+
+
+def test_two_user_loaders_over_one_dataset_are_two_listed_rows() -> None:
+    """Only a loader a framework builds again from the user's is merged into it; two loaders the
+    user wrote over the same dataset are both listed (the first was hidden as "replaced")."""
+    with private_agent_env("dlmon-samedata-") as env:
+        env["PYTHONPATH"] = str(ROOT)
+        out = subprocess.run(
+            [sys.executable, str(SCRIPT.parent / "same_dataset.py")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout.strip().splitlines()[-1])
+    listed = [r for r in rows if r["iterated"] and r["replaced_by"] is None]
+    assert sorted(r["batches_total"] for r in listed) == [4, 16], rows
+    assert len({r["name"] for r in listed}) == 2, rows

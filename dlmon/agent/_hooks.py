@@ -922,6 +922,28 @@ def _user_site(skip_self: Any = None) -> tuple[str | None, int | None, str | Non
     return fallback
 
 
+def _built_by_library(skip_self: Any) -> bool:
+    """Whether the code that built ``skip_self`` (the first frame outside torch, dlmon's agent and
+    its own ``__init__``) is an installed package's (accelerate's prepare, Lightning's re-creation),
+    not the user's. At construction only."""
+    try:
+        f: FrameType | None = sys._getframe(1)
+        tdir = R.torch_dir
+        depth = 0
+        while f is not None and depth < 64:
+            depth += 1
+            fn = f.f_code.co_filename
+            inside = fn.startswith(_AGENT_DIR) or (tdir is not None and fn.startswith(tdir))
+            if not inside and f.f_code.co_name == "__init__":
+                inside = f.f_locals.get("self") is skip_self
+            if not inside:
+                return _is_library_file(fn, _internal_prefixes())
+            f = f.f_back
+    except Exception:
+        pass
+    return False
+
+
 _internal: tuple[str, ...] | None = None
 
 
@@ -1095,7 +1117,8 @@ def _loader_constructed(loader: Any) -> _LoaderState:
         with contextlib.suppress(Exception):
             _note_context(ls, *_framework_context())
             _note_context(ls, _loader_class_framework(loader), None)
-            _inherit_from_wrapped(ls, loader)
+            if _built_by_library(loader):  # two loaders the user wrote over one dataset stay two
+                _inherit_from_wrapped(ls, loader)
     _read_loader_settings(ls, loader)
     return ls
 
