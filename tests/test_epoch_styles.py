@@ -102,3 +102,17 @@ def test_two_user_loaders_over_one_dataset_are_two_listed_rows() -> None:
     listed = [r for r in rows if r["iterated"] and r["replaced_by"] is None]
     assert sorted(r["batches_total"] for r in listed) == [4, 16], rows
     assert len({r["name"] for r in listed}) == 2, rows
+
+
+def test_user_subclasses_defined_after_the_hooks_work_as_without_dlmon() -> None:
+    with private_agent_env("dlmon-subclass-") as env:
+        env["PYTHONPATH"] = str(ROOT)
+        out = subprocess.run(
+            [sys.executable, str(SCRIPT.parent / "odd_subclasses.py")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert out.returncode == 0, out.stderr  # a partialmethod __init__ raised TypeError in the hook
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"fours": 2, "tag": "x", "tagged": 4}

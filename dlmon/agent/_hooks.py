@@ -36,7 +36,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from types import FrameType, ModuleType
+from types import FrameType, FunctionType, ModuleType
 from typing import Any
 
 from dlmon.agent import _journal, _tune
@@ -803,8 +803,8 @@ def _patch_loader_class(cls: type) -> None:
         return
     _patched_loader_classes.add(cls)
     orig = cls.__dict__.get("__init__")
-    if orig is None or _is_ours(orig):
-        return
+    if not isinstance(orig, FunctionType) or _is_ours(orig):
+        return  # none, or not a plain function (a functools.partialmethod: not callable as is)
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         orig(self, *args, **kwargs)
@@ -823,10 +823,10 @@ def _patch_iter_class(cls: type) -> None:
         return
     _patched_iter_classes.add(cls)
     orig = cls.__dict__.get("__init__")
-    if orig is not None and not _is_ours(orig):
+    if isinstance(orig, FunctionType) and not _is_ours(orig):
         cls.__init__ = _mark(_make_iter_init(orig), orig, "iter_init")  # type: ignore[misc]
     reset = cls.__dict__.get("_reset")
-    if reset is not None and cls.__name__ != "_BaseDataLoaderIter" and not _is_ours(reset):
+    if isinstance(reset, FunctionType) and cls.__name__ != "_BaseDataLoaderIter" and not _is_ours(reset):
         cls._reset = _mark(_make_reset(reset), reset, "reset")  # type: ignore[attr-defined]
 
 
