@@ -915,3 +915,23 @@ def test_sockets_already_connected_are_closed_when_a_later_connect_raises(
     finally:
         mine.close()
         theirs.close()
+
+
+def test_wall_share_leaves_start_up_out_like_own_share() -> None:
+    """A bare one-loader loop with worker start-up in the interval: the wall share (what the job
+    is judged on) leaves the start-up out as the own share does, so the two are the same; an
+    interval that is all start-up has no figure, as before (not a 0 that dilutes the window)."""
+    c = AgentClient()
+    c.convert({42: _wire(1_000_000_000, 10, 80, 100, 300)})
+    cur = _wire(3_000_000_000, 50, 400, 600_000_100, 400_000_300)
+    cur["loaders"][0]["startup_wait_ns_total"] = 800_000_005  # 0.8 s of the 2 s starting workers
+    cur["loaders"][0]["end_wait_ns_total"] = 200_000_000  # and 0.2 s ending the epoch
+    (ls,) = c.convert({42: cur}).loaders
+    assert ls.data_wait_fraction == pytest.approx(0.6)
+    assert ls.wall_wait_fraction == pytest.approx(ls.data_wait_fraction, abs=1e-6)
+    c = AgentClient()
+    c.convert({42: _wire(1_000_000_000, 10, 80, 100, 300)})
+    cur = _wire(3_000_000_000, 11, 88, 100, 300)
+    cur["loaders"][0]["startup_wait_ns_total"] = 2_000_000_005  # the whole interval
+    (ls,) = c.convert({42: cur}).loaders
+    assert ls.data_wait_fraction is None and ls.wall_wait_fraction is None

@@ -66,3 +66,53 @@ def test_validation_bursts_between_training_batches_get_their_roles(styles: dict
 def test_loaders_zipped_or_run_one_after_another_get_no_guessed_role(styles: dict[str, Any]) -> None:
     for name in ("zip_a", "zip_b", "stop_iteration", "new_iterator", "persistent_reset", "stop_by_length"):
         assert styles[name]["role"] is None, (name, styles[name])
+
+
+def test_a_merged_row_stays_alive_when_the_earlier_loader_dies() -> None:
+    with private_agent_env("dlmon-twin-") as env:
+        env["PYTHONPATH"] = str(ROOT)
+        out = subprocess.run(
+            [sys.executable, str(SCRIPT.parent / "twin_outlived.py")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["rows_before"] == 1 and len(got["rows"]) == 1, got  # one row for both
+    (row,) = got["rows"]
+    assert row["alive"] is True and row["batches_total"] == 8, row
+
+
+def test_two_user_loaders_over_one_dataset_are_two_listed_rows() -> None:
+    """Only a loader a framework builds again from the user's is merged into it; two loaders the
+    user wrote over the same dataset are both listed (the first was hidden as "replaced")."""
+    with private_agent_env("dlmon-samedata-") as env:
+        env["PYTHONPATH"] = str(ROOT)
+        out = subprocess.run(
+            [sys.executable, str(SCRIPT.parent / "same_dataset.py")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout.strip().splitlines()[-1])
+    listed = [r for r in rows if r["iterated"] and r["replaced_by"] is None]
+    assert sorted(r["batches_total"] for r in listed) == [4, 16], rows
+    assert len({r["name"] for r in listed}) == 2, rows
+
+
+def test_user_subclasses_defined_after_the_hooks_work_as_without_dlmon() -> None:
+    with private_agent_env("dlmon-subclass-") as env:
+        env["PYTHONPATH"] = str(ROOT)
+        out = subprocess.run(
+            [sys.executable, str(SCRIPT.parent / "odd_subclasses.py")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert out.returncode == 0, out.stderr  # a partialmethod __init__ raised TypeError in the hook
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"fours": 2, "tag": "x", "tagged": 4}

@@ -36,7 +36,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from types import FrameType, ModuleType
+from types import FrameType, FunctionType, ModuleType
 from typing import Any
 
 from dlmon.agent import _journal, _last_words, _tune
@@ -805,8 +805,8 @@ def _patch_loader_class(cls: type) -> None:
         return
     _patched_loader_classes.add(cls)
     orig = cls.__dict__.get("__init__")
-    if orig is None or _is_ours(orig):
-        return
+    if not isinstance(orig, FunctionType) or _is_ours(orig):
+        return  # none, or not a plain function (a functools.partialmethod: not callable as is)
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         orig(self, *args, **kwargs)
@@ -825,10 +825,10 @@ def _patch_iter_class(cls: type) -> None:
         return
     _patched_iter_classes.add(cls)
     orig = cls.__dict__.get("__init__")
-    if orig is not None and not _is_ours(orig):
+    if isinstance(orig, FunctionType) and not _is_ours(orig):
         cls.__init__ = _mark(_make_iter_init(orig), orig, "iter_init")  # type: ignore[misc]
     reset = cls.__dict__.get("_reset")
-    if reset is not None and cls.__name__ != "_BaseDataLoaderIter" and not _is_ours(reset):
+    if isinstance(reset, FunctionType) and cls.__name__ != "_BaseDataLoaderIter" and not _is_ours(reset):
         cls._reset = _mark(_make_reset(reset), reset, "reset")  # type: ignore[attr-defined]
 
 
@@ -922,6 +922,28 @@ def _user_site(skip_self: Any = None) -> tuple[str | None, int | None, str | Non
                 fallback = (fn, f.f_lineno, f.f_code.co_name)
         f = f.f_back
     return fallback
+
+
+def _built_by_library(skip_self: Any) -> bool:
+    """Whether the code that built ``skip_self`` (the first frame outside torch, dlmon's agent and
+    its own ``__init__``) is an installed package's (accelerate's prepare, Lightning's re-creation),
+    not the user's. At construction only."""
+    try:
+        f: FrameType | None = sys._getframe(1)
+        tdir = R.torch_dir
+        depth = 0
+        while f is not None and depth < 64:
+            depth += 1
+            fn = f.f_code.co_filename
+            inside = fn.startswith(_AGENT_DIR) or (tdir is not None and fn.startswith(tdir))
+            if not inside and f.f_code.co_name == "__init__":
+                inside = f.f_locals.get("self") is skip_self
+            if not inside:
+                return _is_library_file(fn, _internal_prefixes())
+            f = f.f_back
+    except Exception:
+        pass
+    return False
 
 
 _internal: tuple[str, ...] | None = None
@@ -1068,12 +1090,13 @@ def _loader_died(serial: int, key: int) -> Callable[[Any], None]:
     def cb(_ref: Any) -> None:
         try:
             ls = R.loaders.get(serial)
-            if ls is not None:
-                ls.alive = False
-                ls.dead_ns = time.monotonic_ns()
             if R.by_loader_id.get(key) is ls:
                 R.by_loader_id.pop(key, None)
             R.loader_refs.pop(key, None)
+            # a loader that goes on in this row (_continue_dead_twin) keeps it alive
+            if ls is not None and not any(v is ls for v in list(R.by_loader_id.values())):
+                ls.alive = False
+                ls.dead_ns = time.monotonic_ns()
         except Exception:
             pass
 
@@ -1096,7 +1119,8 @@ def _loader_constructed(loader: Any) -> _LoaderState:
         with contextlib.suppress(Exception):
             _note_context(ls, *_framework_context())
             _note_context(ls, _loader_class_framework(loader), None)
-            _inherit_from_wrapped(ls, loader)
+            if _built_by_library(loader):  # two loaders the user wrote over one dataset stay two
+                _inherit_from_wrapped(ls, loader)
     _read_loader_settings(ls, loader)
     return ls
 

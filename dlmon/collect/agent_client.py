@@ -783,11 +783,24 @@ def _steady_deltas(cur: Mapping[str, Any], prev: Mapping[str, Any]) -> tuple[int
 def _wall_wait_fraction(cur: Mapping[str, Any], prev: Mapping[str, Any], dt_s: float) -> float | None:
     """The share of the interval's wall time the trainer spent waiting for this loader (steady
     state, a call in progress included): what this loader cost the job, however little of the
-    interval it was iterated. Start-up is left out, as in :func:`_wait_fraction`."""
+    interval it was iterated. Start-up (and the epoch's last call) is left out, as in
+    :func:`_wait_fraction`: from the wait and from the wall time too, so that for a bare one-loader
+    loop this equals the own share, and an interval that is all start-up has no figure (not a 0
+    that would dilute the window's mean)."""
     got = _steady_deltas(cur, prev)
     if got is None or dt_s <= 0:
         return None
-    return min(1.0, got[0] / (dt_s * 1e9))
+    s2, s1 = _int(cur.get("startup_wait_ns_total")), _int(prev.get("startup_wait_ns_total"))
+    startup = 0
+    if s2 is not None and s1 is not None:
+        key = "startup_wait_ns_pending"
+        startup = (s2 + _pending(cur, key)) - (s1 + _pending(prev, key))
+    e2, e1 = _int(cur.get("end_wait_ns_total")), _int(prev.get("end_wait_ns_total"))
+    end = e2 - e1 if e2 is not None and e1 is not None else 0  # the epoch's StopIteration call
+    wall_ns = dt_s * 1e9 - max(0, startup) - max(0, end)
+    if wall_ns <= 0.01 * dt_s * 1e9:
+        return None
+    return min(1.0, got[0] / wall_ns)
 
 
 def _wait_fraction(cur: Mapping[str, Any], prev: Mapping[str, Any], dt_s: float) -> float | None:
