@@ -437,7 +437,9 @@ def test_two_nodes_label_their_node_rank(tmp_path: Path) -> None:
             return found or None
 
         series = wait_for(node_series, timeout=90, every=0.5)
-        assert series == [{"loader": series[0]["loader"], "rank": "1", "local_rank": "0", "node_rank": "1"}]
+        assert series == [
+            {"loader": series[0]["loader"], "rank": "1", "local_rank": "0", "node_rank": "1", "role": ""}
+        ]
         assert all(p.wait(timeout=150) == 0 for p in procs), err.read_text()[-2000:]
     finally:
         for p in procs:

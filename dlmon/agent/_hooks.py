@@ -40,6 +40,7 @@ from types import FrameType, FunctionType, ModuleType
 from typing import Any
 
 from dlmon.agent import _journal, _last_words, _tune
+from dlmon.agent._code_paths import is_library_file
 
 DATALOADER_MODULE = "torch.utils.data.dataloader"
 TORCH_SIGNAL_MODULE = "torch.utils.data._utils.signal_handling"
@@ -905,7 +906,6 @@ def _user_site(skip_self: Any = None) -> tuple[str | None, int | None, str | Non
     except Exception:
         return None, None, None
     tdir = R.torch_dir
-    internal = _internal_prefixes()
     fallback: tuple[str | None, int | None, str | None] = (None, None, None)
     depth = 0
     while f is not None and depth < 64:
@@ -916,7 +916,7 @@ def _user_site(skip_self: Any = None) -> tuple[str | None, int | None, str | Non
             with contextlib.suppress(Exception):
                 inside = f.f_locals.get("self") is skip_self  # a DataLoader subclass's __init__
         if not inside:
-            if not _is_library_file(fn, internal):
+            if not is_library_file(fn):
                 return fn, f.f_lineno, f.f_code.co_name
             if fallback[0] is None:
                 fallback = (fn, f.f_lineno, f.f_code.co_name)
@@ -939,45 +939,11 @@ def _built_by_library(skip_self: Any) -> bool:
             if not inside and f.f_code.co_name == "__init__":
                 inside = f.f_locals.get("self") is skip_self
             if not inside:
-                return _is_library_file(fn, _internal_prefixes())
+                return is_library_file(fn)
             f = f.f_back
     except Exception:
         pass
     return False
-
-
-_internal: tuple[str, ...] | None = None
-
-
-def _internal_prefixes() -> tuple[str, ...]:
-    """Directories whose files are not the user's: the standard library, installed packages, dlmon."""
-    global _internal
-    if _internal is not None:
-        return _internal
-    found: set[str] = {os.path.dirname(_AGENT_DIR) + os.sep}
-    try:
-        import sysconfig
-
-        for key in ("stdlib", "platstdlib", "purelib", "platlib"):
-            path = sysconfig.get_paths().get(key)
-            if path:
-                found.add(os.path.abspath(path) + os.sep)
-        import site
-
-        for path in [*site.getsitepackages(), site.getusersitepackages()]:
-            found.add(os.path.abspath(path) + os.sep)
-    except Exception:
-        pass
-    _internal = tuple(sorted(found))
-    return _internal
-
-
-def _is_library_file(fn: str, internal: tuple[str, ...]) -> bool:
-    if fn.startswith("<frozen"):
-        return True
-    if "/site-packages/" in fn or "/dist-packages/" in fn:
-        return True
-    return fn.startswith(internal)
 
 
 # Frameworks by a path fragment of their files; the outermost one seen on the stack is named.

@@ -34,6 +34,7 @@ from types import TracebackType
 from typing import Any
 
 from dlmon.agent import _journal
+from dlmon.agent._code_paths import is_library_file, library_prefixes
 
 KIND = "exception"
 MAX_RECORDS = 32  # lines per process: a loop that catches and retries must not fill the disk
@@ -45,11 +46,9 @@ MAX_SIZED_LOADERS = 64
 
 _WORKER_HEADER = re.compile(r"Caught (\S+) in (DataLoader worker process (\d+)|pin memory thread[^.\n]*)")
 _FRAME_LINE = re.compile(r'^\s*File "(.+?)", line (\d+), in (.+?)\s*$')
-_AGENT_DIR = os.path.dirname(os.path.abspath(__file__))
 
 _count = 0
 _batch_bytes: dict[int, int] = {}  # loader serial -> bytes of its last measured batch
-_library_dirs: tuple[str, ...] | None = None
 _installed = False
 _pid: int | None = None  # the process the hooks were installed in (a forked child writes nothing)
 
@@ -64,7 +63,7 @@ def install() -> None:
     if _installed:
         return
     _installed = True
-    _library_prefixes()  # now, not in an except branch
+    library_prefixes()  # now, not in an except branch
     try:
         prev = sys.excepthook
         if not getattr(prev, "__dlmon_last_words__", False):
@@ -280,35 +279,9 @@ def _parse_traceback(text: str) -> tuple[list[tuple[str, int, str]], str]:
     return frames, last
 
 
-def _library_prefixes() -> tuple[str, ...]:
-    global _library_dirs
-    if _library_dirs is None:
-        dirs = {_AGENT_DIR, os.path.dirname(os.path.abspath(os.__file__))}  # dlmon's, the stdlib
-        try:
-            import sysconfig
-
-            for key in ("stdlib", "platstdlib", "purelib", "platlib"):
-                path = sysconfig.get_paths().get(key)
-                if path:
-                    dirs.add(os.path.realpath(path))
-                    dirs.add(os.path.abspath(path))
-        except Exception:
-            pass
-        _library_dirs = tuple(d.rstrip(os.sep) + os.sep for d in dirs)
-    return _library_dirs
-
-
-def is_library(path: str) -> bool:
-    if path.startswith("<"):
-        return True  # <frozen runpy>, <string>
-    if f"{os.sep}site-packages{os.sep}" in path or f"{os.sep}dist-packages{os.sep}" in path:
-        return True
-    return path.startswith(_library_prefixes())
-
-
 def _user_frame(frames: list[tuple[str, int, str]]) -> tuple[str, int, str] | None:
     for frame in reversed(frames):
-        if not is_library(frame[0]):
+        if not is_library_file(frame[0]):
             return frame
     return None
 
