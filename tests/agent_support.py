@@ -36,3 +36,12 @@ def private_agent_env(prefix: str) -> Iterator[dict[str, str]]:
         else:
             os.environ["XDG_RUNTIME_DIR"] = old
         shutil.rmtree(d, ignore_errors=True)
+
+
+def alive(pid: int) -> bool:
+    """Running and not a zombie (a dead child not reaped yet is no longer alive)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from agent_support import alive
 from dlmon import cli, ui
 from dlmon.launch.runner import launch
 from dlmon.ui.result import DashboardResult
@@ -23,14 +24,6 @@ assert hold_from_env()
 while True:
     time.sleep(0.2)
 """
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
 
 
 @pytest.mark.parametrize("quit_by_user", [False, True])

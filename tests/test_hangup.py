@@ -17,20 +17,14 @@ from pathlib import Path
 
 import pytest
 
+from agent_support import alive
+
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux"),
 ]
 
 GONE_WITHIN_S = 60.0  # generous: the demo's clean stop usually takes about a second
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
 
 
 def children(pid: int) -> list[int]:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from agent_support import alive
 from dlmon.launch.runner import log_name
 
 
@@ -26,14 +27,6 @@ def wait_for(predicate: object, timeout: float = 20.0) -> bool:
             return True
         time.sleep(0.05)
     return False
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
 
 
 @pytest.mark.parametrize(("shell", "expected"), [("exit 0", 0), ("exit 3", 3), ("kill -9 $$", 128 + 9)])
