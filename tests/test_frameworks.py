@@ -6,6 +6,7 @@ script's own file, roles, epochs, rates) and the headless alert lines."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -219,6 +220,11 @@ def test_screen_and_prometheus_show_roles_and_both_shares(lightning_healthy: Run
     exporter = Exporter()
     exporter(snap)
     text = generate_latest(registry_for(exporter)).decode()
-    assert f'dlmon_loader_data_wait_wall_ratio{{loader="{val_id}",role="validation",' in text, text
-    assert f'dlmon_loader_data_wait_ratio{{loader="{val_id}",role="validation",' in text
+    for name in ("dlmon_loader_data_wait_wall_ratio", "dlmon_loader_data_wait_ratio"):
+        # prometheus_client sorts the labels: loader, local_rank, node_rank, rank, role
+        series = re.compile(
+            rf'^{name}\{{loader="{re.escape(val_id)}",[^}}]*role="validation"\}} (\S+)$', re.M
+        )
+        found = series.search(text)
+        assert found is not None and 0.0 < float(found.group(1)) <= 1.0, text
     assert 'dlmon_job_data_wait_wall_ratio{pid="' in text
