@@ -1017,8 +1017,13 @@ def tune(
       dlmon tune -- python train.py
       dlmon tune --workers 0,2,4,8 --batch-sizes 32,64 --json sweep.json -- python train.py
     """
-    from dlmon.tune.cli import run_tune
+    from dlmon.tune.cli import PlotRenderer, run_tune
 
+    plot: PlotRenderer | None = None
+    if not no_plot:  # the UI layer draws the plot; dlmon.tune never imports it
+        from dlmon.ui.tune_plot import render
+
+        plot = render
     sys.exit(
         run_tune(
             list(command),
@@ -1034,7 +1039,7 @@ def tune(
             json_path,
             csv_path,
             resume_path,
-            no_plot,
+            plot,
             loader_only=loader_only,
             yes=yes,
         )

@@ -4,9 +4,13 @@ have imported them first."""
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
 
 UI_MODULES = ("textual", "rich", "plotext", "textual_plotext")
 
@@ -45,3 +49,67 @@ def test_cli_help_does_not_load_the_collectors() -> None:
     loaded = modules_after_import("dlmon.cli")
     assert "click" in loaded
     assert not {"psutil", "pynvml", "dlmon.collect.sampler", "torch"} & loaded
+
+
+# ---- the import contracts, read from the source (lazy imports inside functions included) -------------
+PACKAGES = ("agent", "model", "collect", "analysis", "flow", "launch", "export", "tune", "ui", "cli")
+# what each layer may import of dlmon besides itself; data flows one way: collect -> model ->
+# analysis -> ui / export, and the agent (inside the training) stands alone
+MAY_IMPORT: dict[str, frozenset[str]] = {
+    "agent": frozenset(),
+    "model": frozenset(),
+    "collect": frozenset({"model", "agent"}),  # the agent's wire shapes
+    "analysis": frozenset({"model"}),
+    "flow": frozenset({"model", "collect", "analysis"}),
+    "launch": frozenset({"model", "collect", "analysis", "flow", "agent"}),
+    "export": frozenset({"model", "collect", "analysis", "flow", "agent"}),
+    "tune": frozenset({"model", "collect", "launch", "agent"}),
+    "ui": frozenset({"model", "analysis", "flow", "export", "tune"}),  # never a /proc read of its own
+    "cli": frozenset(PACKAGES) - {"cli"},
+}
+
+
+def dlmon_imports(path: Path) -> set[str]:
+    """The dlmon packages ``path`` imports anywhere in its body (absolute imports; dlmon uses no
+    relative ones). ``from dlmon import __version__`` (the top package holds only that) is not one."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{path}: relative import"
+            names = [node.module or ""]
+        found |= {name.split(".")[1] for name in names if name.startswith("dlmon.")}
+    return found
+
+
+def layer_of(path: Path, package: Path) -> str | None:
+    parts = path.relative_to(package).with_suffix("").parts
+    return parts[0] if parts[0] in PACKAGES else None
+
+
+def contract_breaches(package: Path) -> list[str]:
+    breaches = []
+    for path in sorted(package.rglob("*.py")):
+        layer = layer_of(path, package)
+        if layer is None:
+            continue
+        for target in sorted(dlmon_imports(path) - {layer}):
+            if target not in MAY_IMPORT[layer]:
+                breaches.append(f"{path.relative_to(package.parent)} ({layer}) imports dlmon.{target}")
+    return breaches
+
+
+def test_each_layer_imports_only_the_layers_below_it() -> None:
+    package = ROOT / "dlmon"
+    assert {layer_of(p, package) for p in package.rglob("*.py")} >= set(PACKAGES)  # every layer was read
+    assert contract_breaches(ROOT / "dlmon") == []
+
+
+def test_the_contract_check_sees_a_breach(tmp_path: Path) -> None:
+    """A collector importing the analysis (the commonest slip) is caught, lazily imported or not."""
+    fake = tmp_path / "dlmon" / "collect"
+    fake.mkdir(parents=True)
+    (fake / "x.py").write_text("def f():\n    from dlmon.analysis.kinds import STALL\n    return STALL\n")
+    assert contract_breaches(tmp_path / "dlmon") == ["dlmon/collect/x.py (collect) imports dlmon.analysis"]

@@ -8,7 +8,7 @@ import shlex
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import FrameType
 
 from dlmon.tune.model import Result, fit_memory
@@ -89,17 +89,18 @@ def _confirm_resume(path: str, saved: Sequence[str], given: Sequence[str]) -> st
     return None if answer in ("y", "yes") else "not resumed"
 
 
-def print_outcome(results: Sequence[Result], plot: bool) -> None:
+PlotRenderer = Callable[[Sequence[Result]], str]
+
+
+def print_outcome(results: Sequence[Result], plot: PlotRenderer | None) -> None:
     print(table(results))
     model = fit_memory(results)
     if model is not None:
         print(f"memory model: {model.describe()}")
     for line in recommendation_lines(results):
         print(line)
-    if plot:
-        from dlmon.ui.tune_plot import render
-
-        text = render(results)
+    if plot is not None:
+        text = plot(results)
         if text:
             print(text)
 
@@ -118,7 +119,7 @@ def run_tune(
     json_path: str | None,
     csv_path: str | None,
     resume_path: str | None,
-    no_plot: bool,
+    plot: PlotRenderer | None,
     loader_only: bool = False,
     yes: bool = False,
 ) -> int:
@@ -198,7 +199,7 @@ def run_tune(
         say(f"the sweep's trainings {describe_left_behind(survivors)}")
     if loader_only:
         print("loader only: the DataLoader iterated without the training step (the input pipeline's ceiling)")
-    print_outcome(end.results, plot=not no_plot)
+    print_outcome(end.results, plot)
     if csv_path:
         try:
             atomic_write(csv_path, sweep_csv(end.results))
