@@ -65,10 +65,15 @@ class Session:
         return out.stdout
 
     def wait_for(self, pattern: re.Pattern[str], timeout: float = 60.0) -> str:
-        screen = ""
-        if poll(lambda: pattern.search(screen := self.screen()) is not None, timeout):
-            return self.screen()
-        raise AssertionError(f"never saw {pattern.pattern!r}:\n{screen}")
+        last = [""]
+
+        def seen() -> bool:
+            last[0] = self.screen()
+            return pattern.search(last[0]) is not None
+
+        if poll(seen, timeout):
+            return last[0]
+        raise AssertionError(f"never saw {pattern.pattern!r}:\n{last[0]}")
 
     def kill_session(self) -> None:
         subprocess.run(["tmux", "-L", self.socket, "kill-session", "-t", "t"], capture_output=True)
@@ -200,39 +205,52 @@ def trend_line(screen: str) -> str:
     return next((line for line in screen.splitlines() if "Trend" in line), "")
 
 
-def test_the_healthy_demo_shows_no_trend_through_its_warm_up(private_tmp: dict[str, str]) -> None:
+@pytest.fixture(scope="module")
+def trend_demos(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Session]]:
+    """The healthy and the leaking demo, started together: each test watches its own for about
+    two minutes, and side by side the module waits for the longer watch, not the sum."""
+    pytest.importorskip("torch")
+    commands = {
+        "healthy": dlmon("demo", "--workers", "2", "--duration", "600"),
+        "leak": dlmon("demo", "--scenario", "leak", "--workers", "4", "--duration", "600"),
+    }
+    sessions: dict[str, Session] = {}
+    try:
+        for name, command in commands.items():
+            env = {
+                "TMPDIR": str(tmp_path_factory.mktemp(name)),
+                "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+            }
+            sessions[name] = Session(name, command, env)
+        yield sessions
+    finally:
+        for session in sessions.values():
+            session.close()
+
+
+def test_the_healthy_demo_shows_no_trend_through_its_warm_up(trend_demos: dict[str, Session]) -> None:
     """The healthy demo's start-up (torch imports, the dataset, the workers) once read as
     "Trend PSS +152.3 MiB/min · limit in ~2h29m" after a minute."""
-    pytest.importorskip("torch")
-    session = Session("healthy", dlmon("demo", "--workers", "2", "--duration", "600"), private_tmp)
+    session = trend_demos["healthy"]
     seen: list[str] = []
-    try:
-        session.wait_for(re.compile(r"worker\s+1\s+\d+"), timeout=90)
-        up = re.compile(r"up (?:(\d+)m)?(\d+)s")
-        elapsed = 0
-        while elapsed < 135:  # past the rule's 2-minute warm-up
-            screen = session.screen()
-            line = trend_line(screen)
-            found = up.search(screen)
-            if found:
-                elapsed = int(found.group(1) or 0) * 60 + int(found.group(2))
-            if line:
-                seen.append(line)
-                assert "/min" not in line, line
-            time.sleep(2.0)
-        assert any("none yet (warm-up" in line for line in seen), seen
-        assert "no growth" in seen[-1], seen[-1]
-    finally:
-        session.close()
-
-
-def test_the_leaking_demo_shows_its_trend(private_tmp: dict[str, str]) -> None:
-    pytest.importorskip("torch")
-    command = dlmon("demo", "--scenario", "leak", "--workers", "4", "--duration", "600")
-    session = Session("leak", command, private_tmp)
-    try:
-        screen = session.wait_for(re.compile(r"Trend\s+PSS \+\d+(?:\.\d+)? [KMG]iB/min"), timeout=300)
+    session.wait_for(re.compile(r"worker\s+1\s+\d+"), timeout=90)
+    up = re.compile(r"up (?:(\d+)m)?(\d+)s")
+    elapsed = 0
+    while elapsed < 135:  # past the rule's 2-minute warm-up
+        screen = session.screen()
         line = trend_line(screen)
-        assert "limit in ~" in line or "levels off below the limit" in line, line
-    finally:
-        session.close()
+        found = up.search(screen)
+        if found:
+            elapsed = int(found.group(1) or 0) * 60 + int(found.group(2))
+        if line:
+            seen.append(line)
+            assert "/min" not in line, line
+        time.sleep(2.0)
+    assert any("none yet (warm-up" in line for line in seen), seen
+    assert "no growth" in seen[-1], seen[-1]
+
+
+def test_the_leaking_demo_shows_its_trend(trend_demos: dict[str, Session]) -> None:
+    screen = trend_demos["leak"].wait_for(re.compile(r"Trend\s+PSS \+\d+(?:\.\d+)? [KMG]iB/min"), timeout=300)
+    line = trend_line(screen)
+    assert "limit in ~" in line or "levels off below the limit" in line, line

@@ -437,6 +437,19 @@ class _CeilingWatch:
         self.levels: list[tuple[float, float]] = []
         self.first: Alert | None = None
 
+    def timeline(self, every_s: float = 10.0) -> list[str]:
+        """Every ``every_s``: seconds, the job's anonymous PSS and the ceiling the alert said (MiB)."""
+        if not self.levels:
+            return []
+        t0, out, next_t = self.levels[0][0], [], self.levels[0][0]
+        for t, v in self.levels:
+            if t >= next_t:
+                said = [(c, str(a.evidence["ceiling_basis"])) for tp, c, a in self.predicted if tp <= t]
+                tail = f" -> {said[-1][0] / MIB:.0f} ({said[-1][1]})" if said else ""
+                out.append(f"{t - t0:.0f}s {v / MIB:.0f}{tail}")
+                next_t = t + every_s
+        return out
+
     def __call__(self, w: Watch, s: Snapshot) -> bool:
         level = _job_anon(s)
         if level is not None:
@@ -478,7 +491,13 @@ def test_copy_on_read_ceiling_predicts_where_a_real_job_levels_off(jobs: dict[st
     ceiling = median([float(c) for _, c, _ in later])
     alert = later[0][2]
     bases = sorted({str(a.evidence["ceiling_basis"]) for _, _, a in later})
-    assert abs(ceiling - final) <= 0.25 * final, (ceiling / MIB, final / MIB, bases, alert.message)
+    assert abs(ceiling - final) <= 0.25 * final, (
+        ceiling / MIB,
+        final / MIB,
+        bases,
+        alert.message,
+        seen.timeline(),
+    )
     assert alert.evidence["fits"] is True and alert.evidence["eta_s"] is None, alert.message
     assert "levels off at ≈" in alert.message and "no OOM" in alert.message, alert.message
     print(
