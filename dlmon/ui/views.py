@@ -19,8 +19,10 @@ from dlmon.analysis.verdict import exit_verdict
 from dlmon.analysis.wait import by_process, job_wall_wait
 from dlmon.model import Alert, GpuDevice, LoaderSample, MemorySummary, ProcessSample, RankInfo, Snapshot
 from dlmon.model.format import fd_limit_note, rotation_note, target_stopped
+from dlmon.ui.columns import COLUMNS as COLUMNS
+from dlmon.ui.columns import SORTS, Column, pss_stale, row_state
 from dlmon.ui.fmt import DASH, NA, cbytes, cpct, duration, human_bytes, mbps, ratio
-from dlmon.ui.state import SORT_NAMES, DashboardState, ProcessRow, RankGroup
+from dlmon.ui.state import DashboardState, ProcessRow, RankGroup
 from dlmon.ui.text import (
     BAR,
     SEP,
@@ -50,18 +52,6 @@ AGENT_HINT = (
 )
 AGENT_HINT_SHORT = "no loader data: `dlmon run`, or `import dlmon.agent; dlmon.agent.start()`"
 
-_STATE_NAMES = {
-    "R": "run",
-    "S": "sleep",
-    "D": "disk",
-    "Z": "zombie",
-    "T": "stopped",
-    "t": "traced",
-    "X": "dead",
-    "I": "idle",
-    "W": "paging",
-    "P": "parked",
-}
 _SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 _SEVERITY_STYLE = {"critical": "crit", "warning": "warn", "info": "dim"}
 _SEVERITY_WORD = {"critical": "CRIT", "warning": "WARN", "info": "INFO"}
@@ -693,119 +683,24 @@ def _rank(severity: str) -> int:
 
 
 # ---- workers table --------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class Column:
-    key: str
-    title: str
-    width: int
-    right: bool
-    priority: int  # higher stays longer when the table is narrow
-    sort: str | None = None
-
-
-COLUMNS: tuple[Column, ...] = (
-    Column("role", "ROLE", 6, False, 100),
-    Column("id", "ID", 3, True, 90, "id"),
-    Column("pid", "PID", 7, True, 95),
-    Column("state", "STATE", 8, False, 98),  # "exit 137", "SIGSEGV"
-    Column("cpu", "CPU%", 5, True, 80, "cpu"),
-    Column("thr", "THR", 4, True, 10),
-    Column("rss", "RSS", 6, True, 70, "rss"),
-    Column("uss", "USS", 6, True, 60, "uss"),
-    Column("pss", "PSS", 7, True, 97, "pss"),
-    Column("file", "FILE", 6, True, 15),  # PSS of mapped files (Pss_File): reclaimable, no leak
-    Column("shm", "SHM", 6, True, 20),
-    Column("read", "RD MB/s", 7, True, 50, "read"),
-    Column("batch", "BATCH%", 6, True, 40),
-    Column("last", "LAST", 6, True, 5),  # dropped first when narrow
-    Column("gpu", "GPU", 6, True, 30, "gpu"),
-)
-
-
 def table_columns(width: int, *, batches: bool, gpu: bool) -> tuple[Column, ...]:
-    cols = [c for c in COLUMNS if (c.key not in ("batch", "last") or batches) and (c.key != "gpu" or gpu)]
+    shown = {None: True, "batches": batches, "gpu": gpu}
+    cols = [c for c in COLUMNS if shown[c.needs]]
     while cols and sum(c.width for c in cols) + len(cols) - 1 > width:
         cols.remove(min(cols, key=lambda c: c.priority))
     return tuple(cols)
 
 
-def pss_stale(p: ProcessSample, interval: float | None) -> bool:
-    """Read more than a few samples ago while memory in the job moved (a reading of a tree that
-    stood still since is as good as a new one, whatever its age)."""
-    return not p.pss_still and p.pss_age_s is not None and p.pss_age_s > max(5.0, 3 * (interval or 1.0))
-
-
-def row_state(row: ProcessRow) -> tuple[str, str]:
-    """(word, style) for the STATE cell."""
-    if row.gone:
-        d = row.death
-        if d is not None:
-            if d.signal is not None:
-                return (_SIGNAMES.get(d.signal, f"SIG{d.signal}"), "crit")
-            return (f"exit {d.exit_code}" if d.exit_code is not None else "died", "crit")
-        return ("gone", "dim")
-    st = row.process.state
-    word = _STATE_NAMES.get(st, st)
-    if st == "Z":
-        return (word, "crit")
-    if st == "D":
-        return (word, "warn")
-    if st in ("T", "t"):
-        return (word, "warn")
-    return (word, "")
-
-
-_SIGNAMES = {9: "killed", 7: "SIGBUS", 11: "SIGSEGV", 6: "SIGABRT", 15: "SIGTERM"}
-
-
 def table_cells(row: ProcessRow, cols: Sequence[Column], interval: float | None) -> Line:
-    p = row.process
-    dead = row.gone or p.state in ("Z", "X")
     row_style = "dim" if row.gone else ""
     spans: list[Span] = []
     for i, c in enumerate(cols):
-        style = row_style
-        if c.key == "role":
-            text = p.role
-        elif c.key == "id":
-            text = str(p.worker_id) if p.worker_id is not None else DASH
-        elif c.key == "pid":
-            text = str(p.pid)
-        elif c.key == "state":
-            text, style = row_state(row)
-        elif c.key == "cpu":
-            text = DASH if row.gone else cpct(p.cpu_percent)
-        elif c.key == "thr":
-            text = DASH if dead else (str(p.num_threads) if p.num_threads is not None else DASH)
-        elif c.key == "rss":
-            text = DASH if dead else cbytes(p.rss_bytes)
-        elif c.key == "uss":
-            text = DASH if dead else cbytes(p.uss_bytes)
-        elif c.key == "pss":
-            text = DASH if dead else cbytes(p.pss_bytes)
-            if not dead and p.pss_bytes is not None and pss_stale(p, interval):
-                text, style = "~" + text, "stale"
-        elif c.key == "file":
-            text = DASH if dead else cbytes(p.pss_file_bytes)
-            if not dead and p.pss_file_bytes is not None and pss_stale(p, interval):
-                text, style = "~" + text, "stale"
-        elif c.key == "shm":
-            text = DASH if dead else cbytes(p.shmem_bytes)
-        elif c.key == "read":
-            text = DASH if row.gone else mbps(p.read_bytes_per_s)
-        elif c.key == "batch":
-            text = DASH if row.batch_share is None else f"{row.batch_share * 100:.0f}"
-        elif c.key == "last":  # seconds since this worker's last batch
-            text = DASH if row.gone or row.batch_age_s is None else duration(row.batch_age_s).replace(" ", "")
-        elif c.key == "gpu":
-            text = cbytes(p.gpu_memory_bytes)
-        else:  # pragma: no cover - every column is handled above
-            text = ""
-        cell = text[: c.width]
-        cell = cell.rjust(c.width) if c.right else cell.ljust(c.width)
+        cell = c.cell(row, interval)
+        text, style = (cell, row_style) if isinstance(cell, str) else cell
+        text = text[: c.width]
         if i:
             spans.append((" ", row_style))
-        spans.append((cell, style))
+        spans.append((text.rjust(c.width) if c.right else text.ljust(c.width), style))
     return tuple(spans)
 
 
@@ -814,7 +709,7 @@ def table_header(cols: Sequence[Column], sort: str, reverse: bool) -> Line:
     for i, c in enumerate(cols):
         title = c.title
         style = "head"
-        if c.sort is not None and c.sort == sort:
+        if c.sort is not None and c.key == sort:
             title += "▴" if reverse else "▾"
             style = "sorted"
         title = title[: c.width] if len(title) > c.width else title
@@ -825,8 +720,10 @@ def table_header(cols: Sequence[Column], sort: str, reverse: bool) -> Line:
 
 
 def sort_caption(sort: str, reverse: bool, count: int) -> str:
-    order = "ascending" if reverse else ("natural order" if sort == "id" else "descending")
-    return f"{count} processes · sorted by {SORT_NAMES.get(sort, sort)} ({order})"
+    how = SORTS.get(sort)
+    natural = how is not None and how.value is None
+    order = "ascending" if reverse else ("natural order" if natural else "descending")
+    return f"{count} processes · sorted by {how.name if how is not None else sort} ({order})"
 
 
 def rank_line(group: RankGroup, expanded: bool, width: int) -> Line:
