@@ -27,8 +27,7 @@ from textual.widgets import Footer
 
 from dlmon.flow.sources import Source
 from dlmon.model import Snapshot
-from dlmon.ui.columns import SORT_ORDER as SORT_ORDER
-from dlmon.ui.columns import SORTS
+from dlmon.ui.columns import SORT_ORDER, SORTS
 from dlmon.ui.logtail import LogTail
 from dlmon.ui.panels import (
     AlertsPanel,

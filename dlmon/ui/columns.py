@@ -134,93 +134,134 @@ def _last_batch(row: ProcessRow, interval: float | None) -> Cell:
     return DASH if row.gone or row.batch_age_s is None else duration(row.batch_age_s).replace(" ", "")
 
 
+def _worker_id(row: ProcessRow, interval: float | None) -> Cell:
+    return str(row.process.worker_id) if row.process.worker_id is not None else DASH
+
+
+def _threads(row: ProcessRow, interval: float | None) -> Cell:
+    return DASH if _dead(row) or row.process.num_threads is None else str(row.process.num_threads)
+
+
+def _batch_share(row: ProcessRow, interval: float | None) -> Cell:
+    return DASH if row.batch_share is None else f"{row.batch_share * 100:.0f}"
+
+
 COLUMNS: tuple[Column, ...] = (
-    Column("role", "ROLE", 6, False, 100, lambda r, _: r.process.role),
+    Column("role", "ROLE", width=6, right=False, priority=100, cell=lambda r, _: r.process.role),
     Column(
         "id",
         "ID",
-        3,
-        True,
-        90,
-        lambda r, _: str(r.process.worker_id) if r.process.worker_id is not None else DASH,
-        Sort(0, "n", "worker id", "worker id", "Sort by id"),
+        width=3,
+        right=True,
+        priority=90,
+        cell=_worker_id,
+        sort=Sort(order=0, binding="n", name="worker id", help="worker id", description="Sort by id"),
     ),
-    Column("pid", "PID", 7, True, 95, lambda r, _: str(r.process.pid)),
-    Column("state", "STATE", 8, False, 98, lambda r, _: row_state(r)),  # "exit 137", "SIGSEGV"
+    Column("pid", "PID", width=7, right=True, priority=95, cell=lambda r, _: str(r.process.pid)),
+    # "exit 137", "SIGSEGV"
+    Column("state", "STATE", width=8, right=False, priority=98, cell=lambda r, _: row_state(r)),
     Column(
         "cpu",
         "CPU%",
-        5,
-        True,
-        80,
-        lambda r, _: DASH if r.gone else cpct(r.process.cpu_percent),
-        Sort(1, "c", "CPU %", "CPU", "Sort by CPU", _live(lambda p: p.cpu_percent)),
+        width=5,
+        right=True,
+        priority=80,
+        cell=lambda r, _: DASH if r.gone else cpct(r.process.cpu_percent),
+        sort=Sort(
+            order=1,
+            binding="c",
+            name="CPU %",
+            help="CPU",
+            description="Sort by CPU",
+            value=_live(lambda p: p.cpu_percent),
+        ),
     ),
-    Column(
-        "thr",
-        "THR",
-        4,
-        True,
-        10,
-        lambda r, _: DASH if _dead(r) or r.process.num_threads is None else str(r.process.num_threads),
-    ),
+    Column("thr", "THR", width=4, right=True, priority=10, cell=_threads),
     Column(
         "rss",
         "RSS",
-        6,
-        True,
-        70,
-        _held(lambda p: p.rss_bytes),
-        Sort(3, "r", "RSS", "RSS", "Sort by RSS", _any(lambda p: p.rss_bytes)),
+        width=6,
+        right=True,
+        priority=70,
+        cell=_held(lambda p: p.rss_bytes),
+        sort=Sort(
+            order=3,
+            binding="r",
+            name="RSS",
+            help="RSS",
+            description="Sort by RSS",
+            value=_any(lambda p: p.rss_bytes),
+        ),
     ),
     Column(
         "uss",
         "USS",
-        6,
-        True,
-        60,
-        _held(lambda p: p.uss_bytes),
-        Sort(4, "u", "USS", "USS", "Sort by USS", _any(lambda p: p.uss_bytes)),
+        width=6,
+        right=True,
+        priority=60,
+        cell=_held(lambda p: p.uss_bytes),
+        sort=Sort(
+            order=4,
+            binding="u",
+            name="USS",
+            help="USS",
+            description="Sort by USS",
+            value=_any(lambda p: p.uss_bytes),
+        ),
     ),
     Column(
         "pss",
         "PSS",
-        7,
-        True,
-        97,
-        _proportional(lambda p: p.pss_bytes),
-        Sort(2, "m", "PSS", "PSS", "Sort by PSS", _any(lambda p: p.pss_bytes)),
+        width=7,
+        right=True,
+        priority=97,
+        cell=_proportional(lambda p: p.pss_bytes),
+        sort=Sort(
+            order=2,
+            binding="m",
+            name="PSS",
+            help="PSS",
+            description="Sort by PSS",
+            value=_any(lambda p: p.pss_bytes),
+        ),
     ),
     # PSS of mapped files (Pss_File): reclaimable, no leak
-    Column("file", "FILE", 6, True, 15, _proportional(lambda p: p.pss_file_bytes)),
-    Column("shm", "SHM", 6, True, 20, _held(lambda p: p.shmem_bytes)),
+    Column("file", "FILE", width=6, right=True, priority=15, cell=_proportional(lambda p: p.pss_file_bytes)),
+    Column("shm", "SHM", width=6, right=True, priority=20, cell=_held(lambda p: p.shmem_bytes)),
     Column(
         "read",
         "RD MB/s",
-        7,
-        True,
-        50,
-        lambda r, _: DASH if r.gone else mbps(r.process.read_bytes_per_s),
-        Sort(5, "d", "read MB/s", "read", "Sort by read", _live(lambda p: p.read_bytes_per_s)),
+        width=7,
+        right=True,
+        priority=50,
+        cell=lambda r, _: DASH if r.gone else mbps(r.process.read_bytes_per_s),
+        sort=Sort(
+            order=5,
+            binding="d",
+            name="read MB/s",
+            help="read",
+            description="Sort by read",
+            value=_live(lambda p: p.read_bytes_per_s),
+        ),
     ),
-    Column(
-        "batch",
-        "BATCH%",
-        6,
-        True,
-        40,
-        lambda r, _: DASH if r.batch_share is None else f"{r.batch_share * 100:.0f}",
-        needs="batches",
-    ),
-    Column("last", "LAST", 6, True, 5, _last_batch, needs="batches"),  # dropped first when narrow
+    Column("batch", "BATCH%", width=6, right=True, priority=40, cell=_batch_share, needs="batches"),
+    # dropped first when narrow
+    Column("last", "LAST", width=6, right=True, priority=5, cell=_last_batch, needs="batches"),
     Column(
         "gpu",
         "GPU",
-        6,
-        True,
-        30,
-        lambda r, _: cbytes(r.process.gpu_memory_bytes),
-        Sort(6, "g", "GPU memory", "GPU", "Sort by GPU memory", _any(lambda p: p.gpu_memory_bytes)),
+        width=6,
+        right=True,
+        priority=30,
+        cell=lambda r, _: cbytes(r.process.gpu_memory_bytes),
+        sort=Sort(
+            order=6,
+            binding="g",
+            name="GPU memory",
+            help="GPU",
+            description="Sort by GPU memory",
+            value=_any(lambda p: p.gpu_memory_bytes),
+        ),
         needs="gpu",
     ),
 )
