@@ -27,6 +27,7 @@ from textual.widgets import Footer
 
 from dlmon.flow.sources import Source
 from dlmon.model import Snapshot
+from dlmon.ui.columns import SORT_ORDER, SORTS
 from dlmon.ui.logtail import LogTail
 from dlmon.ui.panels import (
     AlertsPanel,
@@ -41,11 +42,10 @@ from dlmon.ui.panels import (
 from dlmon.ui.rank_filter import only_rank
 from dlmon.ui.result import DashboardResult
 from dlmon.ui.screens import QUIT_STOP, AdviceScreen, HelpScreen, QuitScreen, ShowsState, WorkerDetailScreen
-from dlmon.ui.state import SORT_NAMES, DashboardState, ViewContext
+from dlmon.ui.state import DashboardState, ViewContext
 from dlmon.ui.views import HeaderInfo, header_line
 from dlmon.ui.widgets import HeaderBar, Panel, WorkerTable
 
-SORT_ORDER = ("id", "cpu", "pss", "rss", "uss", "read", "gpu")
 PANELS: tuple[tuple[str, str, str], ...] = (
     ("1", "memory", "Memory"),
     ("2", "workers", "Workers"),
@@ -108,13 +108,7 @@ class MainScreen(Screen[None]):
         *(Binding(key, f"panel('{pid}')", title, show=False) for key, pid, title in PANELS),
         Binding("0,escape", "overview", "All panels", show=False),
         Binding("z", "zoom", "Zoom panel", show=False),
-        Binding("n", "sort('id')", "Sort by id", show=False),
-        Binding("c", "sort('cpu')", "Sort by CPU", show=False),
-        Binding("m", "sort('pss')", "Sort by PSS", show=False),
-        Binding("r", "sort('rss')", "Sort by RSS", show=False),
-        Binding("u", "sort('uss')", "Sort by USS", show=False),
-        Binding("d", "sort('read')", "Sort by read", show=False),
-        Binding("g", "sort('gpu')", "Sort by GPU memory", show=False),
+        *(Binding(s.binding, f"sort('{key}')", s.description, show=False) for key, s in SORTS.items()),
         Binding("i", "invert_sort", "Reverse sort", show=False),
         Binding("greater_than_sign", "sort_step(1)", "Next sort column", show=False),
         Binding("less_than_sign", "sort_step(-1)", "Previous sort column", show=False),
@@ -602,7 +596,7 @@ class DlmonApp(App[DashboardResult]):
             yield SystemCommand("Next panel", "Focus the next panel (tab)", main.action_next_panel)
             for sort in SORT_ORDER:
                 yield SystemCommand(
-                    f"Sort workers by {SORT_NAMES[sort]}",
+                    f"Sort workers by {SORTS[sort].name}",
                     "Sort the workers table",
                     _bind(main.action_sort, sort),
                 )

@@ -11,13 +11,15 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Button, Footer, Static
 
+from dlmon.ui.columns import SORTS
 from dlmon.ui.fmt import duration
 from dlmon.ui.state import ProcessRow, RowKey, ViewContext
 from dlmon.ui.text import Line, fit
 from dlmon.ui.views import detail_lines
 from dlmon.ui.widgets import ChartLine, HeaderBar, LinesView, TimeChart
 
-HELP_TEXT = """\
+HELP_TEXT = (
+    """\
 [b]Keys[/b]
   [b]q[/b] quit              [b]p[/b] pause the view (sampling goes on)
   [b]?[/b] this help         [b]s[/b] save an SVG screenshot (to screenshots/ or here)
@@ -30,7 +32,9 @@ HELP_TEXT = """\
 
 [b]Workers table[/b]
   [b]up down pgup pgdn home end[/b] move   [b]enter[/b] the process's detail, history
-  sort: [b]n[/b] worker id [b]c[/b] CPU [b]m[/b] PSS [b]r[/b] RSS [b]u[/b] USS [b]d[/b] read [b]g[/b] GPU
+  sort: """
+    + " ".join(f"[b]{sort.binding}[/b] {sort.help}" for sort in SORTS.values())
+    + """
         the same key again or [b]i[/b] reverses; [b]<[/b] [b]>[/b] previous / next
   DDP (torchrun, mp.spawn): each rank is one folded line with its sums;
   [b]space[/b] (or [b]right[/b] / [b]left[/b]) shows / folds its workers
@@ -46,6 +50,7 @@ HELP_TEXT = """\
   STATE: run, sleep, disk (waiting on IO), zombie (exited, not reaped),
   gone (no longer there), killed / SIGn / exit n (seen dying by the agent).
 """
+)
 
 
 class HelpScreen(ModalScreen[None]):

@@ -11,10 +11,11 @@ get new pids every epoch keep their row and history), else by ``(pid, start_time
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from dlmon.model import History, LoaderSample, ProcessSample, Snapshot, WorkerDeath
+from dlmon.ui.columns import SORTS
 from dlmon.ui.series import WORKER_TIERS, Series
 
 RowKey = tuple[str, str, int]
@@ -301,10 +302,10 @@ class DashboardState:
     # ---- queries ------------------------------------------------------------------------
     def sorted_rows(self, sort: str, reverse: bool = False) -> list[ProcessRow]:
         rows = list(self.rows.values())
-        if sort == "id":
+        getter = SORTS[sort].value
+        if getter is None:
             rows.sort(key=natural_key, reverse=reverse)
             return rows
-        getter = SORT_GETTERS[sort]
 
         def metric(row: ProcessRow) -> tuple[int, float, tuple[int, int, int]]:
             value = getter(row)
@@ -371,31 +372,3 @@ def natural_key(row: ProcessRow) -> tuple[int, int, int]:
     p = row.process
     wid = p.worker_id if p.worker_id is not None else 1 << 30
     return (_ROLE_ORDER.get(p.role, 3), wid, row.order)
-
-
-def _gpu(row: ProcessRow) -> float | None:
-    v = row.process.gpu_memory_bytes
-    return None if v is None else float(v)
-
-
-def _num(v: float | None) -> float | None:
-    return None if v is None else float(v)
-
-
-SORT_GETTERS: dict[str, Callable[[ProcessRow], float | None]] = {
-    "cpu": lambda r: None if r.gone else _num(r.process.cpu_percent),
-    "pss": lambda r: _num(r.process.pss_bytes),
-    "rss": lambda r: _num(r.process.rss_bytes),
-    "uss": lambda r: _num(r.process.uss_bytes),
-    "read": lambda r: None if r.gone else _num(r.process.read_bytes_per_s),
-    "gpu": _gpu,
-}
-SORT_NAMES: dict[str, str] = {
-    "id": "worker id",
-    "cpu": "CPU %",
-    "pss": "PSS",
-    "rss": "RSS",
-    "uss": "USS",
-    "read": "read MB/s",
-    "gpu": "GPU memory",
-}
