@@ -1,4 +1,5 @@
-"""What the agent test modules share: a private XDG_RUNTIME_DIR for agents and their clients."""
+"""What the agent test modules share: a private XDG_RUNTIME_DIR for agents and their clients, and
+agent replies made by the agent's wire builders."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
+from dlmon.agent import wire
 from dlmon.agent.sitecustomize_hook import pythonpath_with_bootstrap
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,3 +48,80 @@ def alive(pid: int) -> bool:
             return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
     except OSError:
         return False
+
+
+# ---------------------------------------------------------------------------------------------
+# agent replies, made by the agent's own wire builders (never copied by hand)
+
+
+def loader_reply(**given: Any) -> wire.LoaderWire:
+    """A loader as the agent sends it: representative values, ``given`` ones instead."""
+    args: dict[str, Any] = {
+        "id": 1,
+        "name": "train.py:10",
+        "file": "/job/train.py",
+        "line": 10,
+        "function": "main",
+        "site": "constructed",
+        "alive": True,
+        "settings": {
+            "num_workers": 2,
+            "batch_size": 8,
+            "prefetch_factor": 2,
+            "pin_memory": True,
+            "pin_memory_effective": True,
+            "persistent_workers": False,
+            "drop_last": False,
+            "timeout": 0.0,
+            "multiprocessing_context": "fork",
+            "dataset": "MyDataset",
+            "dataset_kind": "map",
+        },
+        "batches_total": 10,
+        "samples_total": 80,
+        "wait_ns_total": 100,
+        "compute_ns_total": 300,
+        "startup_wait_ns_total": 5,
+        "end_wait_ns_total": 0,
+        "epochs": 0,
+        "epochs_started": 1,
+        "wait_ns_pending": 0,
+        "startup_wait_ns_pending": 0,
+        "compute_ns_pending": 0,
+        "worker_pids": [100, 101],
+        "batches_per_worker": [5, 5],
+        "iterators": [],
+        "role": None,
+        "role_source": None,
+        "framework": None,
+        "iterated": True,
+        "replaced_by": None,
+    }
+    args.update(given)
+    return wire.loader_wire(**args)
+
+
+def counters_reply(**given: Any) -> wire.CountersReply:
+    """A counters reply as the agent sends it: representative values, ``given`` ones instead."""
+    args: dict[str, Any] = {
+        "pid": 42,
+        "agent_id": "a",
+        "time_ns": 1_000_000_000,
+        "unix_time": 1.7e9,
+        "python": "3.11.9",
+        "torch_imported": True,
+        "torch_version": "2.13.0",
+        "hooks_patched": True,
+        "hooks": ["iter_next"],
+        "degraded": {},
+        "loaders": [loader_reply()],
+        "worker_deaths": [],
+        "cuda_initialized": False,
+        "cuda": [],
+        "pinned": None,
+        "num_threads": None,
+        "num_threads_time_ns": None,
+        "rank": None,
+    }
+    args.update(given)
+    return wire.counters_reply(**args)

@@ -28,8 +28,8 @@ from typing import Any
 
 import pytest
 
-from agent_support import private_agent_env
-from dlmon.agent import _paths
+from agent_support import counters_reply, loader_reply, private_agent_env
+from dlmon.agent import _paths, wire
 from dlmon.agent._server import Server, _cuda_figures, parse_host_memory_stats
 from dlmon.agent.sitecustomize_hook import (
     bootstrap_dir,
@@ -676,39 +676,26 @@ def test_multiprocessing_helpers_are_recognised() -> None:
 def _wire(
     time_ns: int, batches: int, samples: int, wait: int, compute: int, agent: str = "a"
 ) -> dict[str, Any]:
-    return {
-        "v": 1,
-        "pid": 42,
-        "agent_id": agent,
-        "time_ns": time_ns,
-        "loaders": [
-            {
-                "id": 1,
-                "name": "train.py:10",
-                "num_workers": 2,
-                "batch_size": 8,
-                "pin_memory": True,
-                "persistent_workers": False,
-                "prefetch_factor": 2,
-                "batches_total": batches,
-                "samples_total": samples,
-                "wait_ns_total": wait,
-                "compute_ns_total": compute,
-                "startup_wait_ns_total": 5,
-                "end_wait_ns_total": 0,
-                "epochs": 0,
-                "epochs_started": 1,
-                "worker_pids": [100, 101],
-                "batches_per_worker": [batches // 2, batches - batches // 2],
-            }
-        ],
-        "cuda": [{"device": 0, "uuid": "abc", "allocated": 10, "reserved": 20, "peak_allocated": 15}],
-        "pinned": {"bytes": 4096, "source": "torch.cuda.host_memory_stats:allocated_bytes.current"},
-        "num_threads": 8,
-        "worker_deaths": [],
-        "torch_version": "2.13.0",
-        "degraded": {"sigchld": "why"},
-    }
+    loader = loader_reply(
+        batches_total=batches,
+        samples_total=samples,
+        wait_ns_total=wait,
+        compute_ns_total=compute,
+        batches_per_worker=[batches // 2, batches - batches // 2],
+    )
+    device = wire.cuda_device_wire(
+        device=0, allocated=10, reserved=20, peak_allocated=15, name=None, uuid="abc"
+    )
+    reply = counters_reply(
+        agent_id=agent,
+        time_ns=time_ns,
+        loaders=[loader],
+        cuda=[device],
+        pinned=wire.pinned_wire(bytes=4096, source="torch.cuda.host_memory_stats:allocated_bytes.current"),
+        num_threads=8,
+        degraded={"sigchld": "why"},
+    )
+    return dict(reply)
 
 
 def test_client_rates_from_cumulative_counters() -> None:

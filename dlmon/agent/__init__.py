@@ -25,7 +25,7 @@ import os
 import threading
 from typing import Any
 
-from dlmon.agent import _hooks, _journal, _last_words, _rank
+from dlmon.agent import _hooks, _journal, _last_words, _rank, wire
 from dlmon.agent._paths import socket_dir, socket_path
 
 __all__ = ["arm", "counters", "serving_path", "socket_dir", "socket_path", "start"]
@@ -158,9 +158,9 @@ def counters() -> dict[str, Any]:
     try:
         from dlmon.agent._server import build_counters
 
-        return build_counters(_serving)
+        return dict(build_counters(_serving))
     except Exception as exc:
-        return {"v": 1, "pid": os.getpid(), "error": f"{type(exc).__name__}: {exc}"[:300]}
+        return {"v": wire.WIRE_VERSION, "pid": os.getpid(), "error": f"{type(exc).__name__}: {exc}"[:300]}
 
 
 def serving_path() -> str | None:

@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import FrameType, FunctionType, ModuleType
 from typing import Any
 
-from dlmon.agent import _journal, _last_words, _tune
+from dlmon.agent import _journal, _last_words, _tune, wire
 from dlmon.agent._code_paths import is_library_file
 
 DATALOADER_MODULE = "torch.utils.data.dataloader"
@@ -169,8 +169,8 @@ class _Registry:
         self.by_loader_id: dict[int, _LoaderState] = {}  # id(DataLoader) -> state, while it lives
         self.loader_refs: dict[int, weakref.ref[Any]] = {}
         self.by_key: dict[int, _IterState] = {}  # id(iterator) -> state, while it has worker pids
-        self.deaths: list[dict[str, Any]] = []
-        self.dead_pids: dict[int, dict[str, Any]] = {}
+        self.deaths: list[wire.WorkerDeathWire] = []
+        self.dead_pids: dict[int, wire.WorkerDeathWire] = {}
         self.next_serial = 1
         self.next_iter_serial = 1
         self.hooks: dict[str, bool] = {}
@@ -1491,21 +1491,21 @@ def scan_worker_deaths() -> None:
                     continue  # a normal shutdown, not a death
             else:
                 continue
-            rec: dict[str, Any] = {
-                "pid": pid,
-                "worker_id": worker_id,
-                "loader_id": st.loader.serial,
-                "iterator_id": st.serial,
-                "signal": sig,
-                "signal_name": _signal_name(sig),
-                "exit_code": exit_code,
-                "core_dumped": code == os.CLD_DUMPED,
-                "time_ns": time.monotonic_ns(),
-                "unix_time": time.time(),
-            }
+            rec = wire.worker_death_wire(
+                pid=pid,
+                worker_id=worker_id,
+                loader_id=st.loader.serial,
+                iterator_id=st.serial,
+                signal=sig,
+                signal_name=_signal_name(sig),
+                exit_code=exit_code,
+                core_dumped=code == os.CLD_DUMPED,
+                time_ns=time.monotonic_ns(),
+                unix_time=time.time(),
+                loader_name=st.loader.name,
+            )
             if R.dead_pids.setdefault(pid, rec) is rec:
                 R.deaths.append(rec)
-                rec["loader_name"] = st.loader.name
                 _journal.append_death(rec)  # before torch raises: it outlives the trainer
                 if len(R.deaths) > MAX_DEATHS:
                     del R.deaths[: len(R.deaths) - MAX_DEATHS]

@@ -25,6 +25,7 @@ import json
 import os
 import signal
 import time
+from collections.abc import Mapping
 from typing import Any
 
 DEATHS_SUFFIX = ".deaths.jsonl"
@@ -60,7 +61,7 @@ def directory() -> str | None:
     return _dir
 
 
-def append_death(rec: dict[str, Any]) -> None:
+def append_death(rec: Mapping[str, object]) -> None:
     """One line, one write, O_APPEND: a reader never sees half a line from a live writer."""
     try:
         line = json.dumps(rec, separators=(",", ":"), default=str).encode("utf-8") + b"\n"

@@ -16,7 +16,8 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping
-from typing import Any
+
+from dlmon.agent import wire
 
 RETRY_S = 1.0
 
@@ -26,7 +27,7 @@ _SOURCES: tuple[tuple[str, str, str, str, tuple[str, ...]], ...] = (
     ("slurm", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", ("SLURM_NODEID",)),
 )
 
-_found: dict[str, Any] | None = None
+_found: wire.RankWire | None = None
 _read_at: float | None = None
 
 
@@ -45,7 +46,7 @@ def _first(environ: Mapping[str, str], names: tuple[str, ...]) -> int | None:
     return None
 
 
-def read_rank(environ: Mapping[str, str]) -> dict[str, Any] | None:
+def read_rank(environ: Mapping[str, str]) -> wire.RankWire | None:
     """``{"rank", "local_rank", "world_size", "node_rank", "source"}`` (ints or None), or None
     when the environment names no rank. torchrun's variables win over SLURM's: under
     ``srun torchrun`` SLURM_PROCID is the launcher's task, not the rank."""
@@ -56,28 +57,28 @@ def read_rank(environ: Mapping[str, str]) -> dict[str, Any] | None:
         world = _whole(environ, world_var)
         if world is not None and rank >= world:
             world = None  # inconsistent: keep the rank, drop what contradicts it
-        return {
-            "rank": rank,
-            "local_rank": _whole(environ, local_var),
-            "world_size": world,
-            "node_rank": _first(environ, node_vars),
-            "source": source,
-        }
+        return wire.rank_wire(
+            rank=rank,
+            local_rank=_whole(environ, local_var),
+            world_size=world,
+            node_rank=_first(environ, node_vars),
+            source=source,
+        )
     return None
 
 
-def current(now: float | None = None) -> dict[str, Any] | None:
+def current(now: float | None = None) -> wire.RankWire | None:
     """This process's rank: read once when found, re-read at most every RETRY_S while not. Never raises."""
     global _found, _read_at
     try:
         if _found is not None:
-            return dict(_found)
+            return _found.copy()
         t = time.monotonic() if now is None else now
         if _read_at is not None and t - _read_at < RETRY_S:
             return None
         _read_at = t
         _found = read_rank(os.environ)
-        return dict(_found) if _found is not None else None
+        return _found.copy() if _found is not None else None
     except Exception:
         return None
 

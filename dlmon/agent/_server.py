@@ -1,37 +1,8 @@
 """The agent's transport: one daemon thread serving a Unix stream socket, one JSON line per request.
 
-Protocol: the client connects, sends ``{"get": "counters"}\\n``, reads one JSON line, and the
-agent closes the connection. Anything else gets ``{"error": ...}`` and a close; a peer with
-another uid (SO_PEERCRED) is closed without a word.
-
-Reply (wire version ``v`` 1; every counter cumulative since the agent started; ns are
-``time.perf_counter_ns`` durations, ``time_ns`` is ``time.monotonic_ns()`` at the reply)::
-
-    v, pid, agent_id (random per agent: a new one behind the same pid means pid reuse),
-    time_ns, unix_time, python, torch_imported, torch_version, hooks_patched,
-    hooks [names that work], degraded {hook: reason},
-    loaders [{id, name ("file.py:line"), file, line, function, site ("constructed" |
-              "first_iterated"), alive, num_workers, batch_size, prefetch_factor, pin_memory,
-              pin_memory_effective, persistent_workers, drop_last, timeout,
-              multiprocessing_context, dataset, dataset_kind, batches_total, samples_total,
-              wait_ns_total, compute_ns_total, startup_wait_ns_total, end_wait_ns_total,
-              epochs, epochs_started, worker_pids, batches_per_worker,
-              wait_ns_pending, startup_wait_ns_pending, compute_ns_pending,
-              iterators [{id, worker_pids, in_call_ns}],
-              role ("train" | "validation" | "test" | "other" | null), role_source
-              ("framework" | "pattern" | null), framework ("Lightning" | "HF Trainer" |
-              "accelerate" | "torchdata" | null), iterated, replaced_by (the id of the loader a
-              framework re-created this one as, or null)}],
-    worker_deaths [{pid, worker_id, loader_id, iterator_id, signal, signal_name, exit_code,
-                    core_dumped, time_ns, unix_time}],
-    cuda_initialized, cuda [{device, allocated, reserved, peak_allocated, name, uuid}],
-    pinned {bytes, source} | null, num_threads, num_threads_time_ns,
-    rank {rank, local_rank, world_size, node_rank, source ("env" | "slurm")} | null
-
-``*_pending`` are what a call to the loader that is still in progress (the training is waiting
-for a batch right now) will add to the matching ``*_total`` when it returns, measured up to
-``time_ns``: a client adds them to see a stall while it lasts. ``in_call_ns`` is how long the
-iterator's current call has been running (0: none).
+The protocol (requests, the shape of every reply, its version) is ``dlmon.agent.wire``: this
+module only serves it. Anything but a known request gets ``{"error": ...}`` and a close; a peer
+with another uid (SO_PEERCRED) is closed without a word.
 
 Replies are cached for up to ``REPLY_CACHE_S`` when clients ask faster than ``REPLY_RATE`` a
 second, so ``time_ns`` (when the reply was built) may be a little older than the request.
@@ -56,7 +27,7 @@ import threading
 import time
 from typing import Any
 
-from dlmon.agent import _hooks, _journal, _rank
+from dlmon.agent import _hooks, _journal, _rank, wire
 from dlmon.agent._paths import (
     SUN_PATH_MAX,
     ensure_socket_dir,
@@ -66,7 +37,7 @@ from dlmon.agent._paths import (
     socket_path,
 )
 
-WIRE_VERSION = 1
+WIRE_VERSION = wire.WIRE_VERSION
 READ_LIMIT = 4096
 CONN_DEADLINE_S = 2.0
 MAX_CONNS = 16
@@ -88,7 +59,10 @@ STACKS_MIN_GAP_S = 1.0  # stacks are built at most once a second, whoever asks
 MAX_STACK_THREADS = 32
 MAX_STACK_FRAMES = 40
 MAX_REQUEST_BRACKETS = 8
-BAD_REQUEST = b'{"error": "bad request: not a JSON line"}\n'
+BAD_REQUEST = wire.encode(wire.error_reply("bad request: not a JSON line"))
+_SEND = wire.COUNTERS_REQUEST.decode().strip()
+UNKNOWN_REQUEST = wire.encode(wire.error_reply(f"unknown request; send {_SEND}"))
+TOO_LARGE = wire.encode(wire.error_reply("reply too large"))
 _TRANSIENT_ACCEPT_ERRNOS = frozenset({errno.ECONNABORTED, errno.EPROTO, errno.EINTR, errno.EAGAIN})
 
 
@@ -418,10 +392,10 @@ class Server:
             req = json.loads(line.decode("utf-8"))
         except (UnicodeDecodeError, ValueError, RecursionError, MemoryError):
             return BAD_REQUEST
-        if isinstance(req, dict) and req.get("get") == "stacks":
+        if isinstance(req, dict) and req.get(wire.GET) == wire.STACKS:
             return self._stacks()
-        if not isinstance(req, dict) or req.get("get") != "counters":
-            return b'{"error": "unknown request; send {\\"get\\": \\"counters\\"}"}\n'
+        if not isinstance(req, dict) or req.get(wire.GET) != wire.COUNTERS:
+            return UNKNOWN_REQUEST
         now = time.monotonic()
         self.reply_tokens = min(REPLY_BURST, self.reply_tokens + (now - self.reply_tokens_t) * REPLY_RATE)
         self.reply_tokens_t = now
@@ -433,10 +407,10 @@ class Server:
         try:
             body = json.dumps(build_counters(self), separators=(",", ":"), default=str)
         except Exception as exc:
-            body = json.dumps({"error": f"internal: {type(exc).__name__}: {exc}"})
+            body = json.dumps(wire.error_reply(f"internal: {type(exc).__name__}: {exc}"))
         data = body.encode("utf-8") + b"\n"
         if len(data) > MAX_REPLY:
-            data = b'{"error": "reply too large"}\n'
+            data = TOO_LARGE
         self.reply_cache = data
         self.reply_cache_t = time.monotonic()
         return data
@@ -448,11 +422,11 @@ class Server:
             return self.stacks_cache
         try:
             body = json.dumps(
-                {"v": WIRE_VERSION, "pid": os.getpid(), "unix_time": time.time(), "threads": thread_stacks()},
+                wire.stacks_reply(pid=os.getpid(), unix_time=time.time(), threads=thread_stacks()),
                 separators=(",", ":"),
             )
         except Exception as exc:
-            body = json.dumps({"error": f"internal: {type(exc).__name__}: {exc}"})
+            body = json.dumps(wire.error_reply(f"internal: {type(exc).__name__}: {exc}"))
         self.stacks_cache = body.encode("utf-8") + b"\n"
         self.stacks_t = now
         return self.stacks_cache
@@ -515,27 +489,35 @@ _DEVICE_STAT_KEYS = (
 )
 
 
-def _device_memory(cuda: Any, d: int) -> dict[str, Any]:
+def _device_memory(cuda: Any, d: int) -> wire.CudaDeviceWire:
     """One ``memory_stats(d)`` call (each call flattens the stats under the allocator's mutex)."""
-    dev: dict[str, Any] = {"device": d}
     try:
         stats = cuda.memory_stats(d)
     except Exception:
         stats = None
+    got: dict[str, int | None] = {}
     for key, stat_key in _DEVICE_STAT_KEYS:
         v = stats.get(stat_key, 0) if isinstance(stats, dict) else None
-        dev[key] = int(v) if isinstance(v, int) and not isinstance(v, bool) else None
+        got[key] = int(v) if isinstance(v, int) and not isinstance(v, bool) else None
     try:
         p = cuda.get_device_properties(d)
         uuid = getattr(p, "uuid", None)
         props = (str(getattr(p, "name", None) or "") or None, str(uuid) if uuid is not None else None)
     except Exception:
         props = (None, None)
-    dev["name"], dev["uuid"] = props
-    return dev
+    return wire.cuda_device_wire(
+        device=d,
+        allocated=got["allocated"],
+        reserved=got["reserved"],
+        peak_allocated=got["peak_allocated"],
+        name=props[0],
+        uuid=props[1],
+    )
 
 
-def _cuda_figures(torch_mod: Any) -> tuple[bool, list[dict[str, Any]], dict[str, Any] | None, str | None]:
+def _cuda_figures(
+    torch_mod: Any,
+) -> tuple[bool, list[wire.CudaDeviceWire], wire.PinnedWire | None, str | None]:
     """(initialized, per-device memory, pinned, error). Never initialises CUDA itself."""
     cuda = getattr(torch_mod, "cuda", None)
     if cuda is None:
@@ -545,7 +527,7 @@ def _cuda_figures(torch_mod: Any) -> tuple[bool, list[dict[str, Any]], dict[str,
             return False, [], None, None
     except Exception as exc:
         return False, [], None, f"{type(exc).__name__}: {exc}"
-    devices: list[dict[str, Any]] = []
+    devices: list[wire.CudaDeviceWire] = []
     error: str | None = None
     try:
         for d in range(int(cuda.device_count())):
@@ -578,7 +560,7 @@ def parse_host_memory_stats(stats: Any) -> tuple[int, str] | None:
     return None
 
 
-def _pinned(cuda: Any) -> dict[str, Any] | None:
+def _pinned(cuda: Any) -> wire.PinnedWire | None:
     fn = getattr(cuda, "host_memory_stats", None)
     if fn is None:
         return None
@@ -588,11 +570,11 @@ def _pinned(cuda: Any) -> dict[str, Any] | None:
         return None
     if got is None:
         return None
-    return {"bytes": got[0], "source": f"torch.cuda.host_memory_stats:{got[1]}"}
+    return wire.pinned_wire(bytes=got[0], source=f"torch.cuda.host_memory_stats:{got[1]}")
 
 
-def _loader_wire(ls: _hooks._LoaderState, now_pc: int) -> dict[str, Any]:
-    iters = []
+def _loader_wire(ls: _hooks._LoaderState, now_pc: int) -> wire.LoaderWire:
+    iters: list[wire.IteratorWire] = []
     pids: list[int] = []
     pend_wait = pend_startup = pend_compute = 0
     for it in list(ls.iters.values()):
@@ -608,60 +590,48 @@ def _loader_wire(ls: _hooks._LoaderState, now_pc: int) -> dict[str, Any]:
                     pend_compute += max(0, t_in - last_ret)
             else:
                 pend_startup += in_call
-        iters.append({"id": it.serial, "worker_pids": ip, "in_call_ns": in_call})
+        iters.append(wire.iterator_wire(id=it.serial, worker_pids=ip, in_call_ns=in_call))
         pids.extend(ip)
     c = list(ls.c)
-    s = dict(ls.settings)
-    return {
-        "id": ls.serial,
-        "name": ls.name,
-        "file": ls.file,
-        "line": ls.line,
-        "function": ls.function,
-        "site": ls.site_kind,
-        "alive": ls.alive,
-        "num_workers": s.get("num_workers"),
-        "batch_size": s.get("batch_size"),
-        "prefetch_factor": s.get("prefetch_factor"),
-        "pin_memory": s.get("pin_memory"),
-        "pin_memory_effective": s.get("pin_memory_effective"),
-        "persistent_workers": s.get("persistent_workers"),
-        "drop_last": s.get("drop_last"),
-        "timeout": s.get("timeout"),
-        "multiprocessing_context": s.get("multiprocessing_context"),
-        "dataset": s.get("dataset"),
-        "dataset_kind": s.get("dataset_kind"),
-        "batches_total": int(c[_hooks.B_BATCHES]),
-        "samples_total": int(c[_hooks.B_SAMPLES]),
-        "wait_ns_total": int(c[_hooks.B_WAIT]),
-        "compute_ns_total": int(c[_hooks.B_COMPUTE]),
-        "startup_wait_ns_total": int(c[_hooks.B_STARTUP]),
-        "end_wait_ns_total": int(c[_hooks.B_END]),
-        "epochs": int(c[_hooks.B_EPOCHS]),
-        "epochs_started": int(c[_hooks.B_EPOCHS_STARTED]),
-        "wait_ns_pending": pend_wait,
-        "startup_wait_ns_pending": pend_startup,
-        "compute_ns_pending": pend_compute,
-        "worker_pids": pids,
-        "batches_per_worker": [int(x) for x in list(ls.per_worker)],
-        "iterators": iters,
-        # what the loader is for and who built it (older clients ignore these keys)
-        "role": ls.role,
-        "role_source": ls.role_source,
-        "framework": ls.framework,
-        "iterated": ls.iterated,
-        "replaced_by": ls.replaced_by,
-    }
+    return wire.loader_wire(
+        id=ls.serial,
+        name=ls.name,
+        file=ls.file,
+        line=ls.line,
+        function=ls.function,
+        site=ls.site_kind,
+        alive=ls.alive,
+        settings=dict(ls.settings),
+        batches_total=int(c[_hooks.B_BATCHES]),
+        samples_total=int(c[_hooks.B_SAMPLES]),
+        wait_ns_total=int(c[_hooks.B_WAIT]),
+        compute_ns_total=int(c[_hooks.B_COMPUTE]),
+        startup_wait_ns_total=int(c[_hooks.B_STARTUP]),
+        end_wait_ns_total=int(c[_hooks.B_END]),
+        epochs=int(c[_hooks.B_EPOCHS]),
+        epochs_started=int(c[_hooks.B_EPOCHS_STARTED]),
+        wait_ns_pending=pend_wait,
+        startup_wait_ns_pending=pend_startup,
+        compute_ns_pending=pend_compute,
+        worker_pids=pids,
+        batches_per_worker=[int(x) for x in list(ls.per_worker)],
+        iterators=iters,
+        role=ls.role,
+        role_source=ls.role_source,
+        framework=ls.framework,
+        iterated=ls.iterated,
+        replaced_by=ls.replaced_by,
+    )
 
 
-def thread_stacks() -> list[dict[str, Any]]:
+def thread_stacks() -> list[wire.ThreadWire]:
     """The Python stack of each thread (innermost call last), main thread first; bounded."""
     frames = sys._current_frames()
     names = {t.ident: t.name for t in threading.enumerate()}
     main_id = threading.main_thread().ident
     me = threading.get_ident()
     order = sorted(frames, key=lambda ident: (ident != main_id, names.get(ident, "")))
-    out: list[dict[str, Any]] = []
+    out: list[wire.ThreadWire] = []
     for ident in order[:MAX_STACK_THREADS]:
         if ident == me:
             continue
@@ -671,49 +641,52 @@ def thread_stacks() -> list[dict[str, Any]]:
             stack.append([f.f_code.co_filename, f.f_lineno, f.f_code.co_name])
             f = f.f_back
         stack.reverse()
-        out.append({"name": names.get(ident, str(ident)), "main": ident == main_id, "frames": stack})
+        out.append(wire.thread_wire(name=names.get(ident, str(ident)), main=ident == main_id, frames=stack))
     return out
 
 
-def build_counters(server: Server | None) -> dict[str, Any]:
+def build_counters(server: Server | None) -> wire.CountersReply:
     """The reply to ``{"get": "counters"}``: cumulative counters, so a missed poll loses nothing."""
     R = _hooks.R
     with contextlib.suppress(Exception):
         _hooks.scan_worker_deaths()  # cheap; catches deaths the signal handler did not see
     _hooks.prune_loaders()
     torch_mod = sys.modules.get("torch")
-    out: dict[str, Any] = {
-        "v": WIRE_VERSION,
-        "pid": os.getpid(),
-        "agent_id": server.agent_id if server is not None else None,
-        "time_ns": time.monotonic_ns(),
-        "unix_time": time.time(),
-        "python": sys.version.split()[0],
-        "torch_imported": torch_mod is not None,
-        "torch_version": _torch_version(torch_mod) if torch_mod is not None else None,
-        "hooks_patched": R.patched,
-        "hooks": sorted(k for k, v in R.hooks.items() if v),
-        "degraded": dict(R.degraded),
-    }
+    time_ns = time.monotonic_ns()
+    unix_time = time.time()
+    degraded = dict(R.degraded)
     if server is not None and server.error:
-        out["degraded"]["server"] = server.error
+        degraded["server"] = server.error
     if server is not None and server.accept_error:
-        out["degraded"]["server_accept"] = server.accept_error
+        degraded["server_accept"] = server.accept_error
     now_pc = time.perf_counter_ns()
-    out["loaders"] = [_loader_wire(ls, now_pc) for ls in list(R.loaders.values())]
-    out["worker_deaths"] = [dict(d) for d in list(R.deaths)]
+    loaders = [_loader_wire(ls, now_pc) for ls in list(R.loaders.values())]
+    deaths: list[wire.WorkerDeathWire] = [d.copy() for d in list(R.deaths)]
     cuda_init: bool = False
-    devices: list[dict[str, Any]] = []
-    pinned: dict[str, Any] | None = None
+    devices: list[wire.CudaDeviceWire] = []
+    pinned: wire.PinnedWire | None = None
     err: str | None = None
     if torch_mod is not None:
         cuda_init, devices, pinned, err = _cuda_figures(torch_mod)
     if err:
-        out["degraded"]["cuda"] = err
-    out["cuda_initialized"] = cuda_init
-    out["cuda"] = devices
-    out["pinned"] = pinned
-    out["num_threads"] = R.num_threads
-    out["num_threads_time_ns"] = R.num_threads_ns
-    out["rank"] = _rank.current()
-    return out
+        degraded["cuda"] = err
+    return wire.counters_reply(
+        pid=os.getpid(),
+        agent_id=server.agent_id if server is not None else None,
+        time_ns=time_ns,
+        unix_time=unix_time,
+        python=sys.version.split()[0],
+        torch_imported=torch_mod is not None,
+        torch_version=_torch_version(torch_mod) if torch_mod is not None else None,
+        hooks_patched=R.patched,
+        hooks=sorted(k for k, v in R.hooks.items() if v),
+        degraded=degraded,
+        loaders=loaders,
+        worker_deaths=deaths,
+        cuda_initialized=cuda_init,
+        cuda=devices,
+        pinned=pinned,
+        num_threads=R.num_threads,
+        num_threads_time_ns=R.num_threads_ns,
+        rank=_rank.current(),
+    )

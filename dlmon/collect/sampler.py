@@ -206,7 +206,7 @@ class Sampler:
             cgroup=cgroup,
             loaders=reading.loaders if reading else (),
             pinned=reading.pinned if reading else None,
-            agent_note=self._agent.unanswered_note(),
+            agent_note=self._agent.note(),
             worker_deaths=self._agent.known_deaths(),
             exceptions=self._agent.known_exceptions(),
             kernel_events=kernel_events,
