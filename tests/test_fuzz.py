@@ -295,6 +295,7 @@ def test_cgroup_v2_memory_files(tmp_path: Path, limit: str, current: str, stat: 
 @given(text_of("200000 100000\n"), text_of("200000\n"), text_of("100000\n"))
 @example("9" * 400 + " 1\n", "9" * 400, "1")  # a quota no float can hold
 @example("-100000 100000\n", "-5", "100000")
+@example("200000 100000\n", "200000\n", "9" * 330 + "\n")  # a ratio that underflows to 0.0
 def test_cpu_quota_files(tmp_path: Path, cpu_max: str, quota: str, period: str) -> None:
     _write(tmp_path, {"cpu.max": cpu_max, "cpu.cfs_quota_us": quota, "cpu.cfs_period_us": period})
     for version in (1, 2):

@@ -536,12 +536,13 @@ def _quota_cores(version: int, directory: str) -> float | None:
 
 
 def _cores(quota: int, period: int) -> float | None:
-    """quota / period, or None for no quota (-1), a zero or negative period, or a quota no float
-    holds (OverflowError)."""
+    """quota / period, or None for no quota (-1), a zero or negative period, a quota no float
+    holds (OverflowError) or a ratio too small for one (a period the kernel never accepts)."""
     if quota <= 0 or period <= 0:
         return None
     try:
-        return quota / period
+        cores = quota / period
+        return cores if cores > 0.0 else None
     except OverflowError:
         return None
 
