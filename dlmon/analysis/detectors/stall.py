@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dlmon.analysis.detectors._base import Candidate, Context, duration
+from dlmon.analysis.detectors._base import Candidate, Context, Evidence, duration
 from dlmon.analysis.detectors.processes import describe_frames, format_stack, latest_stack
-from dlmon.analysis.digest import LoaderProgress
+from dlmon.analysis.digest import Digest, LoaderProgress
 from dlmon.analysis.kinds import CRITICAL, STALL, WARNING
 from dlmon.analysis.stats import median
 from dlmon.model import LoaderSample, ProcessSample
@@ -75,6 +75,19 @@ def pace(ctx: Context, loader_id: str) -> LoaderPace:
         else:
             interval = memory.usual_interval_s
     return LoaderPace(interval, last_progress)
+
+
+def stall_resumed(digest: Digest, evidence: Evidence, absent_since: float) -> bool:
+    """Whether the stalled loader (or, for one stuck worker, that worker) has delivered a batch
+    since the stall was last seen at ``absent_since``."""
+    memory = digest.loader_progress.get(str(evidence.get("loader_id")))
+    if memory is None:
+        return False
+    if evidence.get("where") == "worker":
+        wid, pid = evidence.get("worker_id"), evidence.get("pid")
+        seen = memory.workers.get((wid, pid)) if isinstance(wid, int) and isinstance(pid, int) else None
+        return seen is not None and seen[1] >= absent_since
+    return memory.moved_at >= absent_since
 
 
 def _loader_ids(ctx: Context) -> set[str]:
