@@ -18,6 +18,7 @@ from typing import TypeVar
 from dlmon.analysis.digest import DEAD, Digest
 from dlmon.model import ProcessSample, Snapshot
 from dlmon.model.format import human_bytes
+from dlmon.model.stall_rule import STALL_RULE, StallRule
 
 Evidence = Mapping[str, float | int | str | None]
 AlertKey = tuple[str, str]  # (kind, key)
@@ -126,6 +127,15 @@ class Thresholds:
     swap_job_rise_bytes: float = 8.0 * MIB
     swap_machine_rise_bytes: float = 32.0 * MIB
     swap_critical_memory_pressure: float = 20.0  # PSI memory some avg10
+    # stall: the rule is shared with the stack probe (dlmon.collect.stacks), which must get the same
+    stall_rule: StallRule = STALL_RULE
+    stall_outside_min_s: float = 60.0  # the trainer outside the loader: no batch for this long, and asleep
+    stall_suspect_min_s: float = (
+        2.0  # a call this long and 5 intervals: no input_bound verdict (a hang, or one)
+    )
+    stall_suspect_intervals: float = 5.0
+    stall_critical_s: float = 300.0
+    stall_sleeping_cpu_percent: float = 5.0
 
 
 DEFAULT_THRESHOLDS = Thresholds()
