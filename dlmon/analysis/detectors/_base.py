@@ -136,6 +136,17 @@ class Thresholds:
     stall_suspect_intervals: float = 5.0
     stall_critical_s: float = 300.0
     stall_sleeping_cpu_percent: float = 5.0
+    # fd_exhaustion
+    fd_trend_window_s: float = 60.0
+    fd_min_trend_span_s: float = 10.0
+    fd_min_trend_points: int = 4
+    fd_high_fraction: float = 0.8
+    fd_hold_fraction: float = 0.7
+    fd_critical_fraction: float = 0.95
+    fd_eta_s: float = 600.0  # growing steadily and out within 10 min
+    fd_critical_eta_s: float = 60.0
+    fd_late_share: float = 0.25  # a leak at a steady rate rises by half its window's rise in the later half
+    fd_min_growth: int = 32  # a rise smaller than this over the window is noise (sockets, pipes come and go)
 
 
 DEFAULT_THRESHOLDS = Thresholds()
