@@ -9,8 +9,9 @@ sizing advice; ``events`` lists what changed between two ticks' alerts for headl
 from __future__ import annotations
 
 from dlmon.analysis.advice import Advice, AdviceLine, PeakEstimate, advice_to_dict, advise, format_advice
-from dlmon.analysis.analyzer import DEFAULT_HOLDS, Analyzer, Hold, default_cores
+from dlmon.analysis.analyzer import Analyzer, default_cores
 from dlmon.analysis.detectors import DETECTORS, Candidate, Context, Thresholds, detect
+from dlmon.analysis.detectors.registry import DEFAULT_HOLDS, SPECS, Hold, KindSpec
 from dlmon.analysis.events import CLEARED, ESCALATED, RAISED, AlertEvent, events, format_event
 from dlmon.analysis.kinds import CRITICAL, INFO, KINDS, SEVERITIES, WARNING
 
@@ -24,6 +25,7 @@ __all__ = [
     "KINDS",
     "RAISED",
     "SEVERITIES",
+    "SPECS",
     "WARNING",
     "Advice",
     "AdviceLine",
@@ -32,6 +34,7 @@ __all__ = [
     "Candidate",
     "Context",
     "Hold",
+    "KindSpec",
     "PeakEstimate",
     "Thresholds",
     "advice_to_dict",

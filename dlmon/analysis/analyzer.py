@@ -22,73 +22,24 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from dlmon.analysis.detectors import DETECTORS, Candidate, Context, Detector, Thresholds
+from dlmon.analysis.detectors import Candidate, Context, Thresholds
 from dlmon.analysis.detectors._base import DEFAULT_THRESHOLDS, AlertKey
-from dlmon.analysis.detectors.stall import quiet_input_bound
-from dlmon.analysis.digest import Digest, DigestLimits
-from dlmon.analysis.kinds import (
-    EXCEPTION_DEATH,
-    FD_EXHAUSTION,
-    INPUT_BOUND,
-    IO_SATURATION,
-    LEAKED_WORKERS,
-    MEMORY_GROWTH,
-    ORPHAN_WORKER,
-    OVERSUBSCRIPTION,
-    SEVERITY_RANK,
-    SHM_EXHAUSTION,
-    STALL,
-    STRAGGLER,
-    SWAP_ACTIVITY,
-    TRAINER_DIED,
-    VRAM_PRESSURE,
-    WORKER_DIED,
-    ZOMBIE_WORKER,
+from dlmon.analysis.detectors.registry import (
+    DEFAULT_HOLDS,
+    DETECTORS,
+    SPEC_BY_KIND,
+    SPECS,
+    Detector,
+    Hold,
+    KindSpec,
+    Resumption,
 )
+from dlmon.analysis.digest import Digest, DigestLimits
+from dlmon.analysis.kinds import SEVERITY_RANK
 from dlmon.model import Alert, Snapshot
 
-
-@dataclass(frozen=True, slots=True)
-class Hold:
-    """How long a condition must last before it is raised, and be gone before it is cleared."""
-
-    raise_after_s: float
-    clear_after_s: float
-
-
-DEFAULT_HOLDS: Mapping[str, Hold] = MappingProxyType(
-    {
-        MEMORY_GROWTH: Hold(0.0, 60.0),  # the detector's windows already demand a sustained trend
-        # A worker being shut down at an epoch's end is a zombie until torch joins it, which takes
-        # seconds on a loaded machine (the soak saw 2-5 s at load 15; torch waits up to 5 s per
-        # worker): past that it is not being reaped.
-        ZOMBIE_WORKER: Hold(6.0, 3.0),
-        ORPHAN_WORKER: Hold(0.0, 3.0),  # unambiguous; and a live source stops right after the exit
-        WORKER_DIED: Hold(0.0, 0.0),  # an event: the detector keeps it for death_window_s
-        LEAKED_WORKERS: Hold(20.0, 30.0),  # epoch boundaries overlap old and new workers briefly
-        IO_SATURATION: Hold(5.0, 15.0),
-        INPUT_BOUND: Hold(5.0, 15.0),
-        SHM_EXHAUSTION: Hold(0.0, 10.0),  # the next step is a Bus error: say it at once
-        OVERSUBSCRIPTION: Hold(5.0, 20.0),
-        VRAM_PRESSURE: Hold(3.0, 15.0),
-        SWAP_ACTIVITY: Hold(0.0, 60.0),
-        TRAINER_DIED: Hold(0.0, 0.0),  # the last snapshots of a run: say it at once
-        # raised: the detector already waited 20 usual intervals (10 s at least); cleared: a hang
-        # ended with Ctrl-C leaves the loader at once but exits seconds later (torch waits 5 s
-        # for a hung worker), and the exit verdict must still name the hang
-        STALL: Hold(0.0, 15.0),
-        FD_EXHAUSTION: Hold(0.0, 15.0),  # the detector demands a steady rise or a high share
-        EXCEPTION_DEATH: Hold(0.0, 0.0),  # judged on the ended training only: say it at once
-        STRAGGLER: Hold(5.0, 15.0),  # as input_bound: the detector already averages over 10 s
-    }
-)
-_DEFAULT_HOLD = Hold(3.0, 15.0)
-# raised while the target lived, their detectors go quiet once it is gone (no process to read, no
-# loader to wait on): kept to the end, they say why it ended (a hang killed, fds run out)
-_LAST_WORDS = frozenset({STALL, FD_EXHAUSTION})
-# a stall its loader (or its worker) delivered again after: over, not a hang cut short by Ctrl-C,
-# so not kept for STALL's long clear hold (a stale "no batch for 30 s" on screen) nor at the exit
-RESUMED_STALL_CLEAR_S = 3.0
+_DEFAULT_HOLD = Hold(3.0, 15.0)  # a detector outside the registry's (a test's)
+_SILENCES = tuple(s.silences for s in SPECS if s.silences is not None)
 
 
 @dataclass(slots=True)
@@ -205,11 +156,12 @@ class Analyzer:
         cores = self.cores if self._cores_given else target_cores(s, self.cores)
         ctx = Context(tuple(self._recent), self.digest, cores, self.thresholds, active)
         seen: set[AlertKey] = set()
-        try:
-            hung = quiet_input_bound(ctx)  # a hang is a stall, never "too few workers"
-        except Exception as exc:
-            self._swallowed(exc)
-            hung = frozenset()
+        dropped: set[AlertKey] = set()
+        for silences in _SILENCES:  # a hang is a stall, never "too few workers"
+            try:
+                dropped.update((silences.kind, k) for k in silences.keys(ctx))
+            except Exception as exc:
+                self._swallowed(exc)
         for detector in self.detectors.values():
             try:
                 candidates = detector(ctx)
@@ -219,9 +171,9 @@ class Analyzer:
                 self._swallowed(exc)
                 continue
             for c in candidates:
-                if c.kind == INPUT_BOUND and c.key in hung:
-                    continue
                 key = (c.kind, c.key)
+                if key in dropped:
+                    continue
                 seen.add(key)
                 track = self._tracks.get(key)
                 if track is None:
@@ -238,6 +190,7 @@ class Analyzer:
         alerts: list[Alert] = []
         for key, track in list(self._tracks.items()):
             hold = self.holds.get(key[0], _DEFAULT_HOLD)
+            spec: KindSpec | None = SPEC_BY_KIND.get(key[0])
             if key not in seen:
                 if track.raised_at is None:
                     del self._tracks[key]  # it must last without a break to be raised
@@ -245,10 +198,11 @@ class Analyzer:
                 if track.absent_since is None:
                     track.absent_since = now
                 clear_after_s = hold.clear_after_s
-                resumed = key[0] == STALL and self._resumed(track)
-                if resumed:
-                    clear_after_s = min(clear_after_s, RESUMED_STALL_CLEAR_S)
-                if ended and key[0] in _LAST_WORDS and not resumed:
+                resumption = spec.resumption if spec is not None else None
+                resumed = resumption is not None and self._resumed(track, resumption)
+                if resumption is not None and resumed:
+                    clear_after_s = min(clear_after_s, resumption.clear_after_s)
+                if ended and spec is not None and spec.last_words and not resumed:
                     pass  # what the job was doing when it ended: the exit verdict's cause
                 elif ended or now - track.absent_since >= clear_after_s:
                     del self._tracks[key]
@@ -271,15 +225,8 @@ class Analyzer:
         alerts.sort(key=lambda a: (-SEVERITY_RANK.get(a.severity, 0), a.since, a.kind, a.subject))
         return tuple(alerts)
 
-    def _resumed(self, track: _Track) -> bool:
-        """Whether the stalled loader (or, for one stuck worker, that worker) has delivered a batch
-        since the stall was last seen."""
-        evidence = track.candidate.evidence
-        memory = self.digest.loader_progress.get(str(evidence.get("loader_id")))
-        if memory is None or track.absent_since is None:
+    def _resumed(self, track: _Track, resumption: Resumption) -> bool:
+        """Whether the raised condition is over since it was last seen (a stall's loader delivered)."""
+        if track.absent_since is None:
             return False
-        if evidence.get("where") == "worker":
-            wid, pid = evidence.get("worker_id"), evidence.get("pid")
-            seen = memory.workers.get((wid, pid)) if isinstance(wid, int) and isinstance(pid, int) else None
-            return seen is not None and seen[1] >= track.absent_since
-        return memory.moved_at >= track.absent_since
+        return resumption.over(self.digest, track.candidate.evidence, track.absent_since)

@@ -4,19 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dlmon.analysis.kinds import (
-    EXCEPTION_DEATH,
-    FD_EXHAUSTION,
-    ORPHAN_WORKER,
-    SEVERITY_RANK,
-    STALL,
-    TRAINER_DIED,
-    WORKER_DIED,
-)
+from dlmon.analysis.detectors.registry import CAUSE_ORDER
+from dlmon.analysis.kinds import SEVERITY_RANK
 from dlmon.model import Alert, Snapshot
-
-# a signal's death first: the exception torch raises for a killed worker is its echo
-_CAUSE_ORDER = (TRAINER_DIED, WORKER_DIED, STALL, EXCEPTION_DEATH, FD_EXHAUSTION, ORPHAN_WORKER)
 
 
 def _first_sentence(alert: Alert) -> str:
@@ -58,12 +48,12 @@ def _causes(alerts: Sequence[Alert]) -> list[Alert]:
     """The alerts that explain an end: deaths first (earliest death first), then stalls, orphans."""
 
     def order(a: Alert) -> tuple[int, int, float]:
-        rank = _CAUSE_ORDER.index(a.kind)
+        rank = CAUSE_ORDER.index(a.kind)
         when = a.evidence.get("time")
         at = float(when) if isinstance(when, (int, float)) else a.since
         return (rank, -SEVERITY_RANK.get(a.severity, 0), at)
 
-    found = [a for a in alerts if a.kind in _CAUSE_ORDER]
+    found = [a for a in alerts if a.kind in CAUSE_ORDER]
     found.sort(key=order)
     # a worker death explains a trainer that raised; the trainer's own death comes first only if killed
     return found

@@ -24,12 +24,11 @@ from dataclasses import dataclass, field
 from dlmon.agent._journal import STACK_HEADER, STACK_SIGNAL, STACK_SUFFIX
 from dlmon.collect.agent_client import AgentClient, AgentReading
 from dlmon.model.snapshot import LoaderSample, ProcessSample, ProcessStack, StackFrame
+from dlmon.model.stall_rule import STALL_RULE, StallRule, pace_reading
 
-STALL_MIN_S = 10.0  # never call a wait shorter than this a stall
-STALL_INTERVALS = 20.0  # ... nor one shorter than this many usual batch intervals
-STARTUP_STALL_S = 60.0
 RETAKE_S = 30.0
-LONE_MIN_S = 30.0
+# stacks are taken a little before the rule's threshold, so they are there when the detector raises
+EARLY = 0.8
 DUMP_WAIT_S = 0.3
 MAX_WORKERS = 16
 MAX_FRAMES = 40
@@ -46,7 +45,9 @@ _FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+|\?\?\?) in (?P<
 
 @dataclass(slots=True)
 class _LoaderWatch:
-    rate: float | None = None  # batches/s, smoothed over healthy intervals
+    # batches/s, smoothed over the readings that tell the pace: the probe sees one reading a tick
+    # and keeps no history (the detector takes the median over its recent snapshots)
+    rate: float | None = None
     batches: int | None = None
     last_progress: float = 0.0  # monotonic time the batch count last moved
     last_taken: float = -1e9
@@ -54,16 +55,8 @@ class _LoaderWatch:
     worker_taken: dict[int, float] = field(default_factory=dict)
 
 
-def lone_threshold_s(rate: float | None, num_workers: int) -> float:
-    """A worker that finished nothing this long while the others delivered is stuck."""
-    return max(LONE_MIN_S, STALL_INTERVALS * max(1, num_workers) / rate) if rate else LONE_MIN_S * 2
-
-
-def stall_threshold_s(rate: float | None) -> float:
-    """How long a wait must last to be a stall, given the loader's usual batches/s."""
-    if not rate:
-        return STARTUP_STALL_S  # workers starting up, or never delivered: only a long wait is a stall
-    return max(STALL_MIN_S, STALL_INTERVALS / rate)
+def _interval(rate: float | None) -> float | None:
+    return 1.0 / rate if rate else None
 
 
 def parse_faulthandler(text: str) -> list[tuple[str | None, list[StackFrame]]]:
@@ -140,8 +133,9 @@ def _cut_to_header(path: str, head: str, size: int) -> int:
 class StallProbe:
     """Decides when a loader is stalled and then collects stacks; keeps a little state per loader."""
 
-    def __init__(self, agent: AgentClient) -> None:
+    def __init__(self, agent: AgentClient, rule: StallRule = STALL_RULE) -> None:
         self._agent = agent
+        self._rule = rule  # the stall detector's (Thresholds.stall_rule)
         self._watch: dict[str, _LoaderWatch] = {}
         self._crash_read: set[int] = set()
         self.error: str | None = None  # the last failure, swallowed
@@ -186,14 +180,14 @@ class StallProbe:
             if ls.batches_total != w.batches:
                 w.batches = ls.batches_total
                 w.last_progress = now
-                if ls.batches_per_s and not (ls.in_call_s or 0.0) > 1.0:
-                    w.rate = ls.batches_per_s if w.rate is None else 0.8 * w.rate + 0.2 * ls.batches_per_s
+                rate = pace_reading(ls)
+                if rate is not None:
+                    w.rate = rate if w.rate is None else 0.8 * w.rate + 0.2 * rate
             if not ls.alive:
                 continue
-            # a little before the detector's own threshold, so the stack is there when it raises
             waited = max(ls.in_call_s or 0.0, now - w.last_progress)
-            limit = stall_threshold_s(None if ls.in_startup else w.rate)
-            if waited >= 0.8 * limit and now - w.last_taken >= RETAKE_S:
+            limit = self._rule.threshold_s(None if ls.in_startup else _interval(w.rate))
+            if waited >= EARLY * limit and now - w.last_taken >= RETAKE_S:
                 w.last_taken = now
                 stuck.append(ls)
             lone.extend((ls.pid, wid, ls.worker_pids[wid]) for wid in self._lone_workers(ls, w, now))
@@ -217,11 +211,10 @@ class StallProbe:
         out.extend(self._worker_stacks((workers + lone)[:MAX_WORKERS]))
         return tuple(out)
 
-    @staticmethod
-    def _lone_workers(ls: LoaderSample, w: _LoaderWatch, now: float) -> list[int]:
+    def _lone_workers(self, ls: LoaderSample, w: _LoaderWatch, now: float) -> list[int]:
         """Worker ids that finished no batch for long while the loader as a whole went on."""
         out: list[int] = []
-        limit = 0.8 * lone_threshold_s(w.rate, len(ls.worker_pids))
+        limit = EARLY * self._rule.lone_threshold_s(_interval(w.rate), len(ls.worker_pids))
         for wid, n in enumerate(ls.batches_per_worker[: len(ls.worker_pids)]):
             before = w.workers.get(wid)
             if before is None or before[0] != n:

@@ -7,6 +7,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from dlmon.analysis.detectors.registry import ENDINGS
 from dlmon.export.summary import Peak, RunSummary
 from dlmon.export.text import figure
 
@@ -153,11 +154,9 @@ def _row(label: str, unit: str, a: float | None, b: float | None, higher_is_bett
     return Row(label, figure(a, unit), figure(b, unit), text, _judge(change, higher_is_better))
 
 
-# kinds that say how the training ended: a new cause of them is a new kind ("died of X")
-ENDINGS = frozenset({"exception_death", "worker_died", "trainer_died"})
-
-
 def _kinds(s: RunSummary) -> set[str]:
+    """The alert kinds of a run; a kind that says how the training ended counts once per cause
+    (``worker_died:oom``): a new cause of it is a new kind ("died of X")."""
     return {f"{w.kind}:{w.cause}" if w.kind in ENDINGS and w.cause else w.kind for w in s.alerts}
 
 

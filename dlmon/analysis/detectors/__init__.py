@@ -6,7 +6,7 @@ context between ticks instead of rebuilding it, and adds hysteresis.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from dlmon.analysis.detectors._base import (
     DEFAULT_THRESHOLDS,
@@ -32,48 +32,10 @@ from dlmon.analysis.detectors.processes import (
     detect_worker_died,
     detect_zombie_worker,
 )
+from dlmon.analysis.detectors.registry import DEFAULT_HOLDS, DETECTORS, SPECS, Detector, Hold, KindSpec
 from dlmon.analysis.detectors.stall import detect_stall
 from dlmon.analysis.detectors.straggler import detect_straggler
-from dlmon.analysis.kinds import (
-    EXCEPTION_DEATH,
-    FD_EXHAUSTION,
-    INPUT_BOUND,
-    IO_SATURATION,
-    LEAKED_WORKERS,
-    MEMORY_GROWTH,
-    ORPHAN_WORKER,
-    OVERSUBSCRIPTION,
-    SHM_EXHAUSTION,
-    STALL,
-    STRAGGLER,
-    SWAP_ACTIVITY,
-    TRAINER_DIED,
-    VRAM_PRESSURE,
-    WORKER_DIED,
-    ZOMBIE_WORKER,
-)
 from dlmon.model import Snapshot
-
-Detector = Callable[[Context], list[Candidate]]
-
-DETECTORS: dict[str, Detector] = {
-    MEMORY_GROWTH: detect_memory_growth,
-    ZOMBIE_WORKER: detect_zombie_worker,
-    ORPHAN_WORKER: detect_orphan_worker,
-    WORKER_DIED: detect_worker_died,
-    LEAKED_WORKERS: detect_leaked_workers,
-    IO_SATURATION: detect_io_saturation,
-    INPUT_BOUND: detect_input_bound,
-    SHM_EXHAUSTION: detect_shm_exhaustion,
-    OVERSUBSCRIPTION: detect_oversubscription,
-    VRAM_PRESSURE: detect_vram_pressure,
-    SWAP_ACTIVITY: detect_swap_activity,
-    TRAINER_DIED: detect_trainer_died,
-    STALL: detect_stall,
-    FD_EXHAUSTION: detect_fd_exhaustion,
-    EXCEPTION_DEATH: detect_exception_death,
-    STRAGGLER: detect_straggler,
-}
 
 
 def detect(
@@ -89,15 +51,19 @@ def detect(
 
 
 __all__ = [
+    "DEFAULT_HOLDS",
     "DEFAULT_THRESHOLDS",
     "DETECTORS",
+    "SPECS",
     "AlertKey",
     "Candidate",
     "Context",
     "Detector",
     "GrowthWindow",
     "Headroom",
+    "Hold",
     "JobTree",
+    "KindSpec",
     "Thresholds",
     "detect",
     "detect_exception_death",

@@ -18,6 +18,7 @@ from typing import TypeVar
 from dlmon.analysis.digest import DEAD, Digest
 from dlmon.model import ProcessSample, Snapshot
 from dlmon.model.format import human_bytes
+from dlmon.model.stall_rule import STALL_RULE, StallRule
 
 Evidence = Mapping[str, float | int | str | None]
 AlertKey = tuple[str, str]  # (kind, key)
@@ -126,6 +127,26 @@ class Thresholds:
     swap_job_rise_bytes: float = 8.0 * MIB
     swap_machine_rise_bytes: float = 32.0 * MIB
     swap_critical_memory_pressure: float = 20.0  # PSI memory some avg10
+    # stall: the rule is shared with the stack probe (dlmon.collect.stacks), which must get the same
+    stall_rule: StallRule = STALL_RULE
+    stall_outside_min_s: float = 60.0  # the trainer outside the loader: no batch for this long, and asleep
+    stall_suspect_min_s: float = (
+        2.0  # a call this long and 5 intervals: no input_bound verdict (a hang, or one)
+    )
+    stall_suspect_intervals: float = 5.0
+    stall_critical_s: float = 300.0
+    stall_sleeping_cpu_percent: float = 5.0
+    # fd_exhaustion
+    fd_trend_window_s: float = 60.0
+    fd_min_trend_span_s: float = 10.0
+    fd_min_trend_points: int = 4
+    fd_high_fraction: float = 0.8
+    fd_hold_fraction: float = 0.7
+    fd_critical_fraction: float = 0.95
+    fd_eta_s: float = 600.0  # growing steadily and out within 10 min
+    fd_critical_eta_s: float = 60.0
+    fd_late_share: float = 0.25  # a leak at a steady rate rises by half its window's rise in the later half
+    fd_min_growth: int = 32  # a rise smaller than this over the window is noise (sockets, pipes come and go)
 
 
 DEFAULT_THRESHOLDS = Thresholds()

@@ -14,42 +14,34 @@ from dlmon.analysis.detectors._base import Candidate, Context, duration
 from dlmon.analysis.digest import DEAD, process_label
 from dlmon.analysis.kinds import CRITICAL, FD_EXHAUSTION, WARNING
 
-TREND_WINDOW_S = 60.0
-MIN_TREND_SPAN_S = 10.0
-MIN_TREND_POINTS = 4
-HIGH_FRACTION = 0.8
-HOLD_FRACTION = 0.7
-CRITICAL_FRACTION = 0.95
-ETA_S = 600.0  # growing steadily and out within 10 min
-LATE_SHARE = 0.25  # a leak at a steady rate rises by half its window's rise in the later half
-MIN_GROWTH_FDS = 32  # a rise smaller than this over the window is noise (sockets, pipes come and go)
-
 
 def _trend(ctx: Context, pid: int, start_time: int) -> tuple[float | None, int, float]:
     """(fds per second over the window, readings, seconds covered); None when not a steady rise."""
+    cfg = ctx.config
     pts = [
         (s.time, p.num_fds)
-        for s in ctx.window(TREND_WINDOW_S)
+        for s in ctx.window(cfg.fd_trend_window_s)
         for p in s.processes
         if p.pid == pid and p.start_time == start_time and p.num_fds is not None
     ]
-    if len(pts) < MIN_TREND_POINTS:
+    if len(pts) < cfg.fd_min_trend_points:
         return None, len(pts), 0.0
     span = pts[-1][0] - pts[0][0]
     rise = pts[-1][1] - pts[0][1]
     falls = sum(1 for a, b in itertools.pairwise(pts) if b[1] < a[1])
-    if span < MIN_TREND_SPAN_S or rise < MIN_GROWTH_FDS or falls > len(pts) // 4:
+    if span < cfg.fd_min_trend_span_s or rise < cfg.fd_min_growth or falls > len(pts) // 4:
         return None, len(pts), span
     # steady: the later half of the window rises too (workers starting add a step of fds at once,
     # then the count stays flat: first-to-last alone reads that step as a fast leak)
     middle = pts[0][0] + span / 2
     late = next(n for t, n in pts if t >= middle)
-    if pts[-1][1] - late < rise * LATE_SHARE:
+    if pts[-1][1] - late < rise * cfg.fd_late_share:
         return None, len(pts), span
     return rise / span, len(pts), span
 
 
 def detect_fd_exhaustion(ctx: Context) -> list[Candidate]:
+    cfg = ctx.config
     out: list[Candidate] = []
     for p in ctx.latest.processes:
         if p.state in DEAD or p.num_fds is None or not p.fd_limit:
@@ -59,8 +51,8 @@ def detect_fd_exhaustion(ctx: Context) -> list[Candidate]:
         used = p.num_fds / p.fd_limit
         rate, _n, span = _trend(ctx, p.pid, p.start_time)
         eta = (p.fd_limit - p.num_fds) / rate if rate else None
-        high = used >= (HOLD_FRACTION if held else HIGH_FRACTION)
-        soon = eta is not None and eta <= ETA_S
+        high = used >= (cfg.fd_hold_fraction if held else cfg.fd_high_fraction)
+        soon = eta is not None and eta <= cfg.fd_eta_s
         if not (high or soon or (held and rate)):
             continue
         label = process_label(p.role, p.pid, p.worker_id)
@@ -70,7 +62,9 @@ def detect_fd_exhaustion(ctx: Context) -> list[Candidate]:
             Candidate(
                 FD_EXHAUSTION,
                 key,
-                CRITICAL if used >= CRITICAL_FRACTION or (eta is not None and eta <= 60) else WARNING,
+                CRITICAL
+                if used >= cfg.fd_critical_fraction or (eta is not None and eta <= cfg.fd_critical_eta_s)
+                else WARNING,
                 label,
                 f"{label.capitalize()} holds {p.num_fds} of its {p.fd_limit} file descriptors "
                 f"(RLIMIT_NOFILE){trend}{out_in}; then opens fail with 'Too many open files'.",

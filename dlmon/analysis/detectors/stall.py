@@ -16,23 +16,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dlmon.analysis.detectors._base import Candidate, Context, duration
+from dlmon.analysis.detectors._base import Candidate, Context, Evidence, duration
 from dlmon.analysis.detectors.processes import describe_frames, format_stack, latest_stack
-from dlmon.analysis.digest import LoaderProgress
+from dlmon.analysis.digest import Digest, LoaderProgress
 from dlmon.analysis.kinds import CRITICAL, STALL, WARNING
 from dlmon.analysis.stats import median
 from dlmon.model import LoaderSample, ProcessSample
 from dlmon.model.snapshot import ProcessStack
-
-STALL_MIN_S = 10.0  # the same rule as dlmon.collect.stacks: a wait this long at least ...
-STALL_INTERVALS = 20.0  # ... and this many usual batch intervals
-STARTUP_STALL_S = 60.0  # a loader that never delivered steadily: only a wait this long
-OUTSIDE_MIN_S = 60.0  # the trainer outside the loader: no batch for this long, and asleep
-SUSPECT_MIN_S = 2.0  # a call this long and 5 intervals: no input_bound verdict (it is a hang, or one)
-SUSPECT_INTERVALS = 5.0
-CRITICAL_S = 300.0
-LONE_MIN_S = 30.0  # a worker that finished nothing this long while the loader went on
-SLEEPING_CPU_PERCENT = 5.0
+from dlmon.model.stall_rule import pace_reading
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,8 +41,9 @@ def pace(ctx: Context, loader_id: str) -> LoaderPace:
         for ls in snap.loaders:
             if ls.id != loader_id:
                 continue
-            if ls.batches_per_s and ls.batches_per_s > 0 and not (ls.in_call_s or 0.0) > 1.0:
-                rates.append(ls.batches_per_s)
+            rate = pace_reading(ls)
+            if rate is not None:
+                rates.append(rate)
             if ls.batches_total is not None and ls.batches_total != last_total:
                 last_total = ls.batches_total
                 last_progress = snap.time
@@ -77,14 +69,21 @@ def pace(ctx: Context, loader_id: str) -> LoaderPace:
     return LoaderPace(interval, last_progress)
 
 
+def stall_resumed(digest: Digest, evidence: Evidence, absent_since: float) -> bool:
+    """Whether the stalled loader (or, for one stuck worker, that worker) has delivered a batch
+    since the stall was last seen at ``absent_since``."""
+    memory = digest.loader_progress.get(str(evidence.get("loader_id")))
+    if memory is None:
+        return False
+    if evidence.get("where") == "worker":
+        wid, pid = evidence.get("worker_id"), evidence.get("pid")
+        seen = memory.workers.get((wid, pid)) if isinstance(wid, int) and isinstance(pid, int) else None
+        return seen is not None and seen[1] >= absent_since
+    return memory.moved_at >= absent_since
+
+
 def _loader_ids(ctx: Context) -> set[str]:
     return {ls.id for snap in ctx.recent for ls in snap.loaders}
-
-
-def threshold_s(interval: float | None) -> float:
-    if interval is None:
-        return STARTUP_STALL_S
-    return max(STALL_MIN_S, STALL_INTERVALS * interval)
 
 
 def quiet_input_bound(ctx: Context) -> frozenset[str]:
@@ -93,13 +92,14 @@ def quiet_input_bound(ctx: Context) -> frozenset[str]:
 
 
 def _quiet(ctx: Context) -> frozenset[str]:
+    cfg = ctx.config
     out: set[str] = set()
     for ls in ctx.latest.loaders:
         call = ls.in_call_s or 0.0
-        if call < SUSPECT_MIN_S:
+        if call < cfg.stall_suspect_min_s:
             continue
         interval = pace(ctx, ls.id).usual_interval_s
-        if interval is None or call >= SUSPECT_INTERVALS * interval:
+        if interval is None or call >= cfg.stall_suspect_intervals * interval:
             out.add(f"loader:{ls.id}")
     return frozenset(out)
 
@@ -160,6 +160,7 @@ def detect_stall(ctx: Context) -> list[Candidate]:
     s = ctx.latest
     if not s.loaders or not s.target.alive:
         return []
+    cfg = ctx.config
     by_pid = {p.pid: p for p in s.processes if p.state not in ("Z", "X")}
     out: list[Candidate] = []
     paces = {ls.id: pace(ctx, ls.id) for ls in s.loaders if ls.alive}
@@ -175,7 +176,7 @@ def detect_stall(ctx: Context) -> list[Candidate]:
         if not ls.alive:
             continue
         p = paces[ls.id]
-        limit = threshold_s(None if ls.in_startup else p.usual_interval_s)  # start-up: 60 s
+        limit = cfg.stall_rule.threshold_s(None if ls.in_startup else p.usual_interval_s)  # start-up: 60 s
         call = ls.in_call_s or 0.0
         usual = (
             f"usually one every {duration(p.usual_interval_s)}"
@@ -194,12 +195,12 @@ def detect_stall(ctx: Context) -> list[Candidate]:
             and ls.pid not in in_a_loader
             and quiet_for is not None
             and p.usual_interval_s is not None
-            and quiet_for >= max(OUTSIDE_MIN_S, limit)
+            and quiet_for >= max(cfg.stall_outside_min_s, limit)
             and trainer is not None
             and trainer.cpu_percent is not None
-            and trainer.cpu_percent < SLEEPING_CPU_PERCENT
+            and trainer.cpu_percent < cfg.stall_sleeping_cpu_percent
         ):
-            out.append(_trainer_stall(ls, quiet_for, usual, trainer, main_stack))
+            out.append(_trainer_stall(ctx, ls, quiet_for, usual, trainer, main_stack))
     return out
 
 
@@ -241,19 +242,12 @@ def _loader_stall(
     return Candidate(
         STALL,
         f"stall:{ls.id}",
-        CRITICAL if call >= CRITICAL_S else WARNING,
+        CRITICAL if call >= ctx.config.stall_critical_s else WARNING,
         subject,
         message,
         advice,
         evidence,
     )
-
-
-def lone_threshold_s(interval: float | None, num_workers: int) -> float:
-    """The same rule as dlmon.collect.stacks: nothing finished this long while the others deliver."""
-    if interval is None:
-        return 2 * LONE_MIN_S
-    return max(LONE_MIN_S, STALL_INTERVALS * max(1, num_workers) * interval)
 
 
 def _lone_workers(
@@ -262,8 +256,9 @@ def _lone_workers(
     """Workers that finished no batch for long while the loader went on (out-of-order delivery, or
     the others covering for it), asleep: stuck."""
     s = ctx.latest
+    cfg = ctx.config
     out: list[Candidate] = []
-    limit = lone_threshold_s(p.usual_interval_s, len(ls.worker_pids))
+    limit = cfg.stall_rule.lone_threshold_s(p.usual_interval_s, len(ls.worker_pids))
     loader_moving = p.last_progress is not None and s.time - p.last_progress < limit
     memory = ctx.digest.loader_progress.get(ls.id)
     if memory is None:  # no batch count known: no worker's progress either
@@ -283,7 +278,9 @@ def _lone_workers(
         idle_for = s.time - seen[1]
         proc = by_pid.get(pid)
         asleep = (
-            proc is not None and proc.state in ("S", "D") and (proc.cpu_percent or 0.0) < SLEEPING_CPU_PERCENT
+            proc is not None
+            and proc.state in ("S", "D")
+            and (proc.cpu_percent or 0.0) < cfg.stall_sleeping_cpu_percent
         )
         if idle_for < limit or not loader_moving or not asleep:
             continue
@@ -306,7 +303,7 @@ def _lone_workers(
             Candidate(
                 STALL,
                 f"stall:{ls.id}:w{wid}",
-                CRITICAL if idle_for >= CRITICAL_S else WARNING,
+                CRITICAL if idle_for >= cfg.stall_critical_s else WARNING,
                 f"worker {wid} (pid {pid})",
                 f"DataLoader {ls.label}'s worker {wid} (pid {pid}) has finished no batch for "
                 f"{duration(idle_for)} while the other workers delivered, and it is asleep.{stuck}",
@@ -319,7 +316,12 @@ def _lone_workers(
 
 
 def _trainer_stall(
-    ls: LoaderSample, quiet_for: float, usual: str, trainer: ProcessSample, main_stack: ProcessStack | None
+    ctx: Context,
+    ls: LoaderSample,
+    quiet_for: float,
+    usual: str,
+    trainer: ProcessSample,
+    main_stack: ProcessStack | None,
 ) -> Candidate:
     where, ev = _where(main_stack, trainer)
     evidence: dict[str, float | int | str | None] = {
@@ -335,7 +337,7 @@ def _trainer_stall(
     return Candidate(
         STALL,
         f"stall:{ls.id}",
-        CRITICAL if quiet_for >= CRITICAL_S else WARNING,
+        CRITICAL if quiet_for >= ctx.config.stall_critical_s else WARNING,
         f"main (pid {trainer.pid})",
         f"The trainer (pid {trainer.pid}) has asked DataLoader {ls.label} for no batch for "
         f"{duration(quiet_for)} ({usual}) and is asleep outside the loader.{stuck}",
