@@ -237,8 +237,10 @@ def jobs(
     # the session's other long runs (conftest), begun during this window once the load-sensitive
     # watches are decided: their waits overlap this one instead of adding up
     trainer_leak_run.start(delay_s=0.0)  # the longest (~2 min); 2 light jobs, passed at once
-    deaths_early.start(delay_s=55.0)  # after the slow start-up's 40 s (from its READY)
-    report_recordings.start(delay_s=75.0)  # after the copy-on-read pair's 62 s (from READY)
+    # after the copy-on-read verdicts (the pair's 62 s, the anonymous split's 75 s, from READY): on
+    # CI, deaths_early's seven jobs (about a core) begun at 55 s kept all three from firing in time
+    deaths_early.start(delay_s=80.0)
+    report_recordings.start(delay_s=80.0)
     watched = long_jobs(__name__, tmp_path_factory)
     for run in (trainer_leak_run, deaths_early, report_recordings):
         run.settle()
