@@ -18,6 +18,7 @@ from test_ui_support import make_snapshot
 
 from dlmon.collect import cgroup, disks, processes, system
 from dlmon.collect.agent_client import AgentClient, AgentReading
+from dlmon.collect.agent_decode import parse_reply
 from dlmon.collect.procfs import FieldPicker, StatFields, parse_stat
 from dlmon.flow.records import RecordEnd, RecordProblem, parse_line
 from dlmon.model import Snapshot
@@ -419,7 +420,7 @@ def test_agent_reply_conversion_keeps_types(replies: tuple[dict[str, Any], dict[
 @given(st.one_of(mutated_replies().map(lambda r: json.dumps(r[1]).encode() + b"\n"), st.binary(max_size=300)))
 @example(b"[" * 100_000 + b"\n")  # valid-looking nesting no JSON parser recurses through
 def test_agent_wire_decoder_returns_a_reply_or_none(data: bytes) -> None:
-    parsed = AgentClient._parse(data, 4242)
+    parsed = parse_reply(data, 4242)
     assert parsed is None or (isinstance(parsed, dict) and parsed.get("pid") == 4242)
 
 

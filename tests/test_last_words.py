@@ -24,7 +24,7 @@ import pytest
 
 from dlmon.agent import _journal
 from dlmon.analysis.detectors.exceptions import family
-from dlmon.collect.agent_client import _journal_exception
+from dlmon.collect.agent_decode import _journal_exception
 from dlmon.model import Alert, Snapshot
 from dlmon.model.serialize import snapshot_from_dict, snapshot_to_dict
 from dlmon.model.snapshot import TrainingException

@@ -176,6 +176,7 @@ def test_the_client_decodes_every_key_the_agent_writes() -> None:
     assert sent >= NOT_DECODED, "NOT_DECODED lists keys no builder writes"
     assert sorted(reads - sent) == [], "the client reads keys the agent never writes"
     assert sorted(sent - NOT_DECODED - reads) == [], "the agent writes keys the client never reads"
+    assert sorted(reads & NOT_DECODED) == [], "NOT_DECODED lists keys the client now reads"
 
 
 def test_the_client_decodes_every_key_of_a_stacks_reply() -> None:
@@ -187,6 +188,17 @@ def test_the_client_decodes_every_key_of_a_stacks_reply() -> None:
     assert sent >= NOT_DECODED_STACKS
     assert sorted(reads - sent) == [], "the client reads keys the agent never writes"
     assert sorted(sent - NOT_DECODED_STACKS - reads) == [], "the agent writes keys the client never reads"
+    assert sorted(reads & NOT_DECODED_STACKS) == [], "NOT_DECODED_STACKS lists keys the client now reads"
+
+
+def test_the_agents_own_replies_are_of_the_wire_shapes() -> None:
+    """What the agent really sends (not the test's builders): a key set outside a builder
+    (``reply["x"] = ...``) would reach no decoder and no contract. Without torch imported, the
+    agent's counters carry no loaders, but every top-level key."""
+    from dlmon.agent import _server
+
+    reply = _server.build_counters(None)
+    assert set(reply) == set(wire.CountersReply.__annotations__)
 
 
 def test_builders_write_exactly_their_shapes() -> None:
@@ -216,7 +228,7 @@ def test_requests_are_the_wire_modules() -> None:
     assert wire.COUNTERS_REQUEST.endswith(b"\n") and wire.COUNTERS_REQUEST.count(b"\n") == 1
 
 
-@pytest.mark.parametrize("other", [wire.WIRE_VERSION + 1, 0, "1", True, 1.0])
+@pytest.mark.parametrize("other", [wire.WIRE_VERSION + 1, 0, "1", True, 1.0, None])
 def test_an_agent_of_another_version_gets_one_note_and_no_decoding(other: Any) -> None:
     msg: dict[str, Any] = _through_json(representative_counters(1_000_000_000, 10, 100))
     msg["v"] = other
@@ -230,7 +242,11 @@ def test_an_agent_of_another_version_gets_one_note_and_no_decoding(other: Any) -
     assert reading.pids == () and reading.loaders == ()
     assert reads <= {"v", "pid"}, "fields of another version were decoded"
     note = client.note()
-    assert note is not None and "protocol version" in note and "pid 42" in note, note
+    assert note is not None and "pid 42" in note, note
+    assert f"speaks wire protocol version {json.dumps(other)}, this dlmon speaks 1" in note, (
+        note
+    )  # "1" is not 1
+
     assert client.unanswered_note() is None  # it answered: it is not "not answering"
     # stacks of that agent are not decoded either
     stacks: dict[str, Any] = _through_json(representative_stacks())
@@ -240,3 +256,21 @@ def test_an_agent_of_another_version_gets_one_note_and_no_decoding(other: Any) -
     ok = _through_json(representative_counters(2_000_000_000, 20, 200))
     assert client.convert({42: ok}).pids == (42,)
     assert client.note() is None
+
+
+def test_the_note_of_a_ranks_agent_shows_above_the_other_ranks_loaders() -> None:
+    """Rank 0 answers, rank 1's agent speaks another version: rank 0's loaders are on the panel
+    and the note saying why rank 1's are missing is above them, not only on stderr."""
+    import dataclasses
+
+    from test_ui_support import make_snapshot
+
+    from dlmon.ui.state import DashboardState
+    from dlmon.ui.views import text_of, throughput_lines
+
+    snap = dataclasses.replace(make_snapshot(), agent_note="agent of pid 43 speaks wire protocol version 2")
+    assert snap.loaders
+    state = DashboardState()
+    state.ingest(snap)
+    lines = [text_of(x) for x in throughput_lines(state, 160, False)]
+    assert "speaks wire protocol version 2" in lines[0] and len(lines) >= 2, lines

@@ -37,7 +37,6 @@ from dlmon.agent._paths import (
     socket_path,
 )
 
-WIRE_VERSION = wire.WIRE_VERSION
 READ_LIMIT = 4096
 CONN_DEADLINE_S = 2.0
 MAX_CONNS = 16

@@ -379,12 +379,16 @@ def stacks_reply(*, pid: int, unix_time: float, threads: list[ThreadWire]) -> St
     return {"v": WIRE_VERSION, "pid": pid, "unix_time": unix_time, "threads": threads}
 
 
+_UNSAID = object()
+
+
 def version_of(reply: object) -> object:
-    """The version a reply says it speaks: None when it says none (agents have always sent one,
-    so only hand-made replies lack it, and they are read as this version)."""
-    return reply.get("v") if isinstance(reply, Mapping) else None
+    """The version a reply says it speaks (``"v"``, whatever its type, null included); a reply
+    without the key says none (agents have always sent one, so only hand-made replies lack it,
+    and they are read as this version)."""
+    return reply.get("v", _UNSAID) if isinstance(reply, Mapping) else _UNSAID
 
 
 def speaks_this_version(reply: object) -> bool:
     v = version_of(reply)
-    return v is None or (type(v) is int and v == WIRE_VERSION)
+    return v is _UNSAID or (type(v) is int and v == WIRE_VERSION)

@@ -39,7 +39,6 @@ from dlmon.collect.agent_decode import (
     AgentReading,
     LoaderDetail,
     TorchDeviceMemory,
-    _int,
     _journal_death,
     _journal_exception,
     _Prev,
@@ -63,8 +62,6 @@ __all__ = [
     "AgentReading",
     "LoaderDetail",
     "TorchDeviceMemory",
-    "_int",
-    "_journal_exception",
     "agent_unreachable_reason",
     "listed",
     "merge_torch_memory",
@@ -267,9 +264,8 @@ class AgentClient:
 
     def version_note(self) -> str | None:
         """A line when an agent speaks another protocol version (its replies are not decoded)."""
-        for pid, version in sorted(self._other_version.items()):
-            return version_note(pid, version)
-        return None
+        first = min(self._other_version.items(), key=lambda pv: pv[0], default=None)
+        return None if first is None else version_note(*first)
 
     def unanswered_note(self) -> str | None:
         """A line when an agent has taken the requests but given no valid reply in time for
@@ -284,8 +280,6 @@ class AgentClient:
                     "its DataLoader figures are unknown, not zero"
                 )
         return None
-
-    _parse = staticmethod(parse_reply)  # the reply's decoding is agent_decode's; kept for callers
 
     # -- conversion ----------------------------------------------------------------------------
 
@@ -322,6 +316,8 @@ class AgentClient:
     def _read_journals(self) -> None:
         """New lines of each remembered agent's death journal (one open and read per agent)."""
         for pid, entry in self._journals.items():
+            if pid in self._other_version:  # its journal's lines are of that version's shape too
+                continue
             path, offset = entry
             try:
                 fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)

@@ -172,9 +172,14 @@ def check_reply(obj: Any, pid: int) -> dict[str, Any] | None:
 
 
 def version_note(pid: int, version: object) -> str:
+    try:  # as JSON wrote it: "1" (a string) and true stay apart from 1
+        said = json.dumps(version)[:20]
+    except (TypeError, ValueError):
+        said = "unknown"
     return (
-        f"agent of pid {pid} speaks wire protocol version {str(version)[:20]}, this dlmon speaks "
-        f"{wire.WIRE_VERSION}: its DataLoader figures are not read (run the same dlmon on both sides)"
+        f"agent of pid {pid} speaks wire protocol version {said}, this dlmon speaks "
+        f"{wire.WIRE_VERSION}: its DataLoader figures are not read (start the training with this "
+        "dlmon's agent: the same dlmon version on both sides)"
     )
 
 

@@ -27,6 +27,8 @@ def throughput_lines(state: DashboardState, width: int, compact: bool, rows: int
             return wrap(s.agent_note or AGENT_HINT, width, "warn" if s.agent_note else "dim")
         return (fit([[(s.agent_note or AGENT_HINT_SHORT, "dim")]], width, lead=lead),)
     out: list[Line] = []
+    if s.agent_note and not compact:  # one rank's agent of another version or silent: its loaders are missing
+        out.extend(wrap(s.agent_note, width, "warn"))
     loaders = list(s.loaders) if not compact else list(s.loaders[:1])
     rest: list[LoaderSample] = []
     if rows is not None and len(loaders) > rows:  # the busiest in full, the others summed up
