@@ -161,6 +161,8 @@ class Analyzer:
             try:
                 dropped.update((silences.kind, k) for k in silences.keys(ctx))
             except Exception as exc:
+                if self.strict:
+                    raise
                 self._swallowed(exc)
         for detector in self.detectors.values():
             try:

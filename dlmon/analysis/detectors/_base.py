@@ -130,9 +130,8 @@ class Thresholds:
     # stall: the rule is shared with the stack probe (dlmon.collect.stacks), which must get the same
     stall_rule: StallRule = STALL_RULE
     stall_outside_min_s: float = 60.0  # the trainer outside the loader: no batch for this long, and asleep
-    stall_suspect_min_s: float = (
-        2.0  # a call this long and 5 intervals: no input_bound verdict (a hang, or one)
-    )
+    # a call this long and 5 intervals: no input_bound verdict (a hang, or one)
+    stall_suspect_min_s: float = 2.0
     stall_suspect_intervals: float = 5.0
     stall_critical_s: float = 300.0
     stall_sleeping_cpu_percent: float = 5.0

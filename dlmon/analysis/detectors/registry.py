@@ -2,7 +2,7 @@
 
 The analyzer, the exit verdict and the report's diff read :data:`SPECS` (or a mapping derived
 from it); none of them names a kind. A new kind is its detector module, its name in
-``dlmon.analysis.kinds`` and one :class:`KindSpec` line here (tests/test_analysis.py checks that
+``dlmon.analysis.kinds`` and one :class:`KindSpec` line here (tests/test_kind_specs.py checks that
 every kind has one, with a callable detector, and a section in docs/detectors.md).
 """
 

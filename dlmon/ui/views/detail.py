@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from dlmon.analysis.kinds import STALL, TRAINER_DIED, WORKER_DIED
 from dlmon.model import Snapshot
 from dlmon.ui.columns import pss_stale, row_state
 from dlmon.ui.fmt import NA, cpct, duration, human_bytes, mbps
@@ -108,12 +109,12 @@ def stack_lines(row: ProcessRow, snapshot: Snapshot | None, width: int) -> Lines
     """Where this process is stuck or crashed: the whole stack behind its stall / death alert."""
     alerts = snapshot.alerts if snapshot is not None else ()
     for a in alerts:
-        if a.evidence.get("pid") != row.process.pid or a.kind not in ("stall", "worker_died", "trainer_died"):
+        if a.evidence.get("pid") != row.process.pid or a.kind not in (STALL, WORKER_DIED, TRAINER_DIED):
             continue
         stack = a.evidence.get("stack")
         if not isinstance(stack, str) or not stack:
             continue
-        head = "stuck" if a.kind == "stall" else "died"
+        head = "stuck" if a.kind == STALL else "died"
         extra = [f"{k} {a.evidence[k]}" for k in ("state", "wchan", "reading") if a.evidence.get(k)]
         title = f"{head}: " + "  ".join(extra) if extra else head + ":"
         out: list[Line] = [(), ((clip(title, width), "crit"),)]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from dlmon.analysis.kinds import STALL
 from dlmon.model import Alert, RankInfo
 from dlmon.ui.columns import COLUMNS, SORTS, Column
 from dlmon.ui.fmt import NA, cbytes, cpct, duration
@@ -78,7 +79,7 @@ def rank_line(group: RankGroup, expanded: bool, width: int) -> Line:
 def stall_of(row: ProcessRow, alerts: Sequence[Alert]) -> Alert | None:
     """The stall alert that names this row's process as the stuck one."""
     for a in alerts:
-        if a.kind == "stall" and a.evidence.get("pid") == row.process.pid and not row.gone:
+        if a.kind == STALL and a.evidence.get("pid") == row.process.pid and not row.gone:
             return a
     return None
 
