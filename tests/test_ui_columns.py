@@ -5,7 +5,6 @@ a way to sort and a key cannot sort two ways."""
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter
 
 import pytest
 from test_ui_support import T0, make_snapshot
@@ -23,8 +22,10 @@ def _state_with_a_gone_row() -> DashboardState:
     state = DashboardState()
     snap = make_snapshot()
     state.ingest(snap)
-    state.ingest(dataclasses.replace(snap, time=T0 + 1, processes=snap.processes[:-1]))
+    # a live worker goes (the zombie, last, stays a zombie row)
+    state.ingest(dataclasses.replace(snap, time=T0 + 1, processes=snap.processes[:-2] + snap.processes[-1:]))
     assert any(r.gone for r in state.rows.values())
+    assert any(r.process.state == "Z" and not r.gone for r in state.rows.values())
     return state
 
 
@@ -64,10 +65,44 @@ def test_every_sort_key_sorts_every_row_both_ways() -> None:
             assert sorted(r.key for r in rows) == sorted(state.rows), (key, reverse)
 
 
-def test_sorts_have_their_own_place_and_key() -> None:
-    orders = Counter(s.order for s in SORTS.values())
-    assert all(n == 1 for n in orders.values()), orders
-    assert set(SORTS) == {c.key for c in COLUMNS if c.sort is not None}
+def test_a_second_column_of_the_same_key_or_an_unlisted_sort_fails_at_import(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from dlmon.ui import columns
+
+    monkeypatch.setattr(columns, "COLUMNS", (*COLUMNS, COLUMNS[3]))
+    with pytest.raises(ValueError, match="share a key"):
+        columns._sorts()
+    extra = dataclasses.replace(COLUMNS[8], key="pss2")  # a sortable column left out of SORT_CYCLE
+    monkeypatch.setattr(columns, "COLUMNS", (*COLUMNS, extra))
+    with pytest.raises(ValueError, match="SORT_CYCLE"):
+        columns._sorts()
+
+
+def test_the_sort_keys_bindings_and_help_are_what_they_were() -> None:
+    """Derived from the columns now, written by hand before: the same, to the character."""
+    line = (
+        "  sort: [b]n[/b] worker id [b]c[/b] CPU [b]m[/b] PSS [b]r[/b] RSS [b]u[/b] USS [b]d[/b] read "
+        "[b]g[/b] GPU"
+    )
+    assert line in HELP_TEXT.splitlines()
+    sorting = [
+        (b.key, b.action, b.description)
+        for b in MainScreen.BINDINGS
+        if isinstance(b, Binding) and b.action.startswith("sort(")
+    ]
+    assert sorting == [
+        ("n", "sort('id')", "Sort by id"),
+        ("c", "sort('cpu')", "Sort by CPU"),
+        ("m", "sort('pss')", "Sort by PSS"),
+        ("r", "sort('rss')", "Sort by RSS"),
+        ("u", "sort('uss')", "Sort by USS"),
+        ("d", "sort('read')", "Sort by read"),
+        ("g", "sort('gpu')", "Sort by GPU memory"),
+    ]
+
+
+def test_sorts_have_their_own_key() -> None:
     sorting = [b for b in MainScreen.BINDINGS if isinstance(b, Binding) and b.action.startswith("sort(")]
     others = [
         *_keys([b for b in MainScreen.BINDINGS if b not in sorting]),

@@ -20,6 +20,7 @@ from dlmon.ui.fmt import DASH, cbytes, cpct, duration, mbps
 if TYPE_CHECKING:  # state.py sorts by these columns: a runtime import would be a cycle
     from dlmon.ui.state import ProcessRow
 
+Needs = Literal["batches", "gpu"]  # a figure the job must have for the column to show
 Cell = str | tuple[str, str]  # the text in the row's style, or the text and a style of its own
 CellFn = Callable[["ProcessRow", float | None], Cell]  # (row, the sampling interval)
 
@@ -27,14 +28,14 @@ CellFn = Callable[["ProcessRow", float | None], Cell]  # (row, the sampling inte
 @dataclass(frozen=True, slots=True)
 class Sort:
     """How the table sorts by a column; ``value`` None is the natural order (role, worker id,
-    first seen), else the rows go largest first with the missing values last."""
+    first seen: said on purpose, never a default), else the rows go largest first with the
+    missing values last."""
 
-    order: int  # its place in the < > cycle, the key bindings, the palette and the help
     binding: str  # the key that sorts by it (a textual key name)
     name: str  # "sorted by PSS" in the caption, "Sort workers by PSS" in the palette
     help: str  # its word on the help's sort line
     description: str  # the binding's description
-    value: Callable[[ProcessRow], float | None] | None = None
+    value: Callable[[ProcessRow], float | None] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +47,7 @@ class Column:
     priority: int  # higher stays longer when the table is narrow
     cell: CellFn
     sort: Sort | None = None
-    needs: Literal["batches", "gpu"] | None = None  # shown only when the job has loaders / a GPU
+    needs: Needs | None = None  # shown only when the job has loaders / a GPU
 
 
 _STATE_NAMES = {
@@ -155,7 +156,7 @@ COLUMNS: tuple[Column, ...] = (
         right=True,
         priority=90,
         cell=_worker_id,
-        sort=Sort(order=0, binding="n", name="worker id", help="worker id", description="Sort by id"),
+        sort=Sort(binding="n", name="worker id", help="worker id", description="Sort by id", value=None),
     ),
     Column("pid", "PID", width=7, right=True, priority=95, cell=lambda r, _: str(r.process.pid)),
     # "exit 137", "SIGSEGV"
@@ -168,7 +169,6 @@ COLUMNS: tuple[Column, ...] = (
         priority=80,
         cell=lambda r, _: DASH if r.gone else cpct(r.process.cpu_percent),
         sort=Sort(
-            order=1,
             binding="c",
             name="CPU %",
             help="CPU",
@@ -185,7 +185,6 @@ COLUMNS: tuple[Column, ...] = (
         priority=70,
         cell=_held(lambda p: p.rss_bytes),
         sort=Sort(
-            order=3,
             binding="r",
             name="RSS",
             help="RSS",
@@ -201,7 +200,6 @@ COLUMNS: tuple[Column, ...] = (
         priority=60,
         cell=_held(lambda p: p.uss_bytes),
         sort=Sort(
-            order=4,
             binding="u",
             name="USS",
             help="USS",
@@ -217,7 +215,6 @@ COLUMNS: tuple[Column, ...] = (
         priority=97,
         cell=_proportional(lambda p: p.pss_bytes),
         sort=Sort(
-            order=2,
             binding="m",
             name="PSS",
             help="PSS",
@@ -236,7 +233,6 @@ COLUMNS: tuple[Column, ...] = (
         priority=50,
         cell=lambda r, _: DASH if r.gone else mbps(r.process.read_bytes_per_s),
         sort=Sort(
-            order=5,
             binding="d",
             name="read MB/s",
             help="read",
@@ -255,7 +251,6 @@ COLUMNS: tuple[Column, ...] = (
         priority=30,
         cell=lambda r, _: cbytes(r.process.gpu_memory_bytes),
         sort=Sort(
-            order=6,
             binding="g",
             name="GPU memory",
             help="GPU",
@@ -267,9 +262,23 @@ COLUMNS: tuple[Column, ...] = (
 )
 
 
+SORT_CYCLE: tuple[str, ...] = ("id", "cpu", "pss", "rss", "uss", "read", "gpu")
+"""The < > cycle, the key bindings, the palette and the help, in this order (not the table's:
+memory sorts by PSS first). Every sortable column's key, once."""
+NATURAL_SORT = SORT_CYCLE[0]
+
+
 def _sorts() -> dict[str, Sort]:
-    sortable = [(c.sort, c.key) for c in COLUMNS if c.sort is not None]
-    return {key: sort for sort, key in sorted(sortable, key=lambda pair: pair[0].order)}
+    keys = [c.key for c in COLUMNS]
+    if len(keys) != len(set(keys)):
+        raise ValueError(f"two columns share a key: {sorted(k for k in keys if keys.count(k) > 1)}")
+    sortable = {c.key: c.sort for c in COLUMNS if c.sort is not None}
+    if sorted(sortable) != sorted(SORT_CYCLE) or len(SORT_CYCLE) != len(set(SORT_CYCLE)):
+        raise ValueError(f"SORT_CYCLE {SORT_CYCLE} is not the sortable columns {sorted(sortable)}")
+    natural = [key for key, sort in sortable.items() if sort.value is None]
+    if natural != [NATURAL_SORT]:
+        raise ValueError(f"only {NATURAL_SORT!r} sorts in the natural order, not {natural}")
+    return {key: sortable[key] for key in SORT_CYCLE}
 
 
 SORTS: dict[str, Sort] = _sorts()

@@ -26,6 +26,7 @@ from textual.strip import Strip
 from textual.widget import Widget
 from textual_plotext import PlotextPlot
 
+from dlmon.ui.columns import NATURAL_SORT
 from dlmon.ui.series import Series, chart_step
 from dlmon.ui.state import DashboardState, ProcessRow, RankGroup, RowKey
 from dlmon.ui.text import Line, Lines, clip
@@ -372,7 +373,7 @@ class WorkerTable(LinesView):
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
-        self.sort = "id"
+        self.sort = NATURAL_SORT
         self.reverse = False
         self.cursor_key: RowKey | None = None
         self._keys: list[RowKey] = []
@@ -398,7 +399,7 @@ class WorkerTable(LinesView):
         self._interval = interval
         rows = state.sorted_rows(self.sort, self.reverse)
         total = len(rows)
-        self._groups = state.rank_groups() if self.sort == "id" else {}
+        self._groups = state.rank_groups() if self.sort == NATURAL_SORT else {}
         if self._groups:
             rows = self._tree(rows)
         self._keys = [r.key for r in rows]

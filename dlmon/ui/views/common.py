@@ -21,7 +21,7 @@ def label(text: str, width: int) -> Span:
 def used_of(used: int | None, total: int | None, compact: bool) -> str:
     f = cbytes if compact else human_bytes
     if total is None:
-        return f(used) if compact else human_bytes(used)
+        return f(used)
     return f"{f(used)}/{f(total)}" if compact else f"{human_bytes(used)} of {human_bytes(total)}"
 
 

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from dlmon.analysis.kinds import STALL
 from dlmon.model import Alert, RankInfo
-from dlmon.ui.columns import COLUMNS, SORTS, Column
+from dlmon.ui.columns import COLUMNS, SORTS, Column, Needs
 from dlmon.ui.fmt import NA, cbytes, cpct, duration
 from dlmon.ui.state import ProcessRow, RankGroup
 from dlmon.ui.text import SEP, Line, Span, clip, fit
@@ -14,7 +14,7 @@ from dlmon.ui.views.common import rate_text, wait_style
 
 
 def table_columns(width: int, *, batches: bool, gpu: bool) -> tuple[Column, ...]:
-    shown = {None: True, "batches": batches, "gpu": gpu}
+    shown: dict[Needs | None, bool] = {None: True, "batches": batches, "gpu": gpu}
     cols = [c for c in COLUMNS if shown[c.needs]]
     while cols and sum(c.width for c in cols) + len(cols) - 1 > width:
         cols.remove(min(cols, key=lambda c: c.priority))
