@@ -38,7 +38,10 @@ STACK_SIGNAL = signal.SIGRTMIN + 7 if hasattr(signal, "SIGRTMIN") else None
 STACK_HEADER = "dlmon-stack"
 
 _dir: str | None = None  # the agent's directory, once it serves
-_reserve_fd: int | None = None  # freed to write last words when the process has run out of fds
+# the reserve descriptor (none or one), freed to write last words when the process has run out of
+# fds; a list because pop is atomic: two threads' last words never close one fd twice (the second
+# close could hit a descriptor the training opened in between)
+_reserve: list[int] = []
 
 
 def set_directory(directory: str, pid: int) -> None:
@@ -51,10 +54,21 @@ def set_directory(directory: str, pid: int) -> None:
 
 
 def _hold_reserve() -> None:
-    global _reserve_fd
-    if _reserve_fd is None:
-        with contextlib.suppress(OSError):
-            _reserve_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    if _reserve:
+        return
+    with contextlib.suppress(OSError):
+        _reserve.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
+    while len(_reserve) > 1:  # another thread took one at the same time
+        _close_reserve()
+
+
+def _close_reserve() -> None:
+    try:
+        fd = _reserve.pop()
+    except IndexError:
+        return
+    with contextlib.suppress(OSError):
+        os.close(fd)
 
 
 def directory() -> str | None:
@@ -95,14 +109,10 @@ def fit_line(rec: dict[str, Any], limit: int = MAX_LINE) -> bytes:
 def append_last_words(rec: dict[str, Any]) -> None:
     """An exception's line, written even when the process has no descriptor left: the reserve
     one is closed for the write (and for counting the open ones), then taken again."""
-    global _reserve_fd
     if _dir is None:
         return
     try:
-        reserve, _reserve_fd = _reserve_fd, None
-        if reserve is not None:
-            with contextlib.suppress(OSError):
-                os.close(reserve)
+        _close_reserve()
         try:
             fds = open_fd_count()
             if fds is not None:
@@ -249,9 +259,6 @@ def worker_exited_normally() -> None:
 def after_fork_child() -> None:
     """A forked child does not inherit its parent's stack file (it registers its own, if a worker),
     nor keep its copy of the parent's reserve descriptor."""
-    global _stack_file, _reserve_fd
+    global _stack_file
     _stack_file = None
-    reserve, _reserve_fd = _reserve_fd, None
-    if reserve is not None:
-        with contextlib.suppress(OSError):
-            os.close(reserve)
+    _close_reserve()

@@ -45,7 +45,9 @@ MAX_BATCH_LEAVES = 256  # tensors looked at when sizing a batch
 MAX_SIZED_LOADERS = 64
 
 _WORKER_HEADER = re.compile(r"Caught (\S+) in (DataLoader worker process (\d+)|pin memory thread[^.\n]*)")
-_FRAME_LINE = re.compile(r'^\s*File "(.+?)", line (\d+), in (.+?)\s*$')
+# the function name is stripped after the match: "(.+?)\s*$" backtracks quadratically on a line
+# ending in a long run of spaces (the exception hook runs in the training)
+_FRAME_LINE = re.compile(r'^\s*File "(.+?)", line (\d+), in (.+)$')
 
 _count = 0
 _batch_bytes: dict[int, int] = {}  # loader serial -> bytes of its last measured batch
@@ -266,7 +268,7 @@ def _parse_traceback(text: str) -> tuple[list[tuple[str, int, str]], str]:
     for line in text.splitlines():
         m = _FRAME_LINE.match(line)
         if m is not None:
-            frames.append((m.group(1), int(m.group(2)), m.group(3)))
+            frames.append((m.group(1), int(m.group(2)), m.group(3).strip()))
             tail_start, last = True, ""
             continue
         if not tail_start or line.startswith(" ") or not line.strip():
