@@ -217,6 +217,44 @@ def test_cpu_and_io_rates_come_from_real_work(spawn: Spawn, tmp_path: object) ->
     assert second.num_threads == 1 and second.num_fds is not None and second.num_fds >= 4
 
 
+def test_major_faults_per_second_are_the_kernels_count(spawn: Spawn, tmp_path: Path) -> None:
+    """Pages read back in (a mapped file evicted from the page cache, read again): the rate is
+    the kernel's own majflt over the same interval, as /proc/PID/stat says it."""
+    data = tmp_path / "pages.bin"
+    data.write_bytes(os.urandom(64 * 1024 * 1024))
+    proc = spawn(
+        f"""
+        import mmap, os, time
+        fd = os.open({str(data)!r}, os.O_RDONLY)
+        os.fsync(fd)  # written just now: dirty pages would stay in the cache
+        m = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+        m.madvise(mmap.MADV_RANDOM)  # no read-ahead: one fault per page touched
+        print("READY", flush=True)
+        end = time.time() + 120
+        while time.time() < end:  # evict the file's pages, then touch each: a major fault per page
+            m.madvise(mmap.MADV_DONTNEED)  # unmapped first: the page cache drops no mapped page
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            for i in range(0, len(m), 4096):
+                m[i]
+        """
+    )
+
+    def majflt() -> int:
+        return parse_stat(Path(f"/proc/{proc.pid}/stat").read_bytes()).major_faults
+
+    tracker = ProcessTracker(proc.pid, SmapsBudget(unlimited=True))
+    assert tracker.sample()[0].major_faults_per_s is None  # no interval yet
+    before, wall_before = majflt(), time.monotonic()
+    time.sleep(1.0)
+    second = tracker.sample()[0]
+    oracle = (majflt() - before) / (time.monotonic() - wall_before)
+    assert oracle > 20, oracle  # the job really faults pages in
+    assert second.major_faults_per_s is not None and 0.5 * oracle < second.major_faults_per_s < 2 * oracle, (
+        second.major_faults_per_s,
+        oracle,
+    )
+
+
 def test_reused_pid_is_a_new_process(spawn: Spawn) -> None:
     """Kill a child, make the kernel hand its pid to a new child, and check nothing carries over."""
     proc = spawn(

@@ -492,3 +492,52 @@ def test_a_worker_takes_its_parents_rank_over_a_stale_pid_list() -> None:
     )
     procs = (_proc(10, 1, "main"), _proc(20, 1, "main"), _proc(500, 20, "worker"), _proc(600, 20, "worker"))
     assert _ranks_of(procs, reading)[500].rank == 1
+
+
+# -- review: the swap cause needs pages coming back in, not swap merely held -----------------------
+
+
+def _straggler_history(faults_per_s: float) -> list[Any]:
+    """Two ranks in lockstep; rank 1 waits for data 60% of the time (rank 0: 5%) and its trainer
+    holds 256 MiB in swap, reading ``faults_per_s`` pages back in each second."""
+    import dataclasses
+
+    from test_ui_support import T0, make_snapshot
+
+    from dlmon.model import ProcessSample
+
+    history = []
+    for k in range(12):
+        base = make_snapshot(T0 + k, loaders=False, alerts=False, workers=0)
+        procs = [
+            ProcessSample(pid=10, start_time=1, ppid=1, role="child", comm="python", state="S", rank=0,
+                          swap_bytes=0, major_faults_per_s=0.0),
+            ProcessSample(pid=20, start_time=1, ppid=1, role="child", comm="python", state="S", rank=1,
+                          swap_bytes=256 * 1024 * 1024, major_faults_per_s=faults_per_s),
+        ]  # fmt: skip
+        loaders = tuple(
+            LoaderSample(
+                id=f"{pid}:1", name="train.py:31", pid=pid, rank=rank, world_size=2, num_workers=2,
+                data_wait_fraction=wait, batches_per_s=10.0, batches_total=10 * k, alive=True,
+            )
+            for pid, rank, wait in ((10, 0, 0.05), (20, 1, 0.6))
+        )  # fmt: skip
+        history.append(dataclasses.replace(base, processes=(*base.processes, *procs), loaders=loaders))
+    return history
+
+
+@pytest.mark.parametrize(("faults_per_s", "swap_is_a_cause"), [(0.0, False), (200.0, True)])
+def test_swap_held_is_the_stragglers_cause_only_while_pages_come_back_in(
+    faults_per_s: float, swap_is_a_cause: bool
+) -> None:
+    from dlmon.analysis import Analyzer
+
+    analyzer = Analyzer(cores=8, strict=True)
+    alerts = [
+        a for s in _straggler_history(faults_per_s) for a in analyzer(s).alerts if a.kind == "straggler"
+    ]
+    assert alerts, "rank 1 is the straggler either way"
+    causes = str(alerts[-1].evidence["causes"]).split(",")
+    assert ("swap" in causes) is swap_is_a_cause, alerts[-1].message
+    if swap_is_a_cause:
+        assert "read 200 pages/s back in" in alerts[-1].message, alerts[-1].message

@@ -146,6 +146,7 @@ class _Tracked:
     prev_read_bytes: int | None = None
     prev_write_bytes: int | None = None
     prev_nvcsw: int | None = None
+    prev_major_faults: int | None = None
     smaps: SmapsValues | None = None
     smaps_time: float | None = None
     smaps_wall_s: float | None = None
@@ -771,6 +772,7 @@ class ProcessTracker:
             voluntary_ctxt_switches=status.get("voluntary_ctxt_switches"),
             nonvoluntary_ctxt_switches=nvcsw,
             nonvoluntary_ctxt_switches_per_s=nvcsw_rate,
+            major_faults_per_s=_rate(stat.major_faults, tracked.prev_major_faults, dt),
             num_fds=None if zombie else tracked.num_fds,
             fd_limit=(
                 None if zombie or tracked.num_fds is None else self.fd_limits.limit(pid, identity[1], now)
@@ -786,6 +788,7 @@ class ProcessTracker:
         )
         tracked.prev_time = now
         tracked.prev_cpu_ticks = cpu_ticks
+        tracked.prev_major_faults = stat.major_faults
         tracked.last_sample = sample
         return sample
 

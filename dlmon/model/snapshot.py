@@ -53,6 +53,7 @@ class ProcessSample:
     voluntary_ctxt_switches: int | None = None
     nonvoluntary_ctxt_switches: int | None = None
     nonvoluntary_ctxt_switches_per_s: float | None = None
+    major_faults_per_s: float | None = None  # pages read back in from swap or a mapped file (stat majflt)
     num_fds: int | None = None
     gpu_memory_bytes: int | None = None
     torch_threads: int | None = None  # torch.get_num_threads() in this process, from the agent

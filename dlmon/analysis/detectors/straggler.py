@@ -32,6 +32,7 @@ LOCKSTEP_RATE_RATIO = 0.8  # slowest / fastest batch rate: the ranks move togeth
 GPU_BUSIER_PERCENT = 20.0
 CPU_GAP_PERCENT = 25.0  # its workers' CPU this far above every other rank's
 SWAP_BYTES = 64 * 1024 * 1024
+SWAP_FAULTS_PER_S = 25.0  # pages read back in (100 KiB/s): swap held but never touched slows nothing
 
 IO = "io"
 CPU = "cpu"
@@ -120,6 +121,22 @@ def _swap(s: Snapshot, pids: set[int]) -> int | None:
     return sum(values) if values else None
 
 
+def _major_faults(window: Sequence[Snapshot], pids: set[int]) -> float | None:
+    """The processes' pages read back in per second (swap or mapped files), over the window."""
+    per_tick = [
+        sum(values)
+        for s in window
+        if (
+            values := [
+                p.major_faults_per_s
+                for p in s.processes
+                if p.pid in pids and p.major_faults_per_s is not None
+            ]
+        )
+    ]
+    return sum(per_tick) / len(per_tick) if per_tick else None
+
+
 def _gpu_util(s: Snapshot, pid: int) -> tuple[int, float] | None:
     for gpu in s.gpus:
         if gpu.utilization_percent is not None and any(p.pid == pid for p in gpu.processes):
@@ -182,11 +199,20 @@ def _causes(
     pids = _pids_of(loader)
     swapped = _swap(s, pids)
     other_swap = [v for v in (_swap(s, _pids_of(x.loader)) for x in others) if v is not None]
-    if swapped is not None and swapped >= SWAP_BYTES and swapped >= 2 * max(other_swap, default=0):
+    faults = _major_faults(window, pids)
+    other_faults = [v for v in (_major_faults(window, _pids_of(x.loader)) for x in others) if v is not None]
+    if (
+        swapped is not None
+        and swapped >= SWAP_BYTES
+        and swapped >= 2 * max(other_swap, default=0)
+        and faults is not None
+        and faults >= SWAP_FAULTS_PER_S
+        and faults >= 2 * max(other_faults, default=0.0)
+    ):
         found.append(
             (
                 SWAP,
-                f"its processes hold {size(swapped)} in swap"
+                f"its processes hold {size(swapped)} in swap and read {faults:.0f} pages/s back in"
                 + (f" (the other ranks at most {size(max(other_swap))})" if other_swap else ""),
                 "Its memory is swapping: reduce this rank's memory (workers, prefetch, cached data) or the "
                 "job's on this node.",
