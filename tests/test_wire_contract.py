@@ -256,21 +256,3 @@ def test_an_agent_of_another_version_gets_one_note_and_no_decoding(other: Any) -
     ok = _through_json(representative_counters(2_000_000_000, 20, 200))
     assert client.convert({42: ok}).pids == (42,)
     assert client.note() is None
-
-
-def test_the_note_of_a_ranks_agent_shows_above_the_other_ranks_loaders() -> None:
-    """Rank 0 answers, rank 1's agent speaks another version: rank 0's loaders are on the panel
-    and the note saying why rank 1's are missing is above them, not only on stderr."""
-    import dataclasses
-
-    from test_ui_support import make_snapshot
-
-    from dlmon.ui.state import DashboardState
-    from dlmon.ui.views import text_of, throughput_lines
-
-    snap = dataclasses.replace(make_snapshot(), agent_note="agent of pid 43 speaks wire protocol version 2")
-    assert snap.loaders
-    state = DashboardState()
-    state.ingest(snap)
-    lines = [text_of(x) for x in throughput_lines(state, 160, False)]
-    assert "speaks wire protocol version 2" in lines[0] and len(lines) >= 2, lines

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dlmon.analysis.startup import startup_of
 from dlmon.analysis.wait import by_process, job_wall_wait
 from dlmon.model import LoaderSample
-from dlmon.ui.fmt import NA, cpct
+from dlmon.ui.fmt import NA, cpct, duration
 from dlmon.ui.state import DashboardState
 from dlmon.ui.text import BAR, SEP, Line, Lines, Span, clip, fit, wrap
 from dlmon.ui.views.common import label, rate_text, wait_style
@@ -23,6 +23,11 @@ def throughput_lines(state: DashboardState, width: int, compact: bool, rows: int
         return ((("waiting for data…", "dim"),),)
     lead = [label("DATA", 5)] if compact else []
     if not s.loaders:
+        if state.loaders and not s.agent_note:  # the agent answered before: not a job without one
+            last = max(h.last_seen for h in state.loaders.values())
+            ended = "the training has exited" if not s.target.alive else "its DataLoaders have ended"
+            said = f"no DataLoader running: {ended} (last figures {duration(s.time - last)} ago)"
+            return wrap(said, width, "dim") if not compact else (fit([[(said, "dim")]], width, lead=lead),)
         if not compact:
             return wrap(s.agent_note or AGENT_HINT, width, "warn" if s.agent_note else "dim")
         return (fit([[(s.agent_note or AGENT_HINT_SHORT, "dim")]], width, lead=lead),)
