@@ -15,7 +15,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-SOURCE = Path(__file__).parent / "fake_nvml" / "fake_nvml.c"
+ROOT = Path(__file__).resolve().parent.parent
+SOURCE = ROOT / "tests" / "fake_nvml" / "fake_nvml.c"
 LIBRARY = "libnvidia-ml.so.1"
 
 
@@ -36,8 +37,10 @@ def build(directory: Path) -> Path | None:
 
 
 def environment(library_dir: Path, config: Path) -> dict[str, str]:
-    """This process's environment, with the stand-in first on the loader's path."""
+    """This process's environment, with the stand-in first on the loader's path (and this
+    checkout's dlmon first on Python's)."""
     env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(library_dir), env.get("LD_LIBRARY_PATH")]))
     env["DLMON_FAKE_NVML"] = str(config)
     return env
