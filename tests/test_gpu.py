@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import textwrap
@@ -479,3 +480,37 @@ def test_bugs_outside_nvml_are_not_swallowed() -> None:
     devs[0].fail["nvmlDeviceGetUtilizationRates"] = ZeroDivisionError
     with pytest.raises(ZeroDivisionError):
         sample(FakeNVML(devs))
+
+
+def test_a_slow_device_is_backed_off_doubling_and_read_again_once_fast() -> None:
+    """A device read slower than ``slow_device_s`` is skipped for 5 s, then 10 s while still
+    slow; its last reading stands in, marked with its age; the other device is read each time."""
+    now = [0.0]
+    fake = FakeNVML(two_devices())
+    slow = {0}
+    util = fake.nvmlDeviceGetUtilizationRates  # type: ignore[attr-defined]
+
+    def timed(handle: Handle) -> Any:
+        if handle.index in slow:
+            now[0] += 1.0  # NVML took 1 s on this device
+        return util(handle)
+
+    fake.nvmlDeviceGetUtilizationRates = timed  # type: ignore[attr-defined]
+    collector = GpuCollector(fake, clock=lambda: now[0], slow_device_s=0.25)
+    _, first = collector.sample()
+    assert first[0].stale_age_s is None and first[0].memory_used_bytes == 20 * GiB
+    now[0] += 2.0
+    _, second = collector.sample()
+    assert second[0] == dataclasses.replace(first[0], stale_age_s=2.0)
+    assert second[1].stale_age_s is None
+    reads = fake.count("nvmlDeviceGetUtilizationRates")
+    assert reads == 3  # device 0 once, device 1 twice
+    now[0] += 3.5  # past the 5 s: read again, still slow, backed off 10 s
+    assert collector.sample()[1][0].stale_age_s is None
+    now[0] += 9.0
+    assert collector.sample()[1][0].stale_age_s == 9.0
+    slow.clear()
+    now[0] += 1.5
+    collector.sample()  # read again, fast now: no more back-off
+    now[0] += 0.1
+    assert collector.sample()[1][0].stale_age_s is None

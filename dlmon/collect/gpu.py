@@ -76,6 +76,12 @@ def host_pids_visible(proc_root: str = "/proc") -> bool | None:
 #: How long a failed ``nvmlInit`` (or a missing ``pynvml``) is remembered before trying again.
 DEFAULT_RETRY_INTERVAL_S: Final = 60.0
 
+#: A device whose reading took longer than the collector's ``slow_device_s`` is not read again for
+#: this long, doubling while it stays slow, up to :data:`MAX_BACKOFF_S`: a GPU that fell off the
+#: bus, or a GSP RPC timing out, blocks every call on it for tens of seconds.
+FIRST_BACKOFF_S: Final = 5.0
+MAX_BACKOFF_S: Final = 60.0
+
 
 class _NAType(enum.Enum):
     NA = "NA"
@@ -195,8 +201,14 @@ class GpuCollector:
         retry_interval_s: float = DEFAULT_RETRY_INTERVAL_S,
         clock: Callable[[], float] = time.monotonic,
         host_pids: bool | None = None,
+        slow_device_s: float | None = None,
     ) -> None:
         self._lib: Any = library
+        #: A device read slower than this is backed off (None: never).
+        self._slow_device_s = slow_device_s
+        # Per device index: (last reading, when it was taken), and (not before, last back-off).
+        self._last_reading: dict[int, tuple[GpuDevice, float]] = {}
+        self._backoff: dict[int, tuple[float, float]] = {}
         #: False inside a container's pid namespace: NVML's pids are not ours, so no per-process
         #: VRAM (rather than VRAM given to whichever local process shares the number).
         self._host_pids = host_pids if host_pids is not None else host_pids_visible() is not False
@@ -247,7 +259,7 @@ class GpuCollector:
                     reason="NVML sees no NVIDIA GPU on this machine.",
                     driver_version=self._driver_version,
                 ), ()
-            devices = tuple(self._sample_device(index) for index in range(count))
+            devices = tuple(self._timed_device(index) for index in range(count))
             if self._host_pids:
                 return GpuStatus(available=True, driver_version=self._driver_version), devices
             devices = tuple(dataclasses.replace(d, processes=()) for d in devices)
@@ -265,6 +277,8 @@ class GpuCollector:
             self._next_attempt = float("-inf")
             self._handles.clear()
             self._static.clear()
+            self._last_reading.clear()
+            self._backoff.clear()
 
     def __enter__(self) -> GpuCollector:
         return self
@@ -386,6 +400,27 @@ class GpuCollector:
     def _forget(self, index: int) -> None:
         self._handles.pop(index, None)
         self._static.pop(index, None)
+        self._last_reading.pop(index, None)
+        self._backoff.pop(index, None)
+
+    def _timed_device(self, index: int) -> GpuDevice:
+        """:meth:`_sample_device`, unless the device is backed off: then its last reading, stale."""
+        now = self._clock()
+        backoff = self._backoff.get(index)
+        if backoff is not None and now < backoff[0]:
+            last = self._last_reading.get(index)
+            if last is None:
+                return GpuDevice(index, None, None, None, None, None, unavailable_reason="NVML: timed out")
+            return dataclasses.replace(last[0], stale_age_s=round(now - last[1], 3))
+        device = self._sample_device(index)
+        end = self._clock()
+        self._last_reading[index] = (device, end)
+        if self._slow_device_s is not None and end - now > self._slow_device_s:
+            wait = FIRST_BACKOFF_S if backoff is None else min(2 * backoff[1], MAX_BACKOFF_S)
+            self._backoff[index] = (end + wait, wait)
+        else:
+            self._backoff.pop(index, None)
+        return device
 
     def _sample_device(self, index: int) -> GpuDevice:
         self._device_errors = []

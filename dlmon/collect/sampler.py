@@ -11,6 +11,7 @@ from dlmon.collect.agent_client import AgentClient, AgentReading, merge_torch_me
 from dlmon.collect.cgroup import CgroupMemoryReader, UsableCores
 from dlmon.collect.disks import DiskStatsReader
 from dlmon.collect.gpu import GpuCollector
+from dlmon.collect.gpu_sweep import DEFAULT_DEADLINE_S, GpuSweep
 from dlmon.collect.kernel import KernelLog
 from dlmon.collect.processes import ProcessTracker
 from dlmon.collect.procfs import CLOCK_TICKS, boot_time, read_cmdline
@@ -33,7 +34,9 @@ ExitCodeProvider = Callable[[], "int | None"]
 @dataclass(frozen=True, slots=True)
 class TickCost:
     """CPU seconds of the sampler thread in one ``Sampler.sample()``, by part
-    (benchmarks/sampler.py prints it; the whole is what the budget covers)."""
+    (benchmarks/sampler.py prints it; the whole is what the budget covers). ``gpu`` is the CPU
+    of the GPU thread's sweep that finished for this tick; ``gpu_wall`` what the tick waited for
+    it, at most the sweep's deadline."""
 
     reads: float  # stat of every process; status and io of those that moved
     discovery: float  # children files, thread lists
@@ -45,6 +48,7 @@ class TickCost:
     system: float  # meminfo, cgroup, shm, disks, PSI, vmstat
     build_snapshot: float  # merging and the Snapshot
     total: float
+    gpu_wall: float = 0.0  # seconds of wall time the sampler waited for NVML
 
 
 class NoSuchProcess(Exception):
@@ -91,7 +95,9 @@ class Sampler:
         self._cgroup = CgroupMemoryReader(pid, proc_root=proc_root)
         self._cores = UsableCores(pid, proc_root=proc_root)
         self._disks = DiskStatsReader(proc_root=proc_root, sys_root=sys_root)
-        self._gpu = gpu if gpu is not None else GpuCollector()
+        collector = gpu if gpu is not None else GpuCollector(slow_device_s=DEFAULT_DEADLINE_S)
+        # --once waits longer for NVML's start: its one reading is the whole output.
+        self._gpu = GpuSweep(collector, first_deadline_s=10.0) if unlimited_smaps else GpuSweep(collector)
         self._agent = agent if agent is not None else AgentClient()
         self._exit_code = exit_code
         self._exit_retried = False
@@ -126,7 +132,8 @@ class Sampler:
         target_state = self.processes.last_target_state
         alive = target_state is not None and target_state not in ("Z", "X")
         t_gpu = time.thread_time()
-        gpu_status, gpus = self._gpu.sample()
+        gpu = self._gpu.sample()  # on the GPU thread; CPU counted from its sweep
+        gpu_status, gpus = gpu.status, gpu.devices
         processes = _with_gpu_memory(processes, gpus)
         t_agent = time.thread_time()
         # Agents serve in the trainer and its Python children (ranks), never in workers.
@@ -224,15 +231,16 @@ class Sampler:
             fds=part.fds,
             smaps=part.smaps,
             build_processes=part.build,
-            gpu=t_agent - t_gpu,
+            gpu=t_agent - t_gpu + gpu.cpu_s,
             agent=t_system - t_agent,
             system=t_build - t_system,
             build_snapshot=end - t_build + (t_gpu - cpu_start - part.total()),
-            total=end - cpu_start,
+            total=end - cpu_start + gpu.cpu_s,
+            gpu_wall=gpu.wall_s,
         )
         if self._last_time is not None:
             # The budget covers the whole thread: smaps reads get what everything else left.
-            cheap_cpu = end - cpu_start - self.processes.smaps_cpu_last_tick
+            cheap_cpu = end - cpu_start + gpu.cpu_s - self.processes.smaps_cpu_last_tick
             self.processes.record_tick_cost(cheap_cpu, now - self._last_time)
         self._last_time = now
         return snapshot

@@ -195,6 +195,9 @@ class GpuDevice:
     torch_reserved_bytes: int | None = None
     torch_peak_allocated_bytes: int | None = None
     unavailable_reason: str | None = None  # why figures of this device are missing, e.g. "NVML: GPU is lost"
+    # None: read in this tick. Else how old (s) the figures are: NVML did not answer by the tick's
+    # deadline (a hung call, a device backed off after one) and the last reading stands in.
+    stale_age_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dlmon.model import GpuDevice, ProcessSample
-from dlmon.ui.fmt import NA, cbytes, cpct, ratio
+from dlmon.ui.fmt import NA, cbytes, cpct, duration, ratio
 from dlmon.ui.state import DashboardState
 from dlmon.ui.text import BAR, SEP, Line, Lines, Span, collapse, fit, fit_with_more, flow, wrap
 from dlmon.ui.views.common import label, used_of
@@ -35,6 +35,7 @@ def gpu_lines(
                     (f" {_util(g.utilization_percent)}", ""),
                 ]
                 + ([(f" n/a: {g.unavailable_reason}", "warn")] if g.unavailable_reason else [])
+                + ([(f" {_stale(g)}", "warn")] if g.stale_age_s is not None else [])
             )
         return (fit_with_more(parts, width, BAR, lead, "GPUs"),)
     if not detailed and rows is not None and len(s.gpus) > rows:
@@ -87,10 +88,17 @@ def _gpu_head(g: GpuDevice, width: int, detailed: bool) -> Line:
     ]
     if g.unavailable_reason:
         head.append([("n/a: ", "warn"), (g.unavailable_reason, "warn")])
+    if g.stale_age_s is not None:
+        head.append([(_stale(g), "warn")])
     if g.torch_allocated_bytes is not None and not detailed:
         head.append([("torch ", "dim"), (used_of(g.torch_allocated_bytes, g.torch_reserved_bytes, True), "")])
     head.append([(g.name or "unknown device", "dim")])
     return fit(head, width, SEP)
+
+
+def _stale(g: GpuDevice) -> str:
+    """NVML did not answer in time: the figures shown are this old."""
+    return f"stale {duration(g.stale_age_s)} (NVML slow)"
 
 
 def _util(util: float | None) -> str:

@@ -1,0 +1,415 @@
+/*
+ * A stand-in libnvidia-ml.so.1 for dlmon's tests: the real nvidia-ml-py bindings load it
+ * through LD_LIBRARY_PATH and call it with their own ctypes structs, so a wrong struct
+ * layout, a wrong return code or a broken two-call process list shows up as it would on a
+ * driver.
+ *
+ * Behaviour follows NVML's documentation (nvml.h of the R5xx drivers):
+ *   - every call before nvmlInit* (or after the last nvmlShutdown) is NVML_ERROR_UNINITIALIZED;
+ *     init is reference counted;
+ *   - nvmlDeviceGetHandleByIndex_v2 with index >= count is NVML_ERROR_INVALID_ARGUMENT;
+ *   - string getters with a too small buffer are NVML_ERROR_INSUFFICIENT_SIZE;
+ *   - nvmlDeviceGetMemoryInfo_v2 checks the struct's version (nvmlMemory_v2 = 0x02000028),
+ *     else NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+ *   - the process lists: *infoCount in/out; with no process, NVML_SUCCESS and 0; when
+ *     *infoCount is smaller than the number of processes (the first call passes 0 and NULL),
+ *     *infoCount is set to it and NVML_ERROR_INSUFFICIENT_SIZE returned; the _v2/_v3 calls
+ *     fill nvmlProcessInfo_t {uint pid; ull usedGpuMemory; uint gpuInstanceId;
+ *     uint computeInstanceId} (24 bytes), the unversioned call nvmlProcessInfo_v1_t
+ *     {uint pid; ull usedGpuMemory} (16 bytes).
+ *
+ * Configuration: the file named by $DLMON_FAKE_NVML, read at the first nvmlInit*, one
+ * directive a line ("#" starts a comment):
+ *   driver 550.54.15          driver version string
+ *   init_error 9              nvmlInit* fails with this code
+ *   device                    starts a device; the lines below describe it
+ *   name NVIDIA H200          (rest of the line)
+ *   uuid GPU-...
+ *   total 150754820096        bytes; also: used, reserved (v2 struct's), util (percent)
+ *   compute 1234 1073741824   a compute process and its VRAM ("na": NVML_VALUE_NOT_AVAILABLE)
+ *   graphics 1234 na          a graphics process
+ *   delay_ms 8000             each device call on this device sleeps this long first ...
+ *   delay_fn nvmlDeviceGetMemoryInfo_v2   ... or only this one
+ *   hang_after_ms 1500        ... and only from this long after the first nvmlInit on
+ *                             (a GPU that falls off the bus mid-run)
+ *   fail nvmlDeviceGetUtilizationRates 3  this call on this device returns this code
+ * Without $DLMON_FAKE_NVML: one device, no processes.
+ *
+ * Build: gcc -shared -fPIC -O1 -o libnvidia-ml.so.1 fake_nvml.c
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef int nvmlReturn_t;
+enum {
+    NVML_SUCCESS = 0,
+    NVML_ERROR_UNINITIALIZED = 1,
+    NVML_ERROR_INVALID_ARGUMENT = 2,
+    NVML_ERROR_NOT_SUPPORTED = 3,
+    NVML_ERROR_NO_PERMISSION = 4,
+    NVML_ERROR_NOT_FOUND = 6,
+    NVML_ERROR_INSUFFICIENT_SIZE = 7,
+    NVML_ERROR_DRIVER_NOT_LOADED = 9,
+    NVML_ERROR_TIMEOUT = 10,
+    NVML_ERROR_GPU_IS_LOST = 15,
+    NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
+    NVML_ERROR_UNKNOWN = 999,
+};
+
+#define NVML_VALUE_NOT_AVAILABLE_ULL (~0ULL)
+#define NVML_MEMORY_V2 0x02000028u
+#define MAX_DEVICES 16
+#define MAX_PROCS 64
+#define MAX_FAILS 8
+
+typedef struct {
+    unsigned long long total, free, used;
+} nvmlMemory_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned long long total, reserved, free, used;
+} nvmlMemory_v2_t;
+
+typedef struct {
+    unsigned int gpu, memory;
+} nvmlUtilization_t;
+
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+} nvmlProcessInfo_v1_t;
+
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId, computeInstanceId;
+} nvmlProcessInfo_t;
+
+typedef struct {
+    unsigned int pid;
+    unsigned long long used;
+} proc_t;
+
+typedef struct {
+    char fn[96];
+    int code;
+} fail_t;
+
+typedef struct fake_device {
+    unsigned int index;
+    char name[96];
+    char uuid[96];
+    unsigned long long total, used, reserved;
+    unsigned int util;
+    proc_t compute[MAX_PROCS], graphics[MAX_PROCS];
+    unsigned int n_compute, n_graphics;
+    long delay_ms;
+    long hang_after_ms;
+    char delay_fn[96];
+    fail_t fails[MAX_FAILS];
+    unsigned int n_fails;
+} fake_device;
+
+typedef fake_device *nvmlDevice_t;
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static int refcount;
+static int configured;
+static int init_error;
+static char driver[80] = "550.54.15";
+static fake_device devices[MAX_DEVICES];
+static unsigned int n_devices;
+static struct timespec init_time;
+
+static long ms_since_init(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (now.tv_sec - init_time.tv_sec) * 1000L + (now.tv_nsec - init_time.tv_nsec) / 1000000L;
+}
+
+static void chomp(char *s) {
+    size_t n = strlen(s);
+    while (n && (s[n - 1] == '\n' || s[n - 1] == '\r' || s[n - 1] == ' ')) s[--n] = 0;
+}
+
+static void add_proc(proc_t *list, unsigned int *n, const char *rest) {
+    unsigned int pid;
+    char used[64];
+    if (*n >= MAX_PROCS || sscanf(rest, "%u %63s", &pid, used) != 2) return;
+    list[*n].pid = pid;
+    list[*n].used = strcmp(used, "na") == 0 ? NVML_VALUE_NOT_AVAILABLE_ULL : strtoull(used, NULL, 10);
+    (*n)++;
+}
+
+static fake_device *new_device(void) {
+    fake_device *d = &devices[n_devices];
+    memset(d, 0, sizeof *d);
+    d->index = n_devices;
+    snprintf(d->name, sizeof d->name, "NVIDIA H200");
+    snprintf(d->uuid, sizeof d->uuid, "GPU-fake-%u", n_devices);
+    d->total = 150754820096ULL;
+    d->used = 10ULL << 30;
+    d->reserved = 512ULL << 20;
+    d->util = 37;
+    n_devices++;
+    return d;
+}
+
+static void configure(void) {
+    const char *path = getenv("DLMON_FAKE_NVML");
+    FILE *fh = path ? fopen(path, "r") : NULL;
+    char line[512];
+    fake_device *d = NULL;
+    configured = 1;
+    if (fh == NULL) {
+        new_device();
+        return;
+    }
+    while (fgets(line, sizeof line, fh)) {
+        char *hash = strchr(line, '#');
+        if (hash) *hash = 0;
+        chomp(line);
+        char *rest = strchr(line, ' ');
+        if (rest) *rest++ = 0; else rest = line + strlen(line);
+        if (strcmp(line, "device") == 0) {
+            d = n_devices < MAX_DEVICES ? new_device() : NULL;
+        } else if (strcmp(line, "driver") == 0) {
+            snprintf(driver, sizeof driver, "%s", rest);
+        } else if (strcmp(line, "init_error") == 0) {
+            init_error = atoi(rest);
+        } else if (d == NULL) {
+            continue;
+        } else if (strcmp(line, "name") == 0) {
+            snprintf(d->name, sizeof d->name, "%s", rest);
+        } else if (strcmp(line, "uuid") == 0) {
+            snprintf(d->uuid, sizeof d->uuid, "%s", rest);
+        } else if (strcmp(line, "total") == 0) {
+            d->total = strtoull(rest, NULL, 10);
+        } else if (strcmp(line, "used") == 0) {
+            d->used = strtoull(rest, NULL, 10);
+        } else if (strcmp(line, "reserved") == 0) {
+            d->reserved = strtoull(rest, NULL, 10);
+        } else if (strcmp(line, "util") == 0) {
+            d->util = (unsigned int)atoi(rest);
+        } else if (strcmp(line, "compute") == 0) {
+            add_proc(d->compute, &d->n_compute, rest);
+        } else if (strcmp(line, "graphics") == 0) {
+            add_proc(d->graphics, &d->n_graphics, rest);
+        } else if (strcmp(line, "delay_ms") == 0) {
+            d->delay_ms = atol(rest);
+        } else if (strcmp(line, "hang_after_ms") == 0) {
+            d->hang_after_ms = atol(rest);
+        } else if (strcmp(line, "delay_fn") == 0) {
+            snprintf(d->delay_fn, sizeof d->delay_fn, "%s", rest);
+        } else if (strcmp(line, "fail") == 0 && d->n_fails < MAX_FAILS) {
+            fail_t *f = &d->fails[d->n_fails];
+            if (sscanf(rest, "%95s %d", f->fn, &f->code) == 2) d->n_fails++;
+        }
+    }
+    fclose(fh);
+}
+
+static int initialized(void) {
+    pthread_mutex_lock(&lock);
+    int up = refcount > 0;
+    pthread_mutex_unlock(&lock);
+    return up;
+}
+
+static int valid(nvmlDevice_t d) {
+    return d >= devices && d < devices + n_devices;
+}
+
+/* The common start of a device call: init, handle, the configured hang and failure. */
+static nvmlReturn_t enter(nvmlDevice_t d, const char *fn) {
+    if (!initialized()) return NVML_ERROR_UNINITIALIZED;
+    if (!valid(d)) return NVML_ERROR_INVALID_ARGUMENT;
+    if (d->delay_ms > 0 && (d->delay_fn[0] == 0 || strcmp(d->delay_fn, fn) == 0) &&
+        ms_since_init() >= d->hang_after_ms) {
+        struct timespec ts = {d->delay_ms / 1000, (d->delay_ms % 1000) * 1000000L};
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+        }
+    }
+    for (unsigned int i = 0; i < d->n_fails; i++)
+        if (strcmp(d->fails[i].fn, fn) == 0) return d->fails[i].code;
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t copy_string(const char *value, char *out, unsigned int length) {
+    if (out == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    if (strlen(value) + 1 > length) return NVML_ERROR_INSUFFICIENT_SIZE;
+    memcpy(out, value, strlen(value) + 1);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
+    (void)flags;
+    pthread_mutex_lock(&lock);
+    if (!configured) {
+        configure();
+        clock_gettime(CLOCK_MONOTONIC, &init_time);
+    }
+    nvmlReturn_t ret = init_error ? init_error : NVML_SUCCESS;
+    if (ret == NVML_SUCCESS) refcount++;
+    pthread_mutex_unlock(&lock);
+    return ret;
+}
+
+nvmlReturn_t nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
+
+nvmlReturn_t nvmlInit(void) { return nvmlInitWithFlags(0); }
+
+nvmlReturn_t nvmlShutdown(void) {
+    pthread_mutex_lock(&lock);
+    nvmlReturn_t ret = refcount > 0 ? NVML_SUCCESS : NVML_ERROR_UNINITIALIZED;
+    if (refcount > 0) refcount--;
+    pthread_mutex_unlock(&lock);
+    return ret;
+}
+
+const char *nvmlErrorString(nvmlReturn_t result) {
+    switch (result) {
+    case NVML_SUCCESS: return "Success";
+    case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
+    case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
+    case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
+    case NVML_ERROR_NO_PERMISSION: return "Insufficient Permissions";
+    case NVML_ERROR_NOT_FOUND: return "Not Found";
+    case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
+    case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
+    case NVML_ERROR_TIMEOUT: return "Timeout";
+    case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
+    case NVML_ERROR_ARGUMENT_VERSION_MISMATCH: return "Argument version mismatch";
+    default: return "Unknown Error";
+    }
+}
+
+nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
+    if (!initialized()) return NVML_ERROR_UNINITIALIZED;
+    return copy_string(driver, version, length);
+}
+
+nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
+    if (!initialized()) return NVML_ERROR_UNINITIALIZED;
+    if (count == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *count = n_devices;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
+    if (!initialized()) return NVML_ERROR_UNINITIALIZED;
+    if (device == NULL || index >= n_devices) return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t ret = enter(&devices[index], "nvmlDeviceGetHandleByIndex_v2");
+    if (ret != NVML_SUCCESS) return ret;
+    *device = &devices[index];
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t d, char *name, unsigned int length) {
+    nvmlReturn_t ret = enter(d, "nvmlDeviceGetName");
+    return ret != NVML_SUCCESS ? ret : copy_string(d->name, name, length);
+}
+
+nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *uuid, unsigned int length) {
+    nvmlReturn_t ret = enter(d, "nvmlDeviceGetUUID");
+    return ret != NVML_SUCCESS ? ret : copy_string(d->uuid, uuid, length);
+}
+
+nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *memory) {
+    nvmlReturn_t ret = enter(d, "nvmlDeviceGetMemoryInfo");
+    if (ret != NVML_SUCCESS) return ret;
+    if (memory == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    memory->total = d->total;
+    memory->used = d->used + d->reserved; /* v1's used counts the driver's reserve */
+    memory->free = d->total - memory->used;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *memory) {
+    nvmlReturn_t ret = enter(d, "nvmlDeviceGetMemoryInfo_v2");
+    if (ret != NVML_SUCCESS) return ret;
+    if (memory == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    if (memory->version != NVML_MEMORY_V2) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    memory->total = d->total;
+    memory->reserved = d->reserved;
+    memory->used = d->used;
+    memory->free = d->total - d->reserved - d->used;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *utilization) {
+    nvmlReturn_t ret = enter(d, "nvmlDeviceGetUtilizationRates");
+    if (ret != NVML_SUCCESS) return ret;
+    if (utilization == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    utilization->gpu = d->util;
+    utilization->memory = d->util / 2;
+    return NVML_SUCCESS;
+}
+
+static const proc_t no_procs[1];
+
+/* The two-call protocol of every process list. */
+static nvmlReturn_t list(nvmlDevice_t d, const char *fn, const proc_t *procs, unsigned int n,
+                         unsigned int *count, void *infos, int v1) {
+    nvmlReturn_t ret = enter(d, fn);
+    if (ret != NVML_SUCCESS) return ret;
+    if (count == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    if (*count < n || (infos == NULL && n > 0)) {
+        *count = n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (unsigned int i = 0; i < n; i++) {
+        if (v1) {
+            nvmlProcessInfo_v1_t *out = (nvmlProcessInfo_v1_t *)infos + i;
+            out->pid = procs[i].pid;
+            out->usedGpuMemory = procs[i].used;
+        } else {
+            nvmlProcessInfo_t *out = (nvmlProcessInfo_t *)infos + i;
+            out->pid = procs[i].pid;
+            out->usedGpuMemory = procs[i].used;
+            out->gpuInstanceId = 0xFFFFFFFFu; /* not in a MIG instance */
+            out->computeInstanceId = 0xFFFFFFFFu;
+        }
+    }
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+#define LISTS(kind, field)                                                                       \
+    nvmlReturn_t nvmlDeviceGet##kind##RunningProcesses_v3(nvmlDevice_t d, unsigned int *c,       \
+                                                           nvmlProcessInfo_t *p) {               \
+        return list(d, "nvmlDeviceGet" #kind "RunningProcesses_v3", valid(d) ? d->field : no_procs, valid(d) ? d->n_##field : 0, c, p, 0); \
+    }                                                                                            \
+    nvmlReturn_t nvmlDeviceGet##kind##RunningProcesses_v2(nvmlDevice_t d, unsigned int *c,       \
+                                                           nvmlProcessInfo_t *p) {               \
+        return list(d, "nvmlDeviceGet" #kind "RunningProcesses_v2", valid(d) ? d->field : no_procs, valid(d) ? d->n_##field : 0, c, p, 0); \
+    }                                                                                            \
+    nvmlReturn_t nvmlDeviceGet##kind##RunningProcesses(nvmlDevice_t d, unsigned int *c,          \
+                                                        nvmlProcessInfo_v1_t *p) {               \
+        return list(d, "nvmlDeviceGet" #kind "RunningProcesses", valid(d) ? d->field : no_procs, valid(d) ? d->n_##field : 0, c, p, 1); \
+    }
+
+LISTS(Compute, compute)
+LISTS(Graphics, graphics)
+
+/* MPS: no MPS server in these tests; the lists are empty. */
+nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t d, unsigned int *c, nvmlProcessInfo_t *p) {
+    return list(d, "nvmlDeviceGetMPSComputeRunningProcesses_v3", no_procs, 0, c, p, 0);
+}
+nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v2(nvmlDevice_t d, unsigned int *c, nvmlProcessInfo_t *p) {
+    return list(d, "nvmlDeviceGetMPSComputeRunningProcesses_v2", no_procs, 0, c, p, 0);
+}
+nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses(nvmlDevice_t d, unsigned int *c, nvmlProcessInfo_v1_t *p) {
+    return list(d, "nvmlDeviceGetMPSComputeRunningProcesses", no_procs, 0, c, p, 1);
+}
+
+/* Not NVML: the driver's struct sizes, for the tests to hold the bindings' ctypes against. */
+unsigned int fakeNvmlSizeofProcessInfo(void) { return (unsigned int)sizeof(nvmlProcessInfo_t); }
+unsigned int fakeNvmlSizeofProcessInfoV1(void) { return (unsigned int)sizeof(nvmlProcessInfo_v1_t); }
+unsigned int fakeNvmlSizeofMemoryV2(void) { return (unsigned int)sizeof(nvmlMemory_v2_t); }
