@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 import threading
 import time
-import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -18,16 +17,7 @@ from typing import Protocol
 from dlmon.collect.sampler import ExitCodeProvider, Sampler
 from dlmon.flow.loop import Faults, Pipeline, sample_until_done
 from dlmon.flow.recording import RecordWriter
-from dlmon.flow.records import (
-    MAX_LINE_BYTES,
-    RecordEnd,
-    RecordProblem,
-    _skip_rest_of_line,
-    iter_records,
-    open_record_file,
-    parse_line,
-    skip_blank_lines,
-)
+from dlmon.flow.records import RecordEnd, RecordProblem, iter_records, read_lines_from
 from dlmon.model import Snapshot
 
 SnapshotSink = Callable[[Snapshot], None]
@@ -194,34 +184,8 @@ class _Line:
 
 def _read_from(path: str, offset: int, line: int) -> Iterator[_Line]:
     """The records of ``path`` from a byte offset, with the offset of each (iter_records' rules)."""
-    with open_record_file(path) as fh:
-        if offset:
-            fh.seek(offset)
-        number = line - 1
-        while True:
-            number += 1
-            at = fh.tell()
-            try:
-                raw = fh.readline(MAX_LINE_BYTES + 1)
-            except (OSError, EOFError, zlib.error) as exc:  # zlib.error: damaged deflate data in a .gz
-                yield _Line(at, number, RecordProblem(number, f"unreadable from here on: {exc}"))
-                return
-            if not raw:
-                return
-            if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
-                if not _skip_rest_of_line(fh):
-                    yield _Line(
-                        at, number, RecordProblem(number, f"longer than {MAX_LINE_BYTES >> 20} MiB: stopped")
-                    )
-                    return
-                yield _Line(
-                    at, number, RecordProblem(number, f"longer than {MAX_LINE_BYTES >> 20} MiB: skipped")
-                )
-                continue
-            if not raw.strip():
-                number += skip_blank_lines(fh)
-                continue
-            yield _Line(at, number, parse_line(number, raw))
+    for at, number, record in read_lines_from(path, offset, line):
+        yield _Line(at, number, record)
 
 
 class ReplaySource:
