@@ -21,7 +21,7 @@ from dlmon.collect.processes import WORKER_COMMS
 from dlmon.collect.procfs import all_pids, exe_path, read_stat, real_uid
 from dlmon.collect.sampler import Sampler
 from dlmon.export.prometheus import Exporter, JobsPublished
-from dlmon.model import Snapshot
+from dlmon.model import SnapshotStep
 
 REDISCOVER_S = 10.0
 
@@ -63,7 +63,7 @@ class JobsExporter:
 
     def __init__(
         self,
-        analyzer: Callable[[], Callable[[Snapshot], Snapshot]],
+        analyzer: Callable[[], SnapshotStep],
         open_sampler: Callable[[int], Sampler],
         discover: Callable[[], set[int]] = discover_jobs,
         rediscover_s: float = REDISCOVER_S,
@@ -72,7 +72,7 @@ class JobsExporter:
         self._open = open_sampler
         self._discover = discover
         self._rediscover_s = rediscover_s
-        self._jobs: dict[int, tuple[Sampler, Callable[[Snapshot], Snapshot], Exporter]] = {}
+        self._jobs: dict[int, tuple[Sampler, SnapshotStep, Exporter]] = {}
         self._next_discovery = 0.0
         self.latest: JobsPublished = ()
 

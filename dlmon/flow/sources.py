@@ -18,11 +18,13 @@ from dlmon.collect.sampler import ExitCodeProvider, Sampler
 from dlmon.flow.loop import Faults, Pipeline, sample_until_done
 from dlmon.flow.recording import RecordWriter
 from dlmon.flow.records import RecordEnd, RecordProblem, iter_records, read_lines_from
-from dlmon.model import Snapshot
+from dlmon.model import Snapshot, SnapshotStep
 
 SnapshotSink = Callable[[Snapshot], None]
 EndSink = Callable[[str], None]  # receives why the source ended (a recording END_* reason)
-Analyzer = Callable[[Snapshot], Snapshot]  # adds alerts; dlmon.analysis provides the real one
+# The name LiveSource still uses for a SnapshotStep (it goes when LiveSource switches): the
+# class dlmon.analysis.Analyzer is the one Analyzer.
+Analyzer = SnapshotStep
 
 REPLAY_FINISHED = "replay_finished"
 PR_SET_NAME = 15
@@ -198,7 +200,7 @@ class ReplaySource:
     a few dozen lines to get back to a place already passed.
     """
 
-    def __init__(self, path: str, speed: float | None = 1.0, analyzer: Analyzer | None = None) -> None:
+    def __init__(self, path: str, speed: float | None = 1.0, analyzer: SnapshotStep | None = None) -> None:
         self.path = path
         self.speed = speed
         self.analyzer = analyzer

@@ -24,7 +24,7 @@ from dlmon.collect.sampler import Sampler
 from dlmon.flow.loop import Faults, Pipeline, handle_signals, pid_exists, sample_until_done
 from dlmon.flow.recording import RecordWriter
 from dlmon.launch.runner import JOB_ENV, Training, exit_status, launch
-from dlmon.model import Alert, Snapshot
+from dlmon.model import Alert, Snapshot, SnapshotStep
 
 AlertPrinter = Callable[[Snapshot], None]
 Reporter = Callable[[str], None]
@@ -154,7 +154,7 @@ def run_headless(
     command: list[str],
     interval: float,
     record_path: str | None,
-    analyzer: Callable[[Snapshot], Snapshot] | None = None,
+    analyzer: SnapshotStep | None = None,
     on_alerts: AlertPrinter | None = None,
     report: Reporter = say,
     started_note: str | None = None,
@@ -201,7 +201,7 @@ def _watch(
     training: Training,
     interval: float,
     record_path: str | None,
-    analyzer: Callable[[Snapshot], Snapshot] | None,
+    analyzer: SnapshotStep | None,
     on_alerts: AlertPrinter | None,
     report: Reporter = say,
 ) -> int:
