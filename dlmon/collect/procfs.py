@@ -376,8 +376,8 @@ def start_ticks(pid: int, proc_root: str = "/proc") -> int | None:
 
 
 def status_value(pid: int, key: str, proc_root: str = "/proc") -> int | None:
-    """The first number of ``key`` in /proc/PID/status (``Tgid``, ``Uid``: the real uid); None
-    when gone, unreadable, or not there."""
+    """The first number of ``key`` in /proc/PID/status (``Tgid``...); None when gone,
+    unreadable, or not there."""
     try:
         with open(f"{proc_root}/{pid}/status", "rb") as fh:
             raw = fh.read()
@@ -391,8 +391,13 @@ def thread_group_of(pid: int, proc_root: str = "/proc") -> int | None:
     return status_value(pid, "Tgid", proc_root)
 
 
-def real_uid(pid: int, proc_root: str = "/proc") -> int | None:
-    return status_value(pid, "Uid", proc_root)
+def real_uid(pid: int) -> int | None:
+    """The real uid of ``pid``, by the agent's own reader of /proc/PID/status (the one parser of
+    its Uid line: the agent may import nothing of dlmon, collect may import the agent)."""
+    from dlmon.agent._paths import target_uids  # here: importing the agent package costs ~30 ms
+
+    uids = target_uids(pid)
+    return None if uids is None else uids[0]
 
 
 def exe_path(pid: int, proc_root: str = "/proc") -> str | None:
