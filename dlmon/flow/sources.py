@@ -136,19 +136,13 @@ class LiveSource:
             self._thread.join(timeout=10)
 
 
-@dataclass(frozen=True, slots=True)
-class ReplayProblem:
-    line: int
-    reason: str
-
-
 @dataclass
 class ReplayFile:
     """A record file read whole: its snapshots, why it ended, and what was wrong with it."""
 
     snapshots: list[Snapshot] = field(default_factory=list)
     end_reason: str | None = None
-    problems: list[ReplayProblem] = field(default_factory=list)
+    problems: list[RecordProblem] = field(default_factory=list)
 
 
 def read_record(path: str) -> ReplayFile:
@@ -159,7 +153,7 @@ def read_record(path: str) -> ReplayFile:
         if isinstance(item, RecordEnd):
             result.end_reason = item.reason
         elif isinstance(item, RecordProblem):
-            result.problems.append(ReplayProblem(item.line, item.reason))
+            result.problems.append(item)
         else:
             result.snapshots.append(item)
     return result
@@ -204,7 +198,7 @@ class ReplaySource:
         self.path = path
         self.speed = speed
         self.analyzer = analyzer
-        self.problems: list[ReplayProblem] = []
+        self.problems: list[RecordProblem] = []
         self.problem_count = 0
         self.end_reason: str | None = None
         self.index: list[IndexMark] = []
@@ -268,7 +262,7 @@ class ReplaySource:
     def _problem(self, problem: RecordProblem) -> None:
         self.problem_count += 1
         if len(self.problems) < MAX_PROBLEMS and problem.line not in {p.line for p in self.problems[-8:]}:
-            self.problems.append(ReplayProblem(problem.line, problem.reason))
+            self.problems.append(problem)
 
     # ---- playing ------------------------------------------------------------------------------
     def _mark(self, at: _Line, snapshot: Snapshot, kinds: frozenset[str], previous: frozenset[str]) -> None:
@@ -404,19 +398,19 @@ class RecordScan:
     """A record file read through once without keeping it: what ``dlmon replay`` says without a terminal."""
 
     snapshots: int
-    problems: tuple[ReplayProblem, ...]  # the first MAX_PROBLEMS
+    problems: tuple[RecordProblem, ...]  # the first MAX_PROBLEMS
     problem_count: int
 
 
 def scan_record(path: str) -> RecordScan:
     snapshots = 0
-    problems: list[ReplayProblem] = []
+    problems: list[RecordProblem] = []
     count = 0
     for item in iter_records(path):
         if isinstance(item, RecordProblem):
             count += 1
             if len(problems) < MAX_PROBLEMS:
-                problems.append(ReplayProblem(item.line, item.reason))
+                problems.append(item)
         elif not isinstance(item, RecordEnd):
             snapshots += 1
     return RecordScan(snapshots, tuple(problems), count)
