@@ -371,3 +371,44 @@ def test_copy_on_read_growth_is_refreshed_promptly_under_the_budget(spawn: Spawn
     assert abs(child.rss_bytes - first[child_pid].rss_bytes) < 4 * MiB  # RSS is blind to it
     assert child.uss_bytes is not None and child.uss_bytes > start_uss + 32 * MiB
     assert child.pss_age_s is not None and child.pss_age_s <= 2.0  # moved: due after 1 s; ticks 0.5 s
+
+
+def test_one_off_reads_by_path_agree_with_the_handle_and_give_none_once_gone(
+    spawn: Spawn, tmp_path: Path
+) -> None:
+    """The reads launch, export and the CLI make through collect.procfs (no handle, no held fd)."""
+    from dlmon.collect import procfs
+
+    mark = f"DLMON_TEST_MARK={os.getpid()}-{time.monotonic_ns()}"
+    name, value = mark.split("=", 1)
+    proc = spawn('print("READY", flush=True)\nimport time; time.sleep(60)', env={name: value})
+    handle = ProcHandle(proc.pid)
+    try:
+        fields = procfs.stat_fields(proc.pid)
+        assert fields is not None and fields[0] not in procfs.DEAD_STATES
+        assert procfs.start_ticks(proc.pid) == handle.start_time
+        stat = procfs.read_stat(proc.pid)
+        assert stat is not None and stat.ppid == os.getpid() and stat.start_time == handle.start_time
+    finally:
+        handle.close()
+    assert procfs.thread_group_of(proc.pid) == proc.pid
+    assert procfs.real_uid(proc.pid) == os.getuid()
+    assert procfs.exe_path(proc.pid) == procfs.exe_path(os.getpid()) is not None  # both python
+    assert procfs.smaps_unreadable(proc.pid) is None
+    cmdline = procfs.read_cmdline(proc.pid)
+    assert (proc.pid, cmdline) in procfs.group_members(proc.pid)  # its own session and group
+    assert procfs.processes_with_environ(mark.encode()) == [(proc.pid, cmdline)]
+    assert procfs.processes_with_environ(mark.encode(), exclude=proc.pid) == []
+
+    proc.kill()
+    proc.wait()
+    assert procfs.stat_fields(proc.pid) is None and procfs.read_stat(proc.pid) is None
+    assert procfs.start_ticks(proc.pid) is None and procfs.thread_group_of(proc.pid) is None
+    assert procfs.real_uid(proc.pid) is None and procfs.exe_path(proc.pid) is None
+    assert procfs.group_members(proc.pid) == [] and procfs.processes_with_environ(mark.encode()) == []
+
+    assert procfs.read_boot_time(str(tmp_path)) is None  # no stat file
+    (tmp_path / "stat").write_bytes(b"cpu  1 2 3\nbtime 1700000000\n")
+    assert procfs.read_boot_time(str(tmp_path)) == procfs.boot_time(str(tmp_path)) == 1_700_000_000.0
+    (tmp_path / "stat").write_bytes(b"cpu  1 2 3\n")
+    assert procfs.read_boot_time(str(tmp_path)) is None

@@ -104,6 +104,34 @@ def test_record_reader_stops_on_a_line_without_end(monkeypatch: pytest.MonkeyPat
     assert "never ends" in items[0].reason
 
 
+def test_one_line_reader_gives_offsets_to_seek_back_to_and_reads_a_pipe_without_them(tmp_path: Path) -> None:
+    """The replay and the report read lines through flow.records.read_lines_from: a line's offset
+    reads the same records again from there, and without offsets (the report) a FIFO reads too."""
+    import os
+
+    from dlmon.flow import records
+
+    path = tmp_path / "lines.jsonl"
+    lines = [b"not json\n", b"\n", b"\n", b"[1]\n", b'{"type": "end", "time": 5, "reason": "r"}\n']
+    path.write_bytes(b"".join(lines))
+    got = list(records.read_lines_from(str(path)))
+    assert [(at, line) for at, line, _ in got] == [(0, 1), (11, 4), (15, 5)]
+    assert list(records.read_lines_from(str(path), 11, 4)) == got[1:]
+    assert [r for _, _, r in got] == list(records.iter_records(str(path)))
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+
+    def write() -> None:
+        with open(fifo, "wb") as fh:
+            fh.write(b"".join(lines))
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    assert list(records.iter_records(str(fifo))) == [r for _, _, r in got]
+    writer.join(5)
+
+
 class _CountingReplay(ReplaySource):
     """Counts how often the play thread looks for a request: a thread that waits looks twice a second."""
 

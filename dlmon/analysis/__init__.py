@@ -1,7 +1,7 @@
 """What is wrong with the job, from the snapshots alone: alerts with the numbers behind them.
 
-Pure analysis: no I/O, no UI. ``Analyzer`` is the per-tick entry point (an
-``Analyzer = Callable[[Snapshot], Snapshot]`` for ``dlmon.flow.sources``); the detectors are pure
+Pure analysis: no I/O, no UI. ``Analyzer`` is the per-tick entry point (a
+``dlmon.model.SnapshotStep``, what ``dlmon.flow.sources`` and the exporter take); the detectors are pure
 functions over a history (``dlmon.analysis.detectors``); ``advise`` turns a short history into
 sizing advice; ``events`` lists what changed between two ticks' alerts for headless output.
 """

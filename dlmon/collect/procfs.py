@@ -330,3 +330,123 @@ def boot_time(proc_root: str = "/proc") -> float:
             if line.startswith(b"btime "):
                 return float(line.split()[1])
     raise RuntimeError("no btime in /proc/stat")
+
+
+def read_boot_time(proc_root: str = "/proc") -> float | None:
+    """:func:`boot_time`, or None when /proc/stat cannot say (the dashboard's uptime)."""
+    try:
+        return boot_time(proc_root)
+    except (OSError, ValueError, IndexError, RuntimeError):
+        return None
+
+
+# ---- one-off reads by path, for the commands (launch, export, the CLI) ----------------------
+# No handle and no held fd: each reads a file once, and a process that is gone (or unreadable)
+# gives None. The sampler's own reads go through ProcHandle above.
+
+DEAD_STATES = (b"Z", b"X")  # the state field of a zombie or a dead process, as bytes
+
+
+def stat_fields(pid: int, proc_root: str = "/proc") -> list[bytes] | None:
+    """The fields of /proc/PID/stat after the command name: the state first, then ppid, pgrp...
+    (the start time at index 19); None when gone or unreadable."""
+    try:
+        with open(f"{proc_root}/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def read_stat(pid: int, proc_root: str = "/proc") -> StatFields | None:
+    """/proc/PID/stat parsed by :func:`parse_stat`; None when gone or unreadable."""
+    try:
+        with open(f"{proc_root}/{pid}/stat", "rb") as fh:
+            return parse_stat(fh.read())
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def start_ticks(pid: int, proc_root: str = "/proc") -> int | None:
+    """The process's start time in clock ticks after boot (stat field 22): tells a reused pid apart."""
+    fields = stat_fields(pid, proc_root)
+    try:
+        return None if fields is None else int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def status_value(pid: int, key: str, proc_root: str = "/proc") -> int | None:
+    """The first number of ``key`` in /proc/PID/status (``Tgid``...); None when gone,
+    unreadable, or not there."""
+    try:
+        with open(f"{proc_root}/{pid}/status", "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        return None
+    return FieldPicker((key,))(raw).get(key)
+
+
+def thread_group_of(pid: int, proc_root: str = "/proc") -> int | None:
+    """The process (Tgid) that ``pid`` belongs to: /proc/TID exists for threads too, unlisted."""
+    return status_value(pid, "Tgid", proc_root)
+
+
+def real_uid(pid: int) -> int | None:
+    """The real uid of ``pid``, by the agent's own reader of /proc/PID/status (the one parser of
+    its Uid line: the agent may import nothing of dlmon, collect may import the agent)."""
+    from dlmon.agent._paths import target_uids  # here: importing the agent package costs ~30 ms
+
+    uids = target_uids(pid)
+    return None if uids is None else uids[0]
+
+
+def exe_path(pid: int, proc_root: str = "/proc") -> str | None:
+    """Where /proc/PID/exe leads (the executable), None when it cannot be read."""
+    try:
+        return os.readlink(f"{proc_root}/{pid}/exe")
+    except OSError:
+        return None
+
+
+def smaps_unreadable(pid: int, proc_root: str = "/proc") -> str | None:
+    """Why /proc/PID/smaps_rollup cannot be read by this user ("permission denied"), else None."""
+    try:
+        with open(f"{proc_root}/{pid}/smaps_rollup", "rb") as fh:
+            fh.read(1)
+    except PermissionError as exc:
+        return (exc.strerror or "permission denied").lower()
+    except OSError:
+        return None
+    return None
+
+
+def group_members(pgid: int, proc_root: str = "/proc") -> list[tuple[int, str]]:
+    """Live processes of process group ``pgid``: (pid, command line)."""
+    out = []
+    for pid in all_pids(proc_root):
+        fields = stat_fields(pid, proc_root)
+        if fields is not None and len(fields) > 2 and fields[0] not in DEAD_STATES and int(fields[2]) == pgid:
+            out.append((pid, read_cmdline(pid, proc_root)))
+    return out
+
+
+def processes_with_environ(
+    entry: bytes, exclude: int | None = None, proc_root: str = "/proc"
+) -> list[tuple[int, str]]:
+    """Live processes whose environment (its first MiB) holds ``entry`` (``NAME=value``):
+    (pid, command line). One environ read per process this user may read."""
+    out = []
+    for pid in all_pids(proc_root):
+        if pid == exclude:
+            continue
+        try:
+            with open(f"{proc_root}/{pid}/environ", "rb") as fh:
+                data = fh.read(1 << 20)
+        except OSError:
+            continue
+        if entry not in data.split(b"\0"):
+            continue
+        fields = stat_fields(pid, proc_root)
+        if fields and fields[0] not in DEAD_STATES:
+            out.append((pid, read_cmdline(pid, proc_root)))
+    return out

@@ -18,59 +18,27 @@ from collections.abc import Callable
 from dlmon.agent._paths import short_socket_dirs, socket_dir
 from dlmon.collect.agent_client import AgentClient
 from dlmon.collect.processes import WORKER_COMMS
+from dlmon.collect.procfs import all_pids, exe_path, read_stat, real_uid
 from dlmon.collect.sampler import Sampler
 from dlmon.export.prometheus import Exporter, JobsPublished
-from dlmon.model import Snapshot
+from dlmon.model import SnapshotStep
 
 REDISCOVER_S = 10.0
-
-
-def _read(path: str) -> str | None:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            return fh.read()
-    except OSError:
-        return None
-
-
-def _stat(pid: int) -> tuple[str, int] | None:
-    """(comm, ppid) from /proc/PID/stat."""
-    text = _read(f"/proc/{pid}/stat")
-    if text is None or ")" not in text:
-        return None
-    comm = text[text.index("(") + 1 : text.rindex(")")]
-    fields = text[text.rindex(")") + 2 :].split()
-    return comm, int(fields[1])
-
-
-def _uid(pid: int) -> int | None:
-    text = _read(f"/proc/{pid}/status") or ""
-    for line in text.splitlines():
-        if line.startswith("Uid:"):
-            return int(line.split()[1])
-    return None
-
-
-def _exe(pid: int) -> str | None:
-    try:
-        return os.readlink(f"/proc/{pid}/exe")
-    except OSError:
-        return None
 
 
 def discover_jobs(uid: int | None = None) -> set[int]:
     """The pids of this user's training jobs (see the module docstring)."""
     uid = os.getuid() if uid is None else uid
     stats: dict[int, tuple[str, int]] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit() and (st := _stat(int(name))) is not None:
-            stats[int(name)] = st
+    for pid in all_pids():
+        if (st := read_stat(pid)) is not None:
+            stats[pid] = (st.comm, st.ppid)
     # A worker's parent is its trainer, which forked it from the same executable; an orphaned
     # worker's parent is init or a subreaper (no training job, and sampling it walks their trees).
     candidates = {
         ppid
         for pid, (comm, ppid) in stats.items()
-        if comm in WORKER_COMMS and ppid > 1 and _exe(ppid) == _exe(pid) is not None
+        if comm in WORKER_COMMS and ppid > 1 and exe_path(ppid) == exe_path(pid) is not None
     }
     sockets: list[str] = []
     for d in dict.fromkeys((socket_dir(), *short_socket_dirs())):  # agents of a long TMPDIR serve short
@@ -84,7 +52,9 @@ def discover_jobs(uid: int | None = None) -> set[int]:
         if known and AgentClient.find_socket(int(pid_text)) is not None:
             candidates.add(int(pid_text))
     return {
-        pid for pid in candidates if pid in stats and stats[pid][0] not in WORKER_COMMS and _uid(pid) == uid
+        pid
+        for pid in candidates
+        if pid in stats and stats[pid][0] not in WORKER_COMMS and real_uid(pid) == uid
     }
 
 
@@ -93,7 +63,7 @@ class JobsExporter:
 
     def __init__(
         self,
-        analyzer: Callable[[], Callable[[Snapshot], Snapshot]],
+        analyzer: Callable[[], SnapshotStep],
         open_sampler: Callable[[int], Sampler],
         discover: Callable[[], set[int]] = discover_jobs,
         rediscover_s: float = REDISCOVER_S,
@@ -102,7 +72,7 @@ class JobsExporter:
         self._open = open_sampler
         self._discover = discover
         self._rediscover_s = rediscover_s
-        self._jobs: dict[int, tuple[Sampler, Callable[[Snapshot], Snapshot], Exporter]] = {}
+        self._jobs: dict[int, tuple[Sampler, SnapshotStep, Exporter]] = {}
         self._next_discovery = 0.0
         self.latest: JobsPublished = ()
 

@@ -28,10 +28,9 @@ from dlmon import __version__
 from dlmon.analysis.events import CLEARED, events
 from dlmon.analysis.wait import wall_wait
 from dlmon.export.metrics import GROUPS, Published
-from dlmon.model import Snapshot
+from dlmon.model import Snapshot, SnapshotStep
 
 DEFAULT_HOST = "127.0.0.1"
-Analyzer = Callable[[Snapshot], Snapshot]
 
 
 class AddressError(ValueError):
@@ -115,7 +114,7 @@ class Exporter:
             snapshot, MappingProxyType(dict(self._raised)), MappingProxyType(dict(self._wait_s))
         )
 
-    def wrap(self, analyzer: Analyzer | None) -> Analyzer:
+    def wrap(self, analyzer: SnapshotStep | None) -> SnapshotStep:
         """An analyzer step that also publishes: how a pipeline owned elsewhere (the dashboard's
         live source) feeds the exporter without a new parameter."""
 
@@ -133,8 +132,10 @@ JobsPublished = tuple[tuple[str, Published], ...]
 Latest = Published | JobsPublished | None
 
 
-class Source(Protocol):
-    """An :class:`Exporter`, or ``dlmon.export.jobs.JobsExporter`` for every job of the user."""
+class Publisher(Protocol):
+    """What a scrape renders from (its ``latest``): an :class:`Exporter`, or
+    ``dlmon.export.jobs.JobsExporter`` for every job of the user. (A source of snapshots is
+    ``dlmon.flow.sources.Source``.)"""
 
     @property
     def latest(self) -> Latest: ...
@@ -143,7 +144,7 @@ class Source(Protocol):
 class SnapshotCollector(Collector):
     """Renders one published state (``exporter.latest`` unless told which)."""
 
-    def __init__(self, exporter: Source) -> None:
+    def __init__(self, exporter: Publisher) -> None:
         self._exporter = exporter
         self.pinned: Latest = None
 
@@ -184,7 +185,7 @@ def _render(jobs: tuple[tuple[str | None, Published], ...]) -> Iterator[Metric]:
                 yield family
 
 
-def registry_for(exporter: Source) -> CollectorRegistry:
+def registry_for(exporter: Publisher) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SnapshotCollector(exporter))
     return registry
@@ -198,7 +199,7 @@ def exposition(exporter: Exporter) -> bytes:
 WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], list[bytes]]
 
 
-def metrics_app(exporter: Source) -> WsgiApp:
+def metrics_app(exporter: Publisher) -> WsgiApp:
     """/metrics, rendered at most once per published snapshot and format: formatting ~700 series
     costs milliseconds (prometheus-client), so repeated scrapes (HA pairs, curl) get the cached
     bytes. The lock is only between HTTP threads; the sampler never takes it."""
@@ -256,7 +257,7 @@ class _QuietHandler(WSGIRequestHandler):
         """No access log on dlmon's stderr (it is the dashboard's or the alert log's)."""
 
 
-def serve(exporter: Source, address: Address) -> Server:
+def serve(exporter: Publisher, address: Address) -> Server:
     """Serve /metrics on a daemon thread; raises OSError when the address cannot be bound."""
     family = socket.AF_INET6 if ":" in address.host else socket.AF_INET
 

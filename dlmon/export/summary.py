@@ -210,12 +210,6 @@ class AlertWindow:
 
 
 @dataclass(frozen=True, slots=True)
-class Problem:
-    line: int
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
 class RunSummary:
     path: str
     snapshots: int
@@ -232,7 +226,7 @@ class RunSummary:
     epochs: int | None
     deaths: tuple[WorkerDeath, ...]
     alerts: tuple[AlertWindow, ...]
-    problems: tuple[Problem, ...]
+    problems: tuple[RecordProblem, ...]
     problems_total: int = 0
     oom_kills: int | None = None  # OOM kills (machine or the job's cgroup) during the recording
     left_out: Mapping[str, int] = field(default_factory=dict)  # what the caps dropped
@@ -280,7 +274,7 @@ class Summarizer:
         self.deaths: dict[tuple[int, float | None], WorkerDeath] = {}
         self.open_alerts: dict[tuple[str, str], AlertWindow] = {}
         self.closed_alerts: list[AlertWindow] = []
-        self.problems: list[Problem] = []
+        self.problems: list[RecordProblem] = []
         self.problems_total = 0
         self.left_out: dict[str, int] = {}
         self.oom_first: int | None = None
@@ -293,7 +287,7 @@ class Summarizer:
         if isinstance(record, RecordProblem):
             self.problems_total += 1
             if len(self.problems) < MAX_PROBLEMS:
-                self.problems.append(Problem(record.line, record.reason))
+                self.problems.append(record)
         elif isinstance(record, RecordEnd):
             self.end_reason = record.reason
         else:

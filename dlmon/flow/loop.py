@@ -22,12 +22,9 @@ from dlmon.flow.recording import (
     RecordWriter,
 )
 from dlmon.model import Snapshot
+from dlmon.model.format import children_left
 
 ORPHAN_WATCH_S = 15.0
-
-
-def _orphans(snapshot: Snapshot) -> bool:
-    return any(p.pid != snapshot.target.pid and p.state not in ("Z", "X") for p in snapshot.processes)
 
 
 @contextmanager
@@ -221,7 +218,7 @@ def sample_until_done(
             # keep watching them, for a while, rather than stop at the moment they matter.
             now = time.monotonic()
             target_gone_at = target_gone_at or now
-            if not _orphans(snapshot) or now - target_gone_at >= ORPHAN_WATCH_S:
+            if not children_left(snapshot) or now - target_gone_at >= ORPHAN_WATCH_S:
                 return END_TARGET_EXITED
         tick += 1
         next_time = start + tick * interval

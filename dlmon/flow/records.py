@@ -93,32 +93,47 @@ def in_time_order(lines: Iterator[tuple[int, Record]]) -> Iterator[Record]:
 
 
 def _iter_lines(path: str) -> Iterator[tuple[int, Record]]:
+    for _, number, record in read_lines_from(path, offsets=False):
+        yield number, record
+
+
+def read_lines_from(
+    path: str, offset: int = 0, line: int = 1, *, offsets: bool = True
+) -> Iterator[tuple[int, int, Record]]:
+    """(byte offset, line number, record) of every line of ``path`` from ``offset``, which is the
+    start of line ``line`` (the offset is in the decompressed stream for ``.gz``): how a replay
+    seeks back to a place it indexed. The one line reader: :func:`iter_records` reads through it
+    with ``offsets`` off (offset -1: no ``tell()``, so a pipe reads too)."""
     with open_record_file(path) as fh:
-        number = 0
+        if offset:
+            fh.seek(offset)
+        number = line - 1
         while True:
             number += 1
+            at = fh.tell() if offsets else -1
             try:
                 raw = fh.readline(MAX_LINE_BYTES + 1)
             except (OSError, EOFError, zlib.error) as exc:  # a truncated or damaged .gz, a read error
-                yield number, RecordProblem(number, f"unreadable from here on: {exc}")
+                yield at, number, RecordProblem(number, f"unreadable from here on: {exc}")
                 return
             if not raw:
                 return
             if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
                 if not _skip_rest_of_line(fh):
                     yield (
+                        at,
                         number,
                         RecordProblem(
                             number, f"longer than {MAX_LINE_BYTES >> 20} MiB and never ends: stopped"
                         ),
                     )
                     return
-                yield number, RecordProblem(number, f"longer than {MAX_LINE_BYTES >> 20} MiB: skipped")
+                yield at, number, RecordProblem(number, f"longer than {MAX_LINE_BYTES >> 20} MiB: skipped")
                 continue
             if not raw.strip():
                 number += skip_blank_lines(fh)
                 continue
-            yield number, parse_line(number, raw)
+            yield at, number, parse_line(number, raw)
 
 
 BLANK = b" \t\r\n"

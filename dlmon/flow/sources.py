@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 import threading
 import time
-import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -18,21 +17,14 @@ from typing import Protocol
 from dlmon.collect.sampler import ExitCodeProvider, Sampler
 from dlmon.flow.loop import Faults, Pipeline, sample_until_done
 from dlmon.flow.recording import RecordWriter
-from dlmon.flow.records import (
-    MAX_LINE_BYTES,
-    RecordEnd,
-    RecordProblem,
-    _skip_rest_of_line,
-    iter_records,
-    open_record_file,
-    parse_line,
-    skip_blank_lines,
-)
-from dlmon.model import Snapshot
+from dlmon.flow.records import RecordEnd, RecordProblem, iter_records, read_lines_from
+from dlmon.model import Snapshot, SnapshotStep
 
 SnapshotSink = Callable[[Snapshot], None]
 EndSink = Callable[[str], None]  # receives why the source ended (a recording END_* reason)
-Analyzer = Callable[[Snapshot], Snapshot]  # adds alerts; dlmon.analysis provides the real one
+# The name LiveSource still uses for a SnapshotStep (it goes when LiveSource switches): the
+# class dlmon.analysis.Analyzer is the one Analyzer.
+Analyzer = SnapshotStep
 
 REPLAY_FINISHED = "replay_finished"
 PR_SET_NAME = 15
@@ -144,19 +136,13 @@ class LiveSource:
             self._thread.join(timeout=10)
 
 
-@dataclass(frozen=True, slots=True)
-class ReplayProblem:
-    line: int
-    reason: str
-
-
 @dataclass
 class ReplayFile:
     """A record file read whole: its snapshots, why it ended, and what was wrong with it."""
 
     snapshots: list[Snapshot] = field(default_factory=list)
     end_reason: str | None = None
-    problems: list[ReplayProblem] = field(default_factory=list)
+    problems: list[RecordProblem] = field(default_factory=list)
 
 
 def read_record(path: str) -> ReplayFile:
@@ -167,7 +153,7 @@ def read_record(path: str) -> ReplayFile:
         if isinstance(item, RecordEnd):
             result.end_reason = item.reason
         elif isinstance(item, RecordProblem):
-            result.problems.append(ReplayProblem(item.line, item.reason))
+            result.problems.append(item)
         else:
             result.snapshots.append(item)
     return result
@@ -194,34 +180,8 @@ class _Line:
 
 def _read_from(path: str, offset: int, line: int) -> Iterator[_Line]:
     """The records of ``path`` from a byte offset, with the offset of each (iter_records' rules)."""
-    with open_record_file(path) as fh:
-        if offset:
-            fh.seek(offset)
-        number = line - 1
-        while True:
-            number += 1
-            at = fh.tell()
-            try:
-                raw = fh.readline(MAX_LINE_BYTES + 1)
-            except (OSError, EOFError, zlib.error) as exc:  # zlib.error: damaged deflate data in a .gz
-                yield _Line(at, number, RecordProblem(number, f"unreadable from here on: {exc}"))
-                return
-            if not raw:
-                return
-            if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
-                if not _skip_rest_of_line(fh):
-                    yield _Line(
-                        at, number, RecordProblem(number, f"longer than {MAX_LINE_BYTES >> 20} MiB: stopped")
-                    )
-                    return
-                yield _Line(
-                    at, number, RecordProblem(number, f"longer than {MAX_LINE_BYTES >> 20} MiB: skipped")
-                )
-                continue
-            if not raw.strip():
-                number += skip_blank_lines(fh)
-                continue
-            yield _Line(at, number, parse_line(number, raw))
+    for at, number, record in read_lines_from(path, offset, line):
+        yield _Line(at, number, record)
 
 
 class ReplaySource:
@@ -234,11 +194,11 @@ class ReplaySource:
     a few dozen lines to get back to a place already passed.
     """
 
-    def __init__(self, path: str, speed: float | None = 1.0, analyzer: Analyzer | None = None) -> None:
+    def __init__(self, path: str, speed: float | None = 1.0, analyzer: SnapshotStep | None = None) -> None:
         self.path = path
         self.speed = speed
         self.analyzer = analyzer
-        self.problems: list[ReplayProblem] = []
+        self.problems: list[RecordProblem] = []
         self.problem_count = 0
         self.end_reason: str | None = None
         self.index: list[IndexMark] = []
@@ -302,7 +262,7 @@ class ReplaySource:
     def _problem(self, problem: RecordProblem) -> None:
         self.problem_count += 1
         if len(self.problems) < MAX_PROBLEMS and problem.line not in {p.line for p in self.problems[-8:]}:
-            self.problems.append(ReplayProblem(problem.line, problem.reason))
+            self.problems.append(problem)
 
     # ---- playing ------------------------------------------------------------------------------
     def _mark(self, at: _Line, snapshot: Snapshot, kinds: frozenset[str], previous: frozenset[str]) -> None:
@@ -438,19 +398,19 @@ class RecordScan:
     """A record file read through once without keeping it: what ``dlmon replay`` says without a terminal."""
 
     snapshots: int
-    problems: tuple[ReplayProblem, ...]  # the first MAX_PROBLEMS
+    problems: tuple[RecordProblem, ...]  # the first MAX_PROBLEMS
     problem_count: int
 
 
 def scan_record(path: str) -> RecordScan:
     snapshots = 0
-    problems: list[ReplayProblem] = []
+    problems: list[RecordProblem] = []
     count = 0
     for item in iter_records(path):
         if isinstance(item, RecordProblem):
             count += 1
             if len(problems) < MAX_PROBLEMS:
-                problems.append(ReplayProblem(item.line, item.reason))
+                problems.append(item)
         elif not isinstance(item, RecordEnd):
             snapshots += 1
     return RecordScan(snapshots, tuple(problems), count)

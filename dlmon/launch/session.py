@@ -13,12 +13,18 @@ from typing import TextIO
 
 from dlmon.analysis import events, format_event
 from dlmon.analysis.verdict import exit_verdict
-from dlmon.collect.procfs import read_cmdline
+from dlmon.collect.procfs import (
+    DEAD_STATES,
+    group_members,
+    processes_with_environ,
+    read_cmdline,
+    stat_fields,
+)
 from dlmon.collect.sampler import Sampler
 from dlmon.flow.loop import Faults, Pipeline, handle_signals, pid_exists, sample_until_done
 from dlmon.flow.recording import RecordWriter
 from dlmon.launch.runner import JOB_ENV, Training, exit_status, launch
-from dlmon.model import Alert, Snapshot
+from dlmon.model import Alert, Snapshot, SnapshotStep
 
 AlertPrinter = Callable[[Snapshot], None]
 Reporter = Callable[[str], None]
@@ -48,50 +54,11 @@ def open_writer(path: str | None, faults: Faults, report: Reporter = say) -> Rec
     return writer
 
 
-def group_members(pgid: int) -> list[tuple[int, str]]:
-    """Live processes of process group ``pgid`` (the training's: it runs in its own), from /proc."""
-    out = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as fh:
-                fields = fh.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if len(fields) > 2 and fields[0] not in (b"Z", b"X") and int(fields[2]) == pgid:
-            out.append((int(name), read_cmdline(int(name))))
-    return out
-
-
-def _stat_fields(pid: int) -> list[bytes] | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
 def marked_processes(token: str, exclude: int | None = None) -> list[tuple[int, str]]:
     """Live processes whose environment holds ``JOB_ENV=token``: everything a launch started,
     however it left the session or was re-parented (a daemon's double fork), unless it cleared
     its environment. Read once, at the end: one environ read per process of our user."""
-    needle = f"{JOB_ENV}={token}".encode()
-    out = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == exclude:
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as fh:
-                data = fh.read(1 << 20)
-        except OSError:
-            continue
-        if needle not in data.split(b"\0"):
-            continue
-        fields = _stat_fields(int(name))
-        if fields and fields[0] not in (b"Z", b"X"):
-            out.append((int(name), read_cmdline(int(name))))
-    return out
+    return processes_with_environ(f"{JOB_ENV}={token}".encode(), exclude)
 
 
 class SeenProcesses:
@@ -112,8 +79,8 @@ class SeenProcesses:
     def alive(self) -> list[tuple[int, str]]:
         out = []
         for pid, (start, comm) in self.seen.items():
-            fields = _stat_fields(pid)
-            if fields is None or fields[0] in (b"Z", b"X"):
+            fields = stat_fields(pid)
+            if fields is None or fields[0] in DEAD_STATES:
                 continue
             if start is not None and len(fields) > 19 and int(fields[19]) != start:
                 continue  # the pid was reused
@@ -187,7 +154,7 @@ def run_headless(
     command: list[str],
     interval: float,
     record_path: str | None,
-    analyzer: Callable[[Snapshot], Snapshot] | None = None,
+    analyzer: SnapshotStep | None = None,
     on_alerts: AlertPrinter | None = None,
     report: Reporter = say,
     started_note: str | None = None,
@@ -234,7 +201,7 @@ def _watch(
     training: Training,
     interval: float,
     record_path: str | None,
-    analyzer: Callable[[Snapshot], Snapshot] | None,
+    analyzer: SnapshotStep | None,
     on_alerts: AlertPrinter | None,
     report: Reporter = say,
 ) -> int:

@@ -17,6 +17,7 @@ import os
 import time
 from dataclasses import dataclass
 
+from dlmon.collect.procfs import start_ticks
 from dlmon.launch.runner import LogDirError, private_dir, user_dir
 
 
@@ -30,15 +31,6 @@ class JobNote:
     watcher_started: int | None
     left_at: float | None = None  # when the dashboard went away, if dlmon could say
     why: str = ""  # how it went away ("the terminal closed (SIGHUP)", "you left it running")
-
-
-def start_ticks(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            fields = fh.read().rsplit(b")", 1)[1].split()
-        return int(fields[19])
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 def _alive(pid: int | None, started: int | None) -> bool:

@@ -17,6 +17,7 @@ from dlmon.model.snapshot import (
     RankInfo,
     ShmSample,
     Snapshot,
+    SnapshotStep,
     TargetInfo,
     WorkerDeath,
 )
@@ -38,6 +39,7 @@ __all__ = [
     "RankInfo",
     "ShmSample",
     "Snapshot",
+    "SnapshotStep",
     "TargetInfo",
     "WorkerDeath",
 ]

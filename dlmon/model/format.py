@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 
 from dlmon.model import Snapshot
 
@@ -46,6 +47,26 @@ def rotation_note(s: Snapshot) -> str | None:
 def target_stopped(s: Snapshot) -> bool:
     """The target is alive but stopped (SIGSTOP, ^Z, a debugger): state T or t, not dead."""
     return s.target.alive and any(p.pid == s.target.pid and p.state in ("T", "t") for p in s.processes)
+
+
+def children_left(s: Snapshot) -> bool:
+    """A process of the job other than the target is still alive (not a zombie): after the
+    target's death, its orphaned workers linger, holding memory, and are worth watching."""
+    return any(p.pid != s.target.pid and p.state not in ("Z", "X") for p in s.processes)
+
+
+# The names of the signals that end workers (Linux numbers). The agent, which imports nothing of
+# dlmon outside itself, names them with signal.Signals.
+SIGNAL_NAMES: Mapping[int, str] = {
+    1: "SIGHUP",
+    2: "SIGINT",
+    6: "SIGABRT",
+    7: "SIGBUS",
+    9: "SIGKILL",
+    11: "SIGSEGV",
+    13: "SIGPIPE",
+    15: "SIGTERM",
+}
 
 
 def one_line(s: Snapshot) -> str:

@@ -9,7 +9,7 @@ The JSON form (``dlmon.model.serialize``) uses exactly these field names; see do
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -409,3 +409,8 @@ class Snapshot:
 
     def workers(self) -> tuple[ProcessSample, ...]:
         return tuple(p for p in self.processes if p.role == "worker")
+
+
+# One step of the per-tick pipeline: a snapshot in, the same snapshot (or one with more in it) out.
+# The analysis (dlmon.analysis.Analyzer) is one: it returns the snapshot with its alerts.
+SnapshotStep = Callable[[Snapshot], Snapshot]

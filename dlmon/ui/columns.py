@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from dlmon.model import ProcessSample
+from dlmon.model.format import SIGNAL_NAMES
 from dlmon.ui.fmt import DASH, cbytes, cpct, duration, mbps
 
 if TYPE_CHECKING:  # state.py sorts by these columns: a runtime import would be a cycle
@@ -62,7 +63,7 @@ _STATE_NAMES = {
     "W": "paging",
     "P": "parked",
 }
-_SIGNAMES = {9: "killed", 7: "SIGBUS", 11: "SIGSEGV", 6: "SIGABRT", 15: "SIGTERM"}
+_SIGKILL = 9  # its STATE cell reads "killed"; other signals by name (model.format.SIGNAL_NAMES)
 
 
 def pss_stale(p: ProcessSample, interval: float | None) -> bool:
@@ -77,7 +78,8 @@ def row_state(row: ProcessRow) -> tuple[str, str]:
         d = row.death
         if d is not None:
             if d.signal is not None:
-                return (_SIGNAMES.get(d.signal, f"SIG{d.signal}"), "crit")
+                name = "killed" if d.signal == _SIGKILL else SIGNAL_NAMES.get(d.signal, f"SIG{d.signal}")
+                return (name, "crit")
             return (f"exit {d.exit_code}" if d.exit_code is not None else "died", "crit")
         return ("gone", "dim")
     st = row.process.state

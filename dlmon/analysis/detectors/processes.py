@@ -29,18 +29,9 @@ from dlmon.analysis.kinds import (
     ZOMBIE_WORKER,
 )
 from dlmon.model import ProcessSample, Snapshot, WorkerDeath
+from dlmon.model.format import SIGNAL_NAMES
 from dlmon.model.snapshot import KernelEvent, ProcessStack, StackFrame
 
-SIGNAL_NAMES = {
-    1: "SIGHUP",
-    2: "SIGINT",
-    6: "SIGABRT",
-    7: "SIGBUS",
-    9: "SIGKILL",
-    11: "SIGSEGV",
-    13: "SIGPIPE",
-    15: "SIGTERM",
-}
 SIGBUS = 7
 SIGKILL = 9
 SIGSEGV = 11

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dlmon.analysis.kinds import SEVERITY_RANK
 from dlmon.ui.fmt import NA, cbytes, human_bytes
 from dlmon.ui.text import Span
 
@@ -9,7 +10,8 @@ STYLES = (
     *("b", "label", "dim", "ok", "warn", "crit", "head", "sorted", "title", "key", "stale"),
     *("cursor", "cursor-blur"),
 )
-SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
+# worst first, for sorting (critical 0, warning 1, info 2): analysis.kinds.SEVERITY_RANK turned round
+SEVERITY_ORDER = {severity: max(SEVERITY_RANK.values()) - rank for severity, rank in SEVERITY_RANK.items()}
 SEVERITY_STYLE = {"critical": "crit", "warning": "warn", "info": "dim"}
 SEVERITY_WORD = {"critical": "CRIT", "warning": "WARN", "info": "INFO"}
 
