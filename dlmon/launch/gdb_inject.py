@@ -5,9 +5,8 @@ to release it, so the interpreter is in a state where any other Python thread co
 ``PyRun_SimpleString`` there is as safe as another thread running. During ``call`` gdb resumes
 every thread (scheduler-locking off), so a thread holding a malloc lock lets it go.
 
-The pause stays short: gdb reads the symbols of the executable and of libpython only, not of the
-hundreds of MB of .so files a torch process maps (3.2 s of stopped target for all of them, 0.26 s
-for these on this machine).
+The pause stays short: gdb reads the ELF symbols of the executable and of libpython only, not the
+debug info nor the hundreds of MB of .so files a torch process maps (docs/performance.md).
 
 Bounding the wait: a target whose threads all sit with the GIL released (``signal.pause()``, a
 long ``time.sleep``) never reaches the breakpoint. At the deadline dlmon sends the target SIGURG
@@ -81,10 +80,13 @@ quit
 """
 
 
-def command(gdb: str, pid: int, script_path: str, libpython: str | None) -> list[str]:
+def command(gdb: str, pid: int, script_path: str, libpython: str | None, readnever: bool = True) -> list[str]:
     # auto-solib-add off: symbols of the executable only (a statically linked python has
     # PyEval_SaveThread there), plus libpython's when it is a shared library
-    cmd = [gdb, "-q", "-batch", "-nx", "-iex", "set auto-load off", "-iex", "set auto-solib-add off"]
+    # --readnever: ELF symbols only, no DWARF (libpython's debug info alone stopped the target for
+    # 0.2 s more); gdb 8.2+
+    cmd = [gdb, "-q", "-batch", "-nx", *(["--readnever"] if readnever else [])]
+    cmd += ["-iex", "set auto-load off", "-iex", "set auto-solib-add off"]
     cmd += [f"/proc/{pid}/exe", "-ex", f"attach {pid}"]
     if libpython:
         cmd += ["-ex", f"sharedlibrary {os.path.basename(libpython).split('.so')[0]}"]
@@ -100,7 +102,9 @@ def _read(proc: subprocess.Popen[str], run: GdbRun) -> None:
             run.hit.set()
 
 
-def run_code(pid: int, code: str, timeout: float, libpython: str | None, gdb: str) -> GdbRun:
+def run_code(
+    pid: int, code: str, timeout: float, libpython: str | None, gdb: str, readnever: bool = True
+) -> GdbRun:
     """Run ``code`` in ``pid`` at its next PyEval_SaveThread; gdb's output once it has detached.
 
     Raises GdbError when gdb had to be left running.
@@ -111,7 +115,7 @@ def run_code(pid: int, code: str, timeout: float, libpython: str | None, gdb: st
     run = GdbRun()
     try:
         proc = subprocess.Popen(
-            command(gdb, pid, script_path, libpython),
+            command(gdb, pid, script_path, libpython, readnever),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -179,6 +183,11 @@ def _bound(proc: subprocess.Popen[str], pid: int, run: GdbRun) -> None:
 
 
 PTRACE_REFUSED = ("ptrace: Operation not permitted", "Could not attach to process")
+
+
+def too_old_for_readnever(text: str) -> bool:
+    """gdb before 8.2 stops at once on the unknown option, before attaching."""
+    return "readnever" in text and ("unrecognized option" in text or "unknown option" in text)
 
 
 def outcome(text: str) -> tuple[str, str]:

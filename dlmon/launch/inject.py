@@ -126,8 +126,11 @@ def _owner(pid: int) -> int:
 
 
 def _by_gdb(pid: int, target: TargetPython, staged: Stage, gdb: str, timeout: float) -> str:
+    code = staged.exec_line()
     try:
-        run = gdb_inject.run_code(pid, staged.exec_line(), timeout, target.libpython, gdb)
+        run = gdb_inject.run_code(pid, code, timeout, target.libpython, gdb)
+        if gdb_inject.too_old_for_readnever(run.text()):
+            run = gdb_inject.run_code(pid, code, timeout, target.libpython, gdb, readnever=False)
     except gdb_inject.GdbError as exc:  # gdb left running: the files stay for the load it finishes
         raise InjectError(f"cannot inject into process {pid}: {exc}") from None
     try:
