@@ -81,10 +81,11 @@ class Stage:
     def exec_line(self) -> str:
         """One line of Python that runs the loader, touching no name in the target's ``__main__``."""
         path = str(self.loader)
+        # an expression that closes the file it read (a file left to the GC warns in __main__)
+        read = f"(lambda fd: (os.read(fd, 1 << 20), os.close(fd))[0])(os.open({path!r}, os.O_RDONLY))"
         return (
-            "__import__('builtins').exec(__import__('builtins').compile("
-            f"__import__('io').open({path!r}).read(), {path!r}, 'exec'), "
-            "{'__name__': '__dlmon_load__'})"
+            f"(lambda b, os: b.exec(b.compile({read}, {path!r}, 'exec'), {{'__name__': '__dlmon_load__'}}))"
+            "(__import__('builtins'), __import__('os'))"
         )
 
     def read_status(self) -> str | None:

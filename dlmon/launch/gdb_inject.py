@@ -196,7 +196,7 @@ def outcome(text: str) -> tuple[str, str]:
         if line.startswith("$1 = "):
             value = line.removeprefix("$1 = ").strip()
             return ("ok", value) if value == "0" else ("raised", value)
-    if "exited" in text and "[Inferior 1" in text:
+    if ("exited" in text and "[Inferior 1" in text) or "ptrace: No such process" in text:
         return "exited", ""
     if any(s in text for s in PTRACE_REFUSED):
         return "refused", ""

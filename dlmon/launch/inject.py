@@ -166,6 +166,8 @@ def _serving(pid: int, status: str | None, timeout: float) -> str:
         path = AgentClient.find_socket(pid)  # in the target's directories, not ours
         if path is not None:
             return path
+        if not os.path.exists(f"/proc/{pid}"):
+            raise InjectError(f"process {pid} exited right after the agent started in it")
         if time.monotonic() >= deadline:
             raise InjectError(f"the agent in process {pid} serves on {status[3:]}, which dlmon cannot find")
         time.sleep(0.05)
