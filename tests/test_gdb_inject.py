@@ -201,6 +201,27 @@ def test_an_unprivileged_user_gets_one_line_why(spawn: Spawn, runtime_dir: str) 
     assert process_state(proc.pid)[0] == "S"
 
 
+@needs_gdb
+@gdb_python
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv")
+@pytest.mark.skipif(not os.access("/usr/bin/python3", os.X_OK), reason="needs a python nobody can run")
+def test_root_loads_into_another_users_process(runtime_dir: str) -> None:
+    """The staged agent is handed to the target's user: a 0700 root directory would be unreadable."""
+    code = "import time\nprint('READY', flush=True)\nwhile True:\n    time.sleep(0.01)\n"
+    env = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"}  # nobody's own /tmp dir
+    cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", code]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd="/", env=env)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "READY"
+        path = inject(proc.pid)
+        assert AgentClient().read_raw([proc.pid]).get(proc.pid, {}).get("pid") == proc.pid, path
+        assert process_state(proc.pid)[0] in ("S", "R")
+    finally:
+        proc.kill()
+        proc.wait()
+    assert no_stage_left() == []
+
+
 def test_attach_inject_without_gdb_says_to_install_it(spawn: Spawn, tmp_path: Path) -> None:
     if sys.version_info >= (3, 14):
         pytest.skip("3.14+ injects with sys.remote_exec")
