@@ -266,6 +266,7 @@ def test_supported_targets_need_only_gdb() -> None:
         ("ptrace: Operation not permitted.", "refused"),
         (f"Program received signal SIGURG\n{gdb_inject.MISSED}\n[Inferior 1 (process 7) detached]", "missed"),
         ("No symbol table is loaded.", "failed"),
+        (f"Program received signal SIGSEGV, Segmentation fault.\n{gdb_inject.MISSED}", "crashed"),
     ],
 )
 def test_gdb_outcomes(output: str, kind: str) -> None:

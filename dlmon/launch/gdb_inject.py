@@ -61,6 +61,7 @@ set confirm off
 set unwindonsignal on
 handle all nostop noprint pass
 handle SIGINT nostop noprint pass
+handle SIGSEGV SIGBUS SIGFPE SIGILL SIGABRT stop print pass
 handle SIGURG stop print nopass
 break PyEval_SaveThread
 commands
@@ -191,15 +192,20 @@ def too_old_for_readnever(text: str) -> bool:
 
 
 def outcome(text: str) -> tuple[str, str]:
-    """("ok" | "raised" | "missed" | "exited" | "refused" | "failed", detail) from gdb's output."""
+    """(kind, detail) from gdb's output: ok, raised, missed, exited, crashed, refused or failed."""
     for line in text.splitlines():
         if line.startswith("$1 = "):
             value = line.removeprefix("$1 = ").strip()
             return ("ok", value) if value == "0" else ("raised", value)
-    if ("exited" in text and "[Inferior 1" in text) or "ptrace: No such process" in text:
-        return "exited", ""
     if any(s in text for s in PTRACE_REFUSED):
         return "refused", ""
+    crash = [
+        ln for ln in text.splitlines() if ln.startswith("Program received signal") and "SIGURG" not in ln
+    ]
+    if ("exited" in text and "[Inferior 1" in text) or "ptrace: No such process" in text:
+        return "exited", crash[0] if crash else ""
+    if crash:  # the target's own fault, passed on to it at the detach as if gdb had not been there
+        return "crashed", crash[0].removeprefix("Program received signal ").rstrip(".")
     if MISSED in text:
         return "missed", ""
     lines = [ln for ln in text.splitlines() if ln.strip() and "auto-load" not in ln]

@@ -143,7 +143,13 @@ def _by_gdb(pid: int, target: TargetPython, staged: Stage, gdb: str, timeout: fl
     if kind == "raised":
         return _serving(pid, status or "error the loader could not be read in the target", timeout)
     if kind == "exited":
-        raise InjectError(f"process {pid} exited while dlmon was loading the agent into it")
+        why = f" ({detail.rstrip('.')})" if detail else ""
+        raise InjectError(f"process {pid} exited while dlmon was loading the agent into it{why}")
+    if kind == "crashed":
+        raise InjectError(
+            f"process {pid} got {detail} of its own while dlmon was loading the agent; "
+            "gdb passed it on as if it had not been there"
+        )
     if kind == "refused":
         raise InjectError(ptrace_refused(pid, target.uid))
     if kind == "missed":
