@@ -134,6 +134,23 @@ def test_a_sleeping_trainer_is_loaded_when_it_wakes(spawn: Spawn, runtime_dir: s
 
 @needs_gdb
 @gdb_python
+def test_a_sleeping_main_thread_is_loaded_through_another_thread(spawn: Spawn, runtime_dir: str) -> None:
+    """Any thread that releases the GIL reaches the breakpoint: a helper thread's short sleeps (or a
+    DataLoader's pin-memory thread) load the agent while the main thread sleeps on."""
+    proc = spawn(
+        "import threading, time\n"
+        "def tick():\n    while True:\n        time.sleep(0.05)\n"
+        "threading.Thread(target=tick, daemon=True).start()\n"
+        'print("READY", flush=True)\ntime.sleep(4)\nprint("awake", flush=True)\n'
+    )
+    started = time.monotonic()
+    inject(proc.pid, timeout=10)
+    assert time.monotonic() - started < 2.5
+    assert "awake" in finish(proc)
+
+
+@needs_gdb
+@gdb_python
 def test_a_target_running_no_python_is_left_untouched(spawn: Spawn, runtime_dir: str) -> None:
     """signal.pause() with no other thread never reaches the breakpoint: at the timeout gdb deletes
     it and detaches; the target then wakes, runs Python (which would trap on a breakpoint left
