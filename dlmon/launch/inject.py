@@ -151,6 +151,11 @@ def _by_gdb(pid: int, target: TargetPython, staged: Stage, gdb: str, timeout: fl
             "gdb passed it on as if it had not been there"
         )
     if kind == "refused":
+        tracer = process_state(pid)[1]  # another dlmon or debugger got there first
+        if tracer:
+            raise InjectError(
+                f"cannot inject into process {pid}: process {tracer} (a debugger?) is tracing it"
+            )
         raise InjectError(ptrace_refused(pid, target.uid))
     if kind == "missed":
         raise InjectError(
