@@ -176,14 +176,6 @@ def test_help_is_quick_to_import() -> None:
     assert result.returncode == 0 and "attach" in result.stdout and "record" in result.stdout
 
 
-@pytest.mark.skipif(sys.version_info >= (3, 14), reason="on 3.14+ --inject really injects")
-def test_inject_explains_why_not_on_older_python(spawn: Spawn) -> None:
-    proc = spawn(SLEEPER)
-    result = dlmon("attach", str(proc.pid), "--inject", "--once")
-    assert_one_line_error(result, "--inject needs Python 3.14 or newer")
-    assert "dlmon run" in result.stderr and "dlmon.agent.start()" in result.stderr
-
-
 def test_record_keeps_watching_orphans_after_the_target_dies(spawn: Spawn, tmp_path: Path) -> None:
     proc = spawn(
         """

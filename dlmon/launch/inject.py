@@ -1,66 +1,223 @@
-"""``dlmon attach PID --inject``: load the agent into a running Python with ``sys.remote_exec``.
+"""``dlmon attach PID --inject``: load the agent into a running CPython.
 
-PEP 768 (Python 3.14) lets a debugger-like tool ask another CPython process to run a script at
-its next safe point. Both dlmon's Python and the target's must be 3.14+, of the same version,
-and the caller must be allowed to ptrace the target.
+Python 3.14+ targets: ``sys.remote_exec`` (PEP 768), which needs dlmon itself on the same 3.14+.
+Python 3.9 to 3.13 targets: gdb (dlmon.launch.gdb_inject). Either way the target imports the agent
+from a private staged copy (dlmon.launch.agent_stage), and the caller must be allowed to ptrace it.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-import tempfile
 import time
 
-import dlmon
 from dlmon.collect.agent_client import AgentClient
+from dlmon.launch import gdb_inject
+from dlmon.launch.agent_stage import Stage, stage
+from dlmon.launch.target_python import ProcAccessError, TargetPython, process_state, read_target
 
 INJECT_TIMEOUT_S = 10.0
+SOCKET_WAIT_S = 5.0  # after the load said it serves
+GDB_VERSIONS = ((3, 9), (3, 13))
+YAMA = "/proc/sys/kernel/yama/ptrace_scope"
+HOW_ELSE = "Start the training with `dlmon run`, or add `import dlmon.agent; dlmon.agent.start()` to it"
 
 
 class InjectError(Exception):
     """Why the agent could not be injected, in one sentence."""
 
 
-def unsupported_reason(version: tuple[int, int] = sys.version_info[:2]) -> str | None:
-    if version >= (3, 14):
+def unsupported_reason(
+    target: TargetPython,
+    pid: int,
+    ours: tuple[int, int] = sys.version_info[:2],
+    gdb: str | None = None,
+) -> str | None:
+    """Why ``--inject`` cannot work on this target with these tools, or None."""
+    if target.other:
+        return f"process {pid} runs {target.other}, not CPython: --inject loads into CPython only. {HOW_ELSE}"
+    if target.version is None:
+        return (
+            f"process {pid} does not look like CPython (no libpython3.X, no python3.X executable). {HOW_ELSE}"
+        )
+    running = f"{target.version[0]}.{target.version[1]}"
+    if target.free_threaded:
+        return f"process {pid} runs free-threaded Python {running}t, which --inject cannot load. {HOW_ELSE}"
+    if target.version >= (3, 14):
+        if ours != target.version or not hasattr(sys, "remote_exec"):
+            return (
+                f"process {pid} runs Python {running}: --inject uses sys.remote_exec there, which needs "
+                f"dlmon on Python {running} too (it runs on {ours[0]}.{ours[1]}). {HOW_ELSE}"
+            )
         return None
-    running = f"{version[0]}.{version[1]}"
+    if target.version < GDB_VERSIONS[0]:
+        return f"process {pid} runs Python {running}; --inject needs 3.9 or newer. {HOW_ELSE}"
+    if gdb is None:
+        return f"--inject into Python {running} (process {pid}) needs gdb: install gdb (apt-get install gdb)"
+    return None
+
+
+def ptrace_refused(pid: int, uid: int) -> str:
+    """The one-line cause and fix when the kernel will not let us ptrace ``pid``."""
+    me = os.geteuid()
+    if me != 0 and uid != me:
+        return (
+            f"cannot inject into process {pid}: it belongs to another user (uid {uid}); "
+            "run dlmon as that user or as root"
+        )
+    try:
+        with open(YAMA) as fh:
+            scope = int(fh.read().strip())
+    except (OSError, ValueError):
+        scope = 0
+    if scope == 3:
+        return f"cannot inject into process {pid}: ptrace is disabled ({YAMA} is 3; only a reboot lifts it)"
+    if scope >= 1 and me != 0:
+        return (
+            f"cannot inject into process {pid}: Yama allows ptrace of children only ({YAMA} is {scope}); "
+            "run dlmon as root, or `sudo sysctl kernel.yama.ptrace_scope=0`"
+        )
     return (
-        f"--inject needs Python 3.14 or newer (sys.remote_exec); dlmon runs on Python {running}. "
-        "Start the training with `dlmon run`, or add `import dlmon.agent; dlmon.agent.start()` to it"
+        f"cannot inject into process {pid}: the kernel refused ptrace (a container without "
+        "CAP_SYS_PTRACE? docker run --cap-add=SYS_PTRACE, or kubectl debug --profile=general)"
     )
 
 
 def inject(pid: int, timeout: float = INJECT_TIMEOUT_S) -> str:
-    """Run ``dlmon.agent.start()`` inside ``pid``; returns the agent's socket path once it serves."""
-    reason = unsupported_reason()
+    """Run ``dlmon.agent.start()`` inside ``pid``; returns the agent's socket path once it serves.
+
+    A no-op (the same socket) when the agent already serves there. Never kills or stops the target.
+    """
+    try:
+        target = read_target(pid)
+    except ProcessLookupError:
+        raise InjectError(f"cannot inject into process {pid}: no such process") from None
+    except ProcAccessError:
+        raise InjectError(ptrace_refused(pid, _owner(pid))) from None
+    gdb = gdb_inject.find_gdb()
+    reason = unsupported_reason(target, pid, gdb=gdb)
     if reason:
         raise InjectError(reason)
+    state, tracer = process_state(pid)
+    if state in ("Z", "X", ""):
+        raise InjectError(f"cannot inject into process {pid}: it has exited")
+    if state == "T":
+        raise InjectError(
+            f"cannot inject into process {pid}: it is stopped (SIGSTOP or Ctrl-Z), so it runs no Python; "
+            f"`kill -CONT {pid}` resumes it"
+        )
+    if tracer:
+        raise InjectError(f"cannot inject into process {pid}: process {tracer} (a debugger?) is tracing it")
+    staged = stage(target.uid, target.gid)
+    if target.version is not None and target.version >= (3, 14):
+        try:
+            return _by_remote_exec(pid, staged, timeout)
+        finally:
+            staged.remove()
+    assert gdb is not None
+    return _by_gdb(pid, target, staged, gdb, timeout)
+
+
+def _owner(pid: int) -> int:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return -1
+
+
+def _by_gdb(pid: int, target: TargetPython, staged: Stage, gdb: str, timeout: float) -> str:
+    code = staged.exec_line()
+    try:
+        run = gdb_inject.run_code(pid, code, timeout, target.libpython, gdb)
+        if gdb_inject.too_old_for_readnever(run.text()):
+            run = gdb_inject.run_code(pid, code, timeout, target.libpython, gdb, readnever=False)
+    except gdb_inject.GdbError as exc:  # gdb left running: the files stay for the load it finishes
+        raise InjectError(f"cannot inject into process {pid}: {exc}") from None
+    try:
+        kind, detail = gdb_inject.outcome(run.text())
+        status = staged.read_status()
+    finally:
+        staged.remove()
+    if kind == "ok":
+        return _serving(pid, status, timeout)
+    if kind == "raised":
+        return _serving(pid, status or "error the loader could not be read in the target", timeout)
+    if kind == "exited":
+        why = f" ({detail.rstrip('.')})" if detail else ""
+        raise InjectError(f"process {pid} exited while dlmon was loading the agent into it{why}")
+    if kind == "crashed":
+        raise InjectError(
+            f"process {pid} got {detail} of its own while dlmon was loading the agent; "
+            "gdb passed it on as if it had not been there"
+        )
+    if kind == "refused":
+        tracer = process_state(pid)[1]  # another dlmon or debugger got there first
+        if tracer:
+            raise InjectError(
+                f"cannot inject into process {pid}: process {tracer} (a debugger?) is tracing it"
+            )
+        raise InjectError(ptrace_refused(pid, target.uid))
+    if kind == "missed":
+        raise InjectError(
+            f"process {pid} ran no Python within {timeout:.0f} s (every thread waited with the GIL "
+            "released: a long sleep, signal.pause(), a blocking read); it was left running untouched. "
+            "Try again while it is busy"
+        )
+    raise InjectError(f"cannot inject into process {pid}: gdb said: {detail}")
+
+
+def _serving(pid: int, status: str | None, timeout: float) -> str:
+    """The socket once the agent serves, after the loader wrote ``status``."""
+    if status is None:
+        raise InjectError(f"the agent's loader did not run in process {pid} (no status written)")
+    if not status.startswith("ok "):
+        raise InjectError(f"the agent did not start in process {pid}: {status.removeprefix('error ')}")
+    deadline = time.monotonic() + min(timeout, SOCKET_WAIT_S)
+    while True:
+        path = AgentClient.find_socket(pid)  # in the target's directories, not ours
+        if path is not None:
+            return path
+        if not os.path.exists(f"/proc/{pid}"):
+            raise InjectError(f"process {pid} exited right after the agent started in it")
+        if time.monotonic() >= deadline:
+            raise InjectError(f"the agent in process {pid} serves on {status[3:]}, which dlmon cannot find")
+        time.sleep(0.05)
+
+
+def _by_remote_exec(pid: int, staged: Stage, timeout: float) -> str:
+    if _remote_debug_disabled(pid):
+        raise InjectError(
+            f"process {pid} was started with PYTHON_DISABLE_REMOTE_DEBUG (or -X disable_remote_debug), "
+            f"which refuses sys.remote_exec. {HOW_ELSE}"
+        )
     remote_exec = getattr(sys, "remote_exec", None)
     if remote_exec is None:
         raise InjectError("this Python was built without sys.remote_exec")
-    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(dlmon.__file__)))
-    fd, script = tempfile.mkstemp(prefix="dlmon-inject-", suffix=".py")
-    with os.fdopen(fd, "w") as fh:
-        fh.write(
-            f"import sys\nsys.path.append({package_parent!r})\nimport dlmon.agent\ndlmon.agent.start()\n"
-        )
-    os.chmod(script, 0o644)
     try:
-        remote_exec(pid, script)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            path = AgentClient.find_socket(pid)  # in the target's directories, not ours
-            if path is not None:
-                return path
-            time.sleep(0.1)
-        raise InjectError(
-            f"process {pid} did not start the agent within {timeout:.0f} s "
-            "(is it a Python 3.14 process that reaches a safe point, e.g. not blocked in C code?)"
-        )
+        remote_exec(pid, str(staged.loader))
     except (OSError, RuntimeError, ValueError) as exc:
         raise InjectError(f"cannot inject into process {pid}: {exc}") from exc
-    finally:
-        # the target reads the file at its next safe point; wait for the socket (above) first
-        os.unlink(script)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:  # the target runs the loader at its next safe point
+        status = staged.read_status()
+        if status is not None:
+            return _serving(pid, status, timeout)
+        time.sleep(0.05)
+    raise InjectError(
+        f"process {pid} did not run the agent's loader within {timeout:.0f} s "
+        "(is it blocked in C code, or sleeping?)"
+    )
+
+
+def _remote_debug_disabled(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            env = fh.read().split(b"\0")
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            argv = fh.read().split(b"\0")
+    except OSError:
+        return False
+    name = b"PYTHON_DISABLE_REMOTE_DEBUG="
+    if any(e.startswith(name) and e != name for e in env):
+        return True
+    return any(a.startswith(b"disable_remote_debug") for a in argv)

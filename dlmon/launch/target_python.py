@@ -1,0 +1,68 @@
+"""Which Python a process runs, read from /proc without stopping it: for ``attach --inject``."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+# libpython3.11.so.1.0, libpython3.13t.so (free-threaded); an executable named python3.12
+LIBPYTHON = re.compile(r"/libpython3\.(\d+)(t?)(?:d?)\.so[^/]*$")
+EXE = re.compile(r"python3\.(\d+)(t?)$")
+
+
+@dataclass(frozen=True)
+class TargetPython:
+    version: tuple[int, int] | None  # None: not a CPython dlmon can tell
+    free_threaded: bool
+    libpython: str | None  # the shared library's path; None when linked into the executable
+    other: str | None = None  # "PyPy", ..., when it is a Python but not CPython
+    uid: int = 0
+    gid: int = 0
+
+
+class ProcAccessError(OSError):
+    """/proc/PID/maps could not be read: the same permission ptrace needs."""
+
+
+def read_target(pid: int) -> TargetPython:
+    """Raises ProcessLookupError when pid is gone, ProcAccessError when it is not ours to read."""
+    try:
+        st = os.stat(f"/proc/{pid}")
+    except FileNotFoundError:
+        raise ProcessLookupError(pid) from None
+    try:
+        with open(f"/proc/{pid}/maps") as fh:
+            maps = fh.read()
+        exe = os.readlink(f"/proc/{pid}/exe")
+    except FileNotFoundError:
+        raise ProcessLookupError(pid) from None
+    except PermissionError as exc:
+        raise ProcAccessError(exc.errno, exc.strerror) from None
+    uid, gid = st.st_uid, st.st_gid
+    paths = {line.split(None, 5)[5] for line in maps.splitlines() if len(line.split(None, 5)) == 6}
+    if any("pypy" in os.path.basename(p).lower() for p in (*paths, exe)):
+        return TargetPython(None, False, None, other="PyPy", uid=uid, gid=gid)
+    for path in sorted(paths):
+        m = LIBPYTHON.search(path)
+        if m:
+            return TargetPython((3, int(m.group(1))), m.group(2) == "t", path, uid=uid, gid=gid)
+    m = EXE.search(os.path.basename(exe.removesuffix(" (deleted)")))
+    if m:
+        return TargetPython((3, int(m.group(1))), m.group(2) == "t", None, uid=uid, gid=gid)
+    return TargetPython(None, False, None, uid=uid, gid=gid)
+
+
+def process_state(pid: int) -> tuple[str, int]:
+    """(state letter, TracerPid) from /proc/PID/status; ("", 0) when it cannot be read."""
+    state, tracer = "", 0
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("State:"):
+                    state = line.split()[1]
+                elif line.startswith("TracerPid:"):
+                    tracer = int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return state, tracer
