@@ -636,6 +636,9 @@ def test_vram_pressure_full_and_fragmented() -> None:
     assert alert.subject == "GPU 0 allocator" and "expandable_segments" in alert.advice
     fine = [gpu(used=60 * GIB, allocated=40 * GIB, reserved=44 * GIB)]
     assert not ever(analyze([snap(t, [proc(1001)], gpus=fine) for t in range(6)]), "vram_pressure")
+    # NVML has not answered for 8 s: the last reading on the panel (marked stale) is no new evidence
+    stale = [dataclasses.replace(gpu(used=79.5 * GIB, total=80 * GIB), stale_age_s=8.0)]
+    assert not ever(analyze([snap(t, [proc(1001)], gpus=stale) for t in range(6)]), "vram_pressure")
 
 
 def test_swap_activity_rising_not_resting() -> None:

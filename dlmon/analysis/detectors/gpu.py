@@ -26,7 +26,7 @@ def detect_vram_pressure(ctx: Context) -> list[Candidate]:
     out: list[Candidate] = []
     mine = _jobs_gpus(ctx.latest)
     for gpu in ctx.latest.gpus:
-        if gpu.index not in mine:
+        if gpu.index not in mine or gpu.stale_age_s is not None:  # NVML did not answer: no new figure
             continue
         name = f"GPU {gpu.index}" + (f" ({gpu.name})" if gpu.name else "")
         used, total = gpu.memory_used_bytes, gpu.memory_total_bytes

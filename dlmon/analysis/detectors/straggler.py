@@ -139,7 +139,8 @@ def _major_faults(window: Sequence[Snapshot], pids: set[int]) -> float | None:
 
 def _gpu_util(s: Snapshot, pid: int) -> tuple[int, float] | None:
     for gpu in s.gpus:
-        if gpu.utilization_percent is not None and any(p.pid == pid for p in gpu.processes):
+        fresh = gpu.stale_age_s is None  # a device NVML has not answered for: its old figure proves nothing
+        if fresh and gpu.utilization_percent is not None and any(p.pid == pid for p in gpu.processes):
             return gpu.index, gpu.utilization_percent
     return None
 
