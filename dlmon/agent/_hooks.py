@@ -41,30 +41,35 @@ from typing import Any
 
 from dlmon.agent import _journal, _last_words, _tune, wire
 from dlmon.agent._code_paths import is_library_file
+from dlmon.agent._registry import B_BATCHES as B_BATCHES
+from dlmon.agent._registry import B_COMPUTE as B_COMPUTE
+from dlmon.agent._registry import B_END as B_END
+from dlmon.agent._registry import B_EPOCHS as B_EPOCHS
+from dlmon.agent._registry import B_EPOCHS_STARTED as B_EPOCHS_STARTED
+from dlmon.agent._registry import B_SAMPLES as B_SAMPLES
+from dlmon.agent._registry import B_STARTUP as B_STARTUP
+from dlmon.agent._registry import B_WAIT as B_WAIT
+from dlmon.agent._registry import (
+    M_CONST,
+    M_MAP,
+    M_SEQ,
+    M_SHAPE,
+    _fail,
+    _has_hook,
+    _is_ours,
+    _mark,
+    _ok,
+    _pc,
+)
+from dlmon.agent._registry import R as R
+from dlmon.agent._registry import _IterState as _IterState
+from dlmon.agent._registry import _LoaderState as _LoaderState
+from dlmon.agent._registry import sample_num_threads as sample_num_threads
 
 DATALOADER_MODULE = "torch.utils.data.dataloader"
 TORCH_SIGNAL_MODULE = "torch.utils.data._utils.signal_handling"
 WORKER_MODULE = "torch.utils.data._utils.worker"
 
-_pc = time.perf_counter_ns
-
-# Counter slots in _LoaderState.c (cumulative, monotonic):
-B_BATCHES = 0  # batches returned by __next__ (every batch, the first of an epoch included)
-B_SAMPLES = 1  # samples in them
-B_WAIT = 2  # ns spent inside __next__ for steady-state batches (not the first of an epoch)
-B_COMPUTE = 3  # ns between a __next__ return and the next __next__ call, within an epoch
-B_STARTUP = 4  # ns inside the first __next__ of an epoch and building the iterator (worker start-up)
-B_END = 5  # ns spent inside the __next__ call that raised StopIteration
-B_EPOCHS = 6  # epochs ended (StopIteration seen)
-B_EPOCHS_STARTED = 7  # epochs started (first batch of an epoch returned, or an empty epoch ended)
-N_COUNTERS = 8
-
-# How the sample count of a batch is found (_IterState.mode).
-M_PROBE = 0  # not decided yet: look at the next batch
-M_SHAPE = 1  # batch.shape[0]
-M_SEQ = 2  # batch[0].shape[0]  (tuple/list of tensors)
-M_MAP = 3  # first value's .shape[0]  (dict of tensors)
-M_CONST = 4  # a constant: batch_size when collated, 1 when not
 
 MAX_LOADERS = 256  # live + retained dead loaders in the report
 MAX_LIVE_LOADERS = 256  # beyond this many live loaders, new ones are not measured (degraded)
@@ -73,122 +78,9 @@ DEAD_LOADER_KEEP_NS = 300 * 1_000_000_000
 MAX_DEATHS = 256
 
 
-class _LoaderState:
-    """One DataLoader object (or, for an iterator created before the hooks, that iterator)."""
-
-    __slots__ = (
-        "alive",
-        "c",
-        "created_ns",
-        "dataset_ref",
-        "dead_ns",
-        "file",
-        "framework",
-        "function",
-        "iterated",
-        "iters",
-        "line",
-        "name",
-        "per_worker",
-        "replaced_by",
-        "role",
-        "role_source",
-        "serial",
-        "settings",
-        "site_kind",
-        "tracked",
-    )
-
-    def __init__(self, serial: int) -> None:
-        self.serial = serial
-        self.name = f"loader-{serial}"
-        self.file: str | None = None
-        self.line: int | None = None
-        self.function: str | None = None
-        self.site_kind = "unknown"  # "constructed" | "first_iterated" | "unknown"
-        self.settings: dict[str, Any] = {}
-        self.c: list[int] = [0] * N_COUNTERS
-        self.per_worker: list[int] = []
-        self.iters: dict[int, _IterState] = {}
-        self.alive = True
-        self.tracked = False  # a weak reference to the DataLoader tells when it dies
-        self.dead_ns: int | None = None
-        self.created_ns = time.monotonic_ns()
-        # what the user is told about it (computed at construction and iterator creation, never
-        # on the hot path): "train" | "validation" | "test" | "other" | None, and from where
-        self.role: str | None = None
-        self.role_source: str | None = None  # "framework" | "pattern"
-        self.framework: str | None = None  # "Lightning" | "HF Trainer" | "accelerate" | "torchdata"
-        self.iterated = False  # an iterator was ever built (a loader never iterated is not listed)
-        self.replaced_by: int | None = None  # the serial of the loader a framework re-created it as
-        self.dataset_ref: weakref.ref[Any] | None = None
-
-
-class _IterState:
-    """Per-iterator state, preallocated when the iterator is built; the hot path only adds."""
-
-    __slots__ = (
-        "__weakref__",
-        "bs",
-        "c",
-        "in_epoch",
-        "key",
-        "last_ret",
-        "loader",
-        "mode",
-        "others_at_start",
-        "per_worker",
-        "pids",
-        "serial",
-        "t_in",
-        "wref",
-    )
-
-    def __init__(self, loader: _LoaderState, serial: int, key: int, batch_size: int | None) -> None:
-        self.loader = loader
-        self.c = loader.c
-        self.per_worker = loader.per_worker
-        self.serial = serial
-        self.key = key  # id(iterator), the key torch uses for its worker-pid table
-        self.last_ret = 0
-        self.in_epoch = False
-        self.mode = M_PROBE
-        self.bs = batch_size if batch_size is not None else 1
-        self.pids: tuple[int, ...] = ()
-        self.wref: weakref.ref[Any] | None = None
-        self.t_in = 0  # perf_counter_ns at the entry of a call in progress (or of __init__); 0: none
-        # at this iterator's epoch start: (loader, its batches) of the other loaders then mid-epoch
-        self.others_at_start: tuple[tuple[_LoaderState, int], ...] = ()
-
-
-class _Registry:
-    """Everything the hooks record; read by the serving thread."""
-
-    def __init__(self) -> None:
-        self.loaders: dict[int, _LoaderState] = {}  # serial -> state, in creation order
-        self.by_loader_id: dict[int, _LoaderState] = {}  # id(DataLoader) -> state, while it lives
-        self.loader_refs: dict[int, weakref.ref[Any]] = {}
-        self.by_key: dict[int, _IterState] = {}  # id(iterator) -> state, while it has worker pids
-        self.deaths: list[wire.WorkerDeathWire] = []
-        self.dead_pids: dict[int, wire.WorkerDeathWire] = {}
-        self.next_serial = 1
-        self.next_iter_serial = 1
-        self.hooks: dict[str, bool] = {}
-        self.degraded: dict[str, str] = {}
-        self.num_threads: int | None = None
-        self.num_threads_ns: int | None = None
-        self.patched = False
-        self.torch_dir: str | None = None
-        self.lock = threading.Lock()  # only for creating loaders; never taken on the hot path
-        # called once, at the first iterator built in this process (dlmon.agent.arm())
-        self.on_first_iter: Callable[[], None] | None = None
-
-
 class _TooManyLoaders(Exception):
     pass
 
-
-R = _Registry()
 
 _AGENT_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -213,17 +105,6 @@ def _remember_attach_failure(it: Any) -> None:
         _attach_failed.add(it)
     except TypeError:  # not weak-referenceable or not hashable: give up on its class
         _attach_failed_types.add(type(it))
-
-
-def _fail(hook: str, exc: BaseException | str) -> None:
-    reason = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
-    R.hooks[hook] = False
-    R.degraded[hook] = reason[:300]
-
-
-def _ok(hook: str) -> None:
-    R.hooks[hook] = True
-    R.degraded.pop(hook, None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -328,31 +209,6 @@ def on_dataloader_imported(module: ModuleType) -> None:
         sample_num_threads()
     except Exception as exc:
         _fail("install", exc)
-
-
-def _mark(fn: Any, orig: Any, kind: str = "") -> Any:
-    fn.__dlmon_orig__ = orig
-    fn.__dlmon_kind__ = kind
-    fn.__wrapped__ = orig
-    for attr in ("__name__", "__qualname__", "__doc__", "__module__"):
-        with contextlib.suppress(Exception):
-            setattr(fn, attr, getattr(orig, attr))
-    return fn
-
-
-def _is_ours(fn: Any) -> bool:
-    return getattr(fn, "__dlmon_orig__", None) is not None
-
-
-def _has_hook(fn: Any, kind: str) -> bool:
-    """True if ``fn`` or one of the functions it wraps is dlmon's hook of this kind."""
-    for _ in range(16):
-        if fn is None:
-            return False
-        if getattr(fn, "__dlmon_kind__", None) == kind:
-            return True
-        fn = getattr(fn, "__dlmon_orig__", None)
-    return False
 
 
 def _patch_all(dl: ModuleType) -> None:
@@ -1528,26 +1384,3 @@ def _signal_name(sig: int | None) -> str | None:
         return signal.Signals(sig).name
     except ValueError:
         return None
-
-
-# ---------------------------------------------------------------------------------------------
-# torch intra-op threads
-
-
-def sample_num_threads() -> None:
-    """torch.get_num_threads() read in the calling thread (OpenMP's value is per thread).
-
-    Called from the training thread at iterator creation and at each epoch start, never from the
-    serving thread, whose own OpenMP setting would be the wrong one.
-    """
-    try:
-        torch_mod = sys.modules.get("torch")
-        get = getattr(torch_mod, "get_num_threads", None)
-        if get is None:
-            return
-        n = get()
-        if isinstance(n, int):
-            R.num_threads = n
-            R.num_threads_ns = time.monotonic_ns()
-    except Exception:
-        pass
