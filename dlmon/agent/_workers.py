@@ -2,8 +2,8 @@
 
 Standard library only. The hooks here wrap functions of torch's ``signal_handling`` and
 ``worker`` modules and ``_MultiProcessingDataLoaderIter``; ``_hooks._patch_all`` installs them.
-``_process_data`` (or ``_next_data``) runs once per batch: it only adds, through the iterator's
-state, without a lookup in any module.
+``_process_data`` (or ``_next_data``) runs once per batch: a closure that only adds, through
+the iterator's state, and reads no global of dlmon's.
 """
 
 from __future__ import annotations
