@@ -646,7 +646,7 @@ def test_refused_attach_is_not_retried_and_loaders_are_capped(env: dict[str, str
     code = """
         import json, time
         import dlmon.agent
-        from dlmon.agent import _hooks
+        from dlmon.agent import _hooks, _loaders
         dlmon.agent.start()
         from torch.utils.data import DataLoader
         from torch.utils.data.dataloader import _SingleProcessDataLoaderIter
@@ -660,7 +660,7 @@ def test_refused_attach_is_not_retried_and_loaders_are_capped(env: dict[str, str
                 return It(self)
         n = sum(1 for _ in DL(list(range(3000)), batch_size=1))
         refused = len(_hooks.R.loaders)
-        _hooks.MAX_LIVE_LOADERS = 5
+        _loaders.MAX_LIVE_LOADERS = 5  # where _new_loader_state reads it
         keep = [DataLoader(list(range(4)), batch_size=2) for _ in range(8)]
         for dl in keep:
             assert len(list(dl)) == 2

@@ -14,10 +14,11 @@ dlmon.agent.start()
 import torch  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
-from dlmon.agent import _hooks  # noqa: E402
+from dlmon.agent import _loaders  # noqa: E402
 
-# the role as HF Trainer's get_eval_dataloader gives it (its stack cannot exist without HF)
-_hooks._framework_context = lambda: ("HF Trainer", "validation")
+# the role as HF Trainer's get_eval_dataloader gives it (its stack cannot exist without HF),
+# set where the construction hooks look it up
+_loaders._framework_context = lambda: ("HF Trainer", "validation")
 
 
 def make() -> DataLoader[torch.Tensor]:
