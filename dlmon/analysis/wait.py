@@ -40,21 +40,35 @@ def by_process(loaders: Iterable[LoaderSample]) -> dict[int, list[LoaderSample]]
     return out
 
 
+Shares = tuple[float | None, tuple[tuple[str, float], ...]]
+
+
+def snapshot_shares(snap: Snapshot, pid: int) -> Shares:
+    """(the job's share of wall time waiting in this snapshot, (loader id, its share) of each of
+    its loaders with a figure) for process ``pid``; (None, ()) when the snapshot has no figure."""
+    mine = [x for x in snap.loaders if x.pid == pid and x.alive]
+    job = job_wall_wait(mine)
+    if job is None:
+        return None, ()
+    return job, tuple((x.id, w) for x in mine if (w := wall_wait(x)) is not None)
+
+
 def window_shares(window: Sequence[Snapshot], pid: int) -> tuple[float | None, dict[str, float], int]:
     """(the job's mean share of wall time over the window, each loader's mean share, ticks with a
     figure) for process ``pid``. A loader absent or idle in a tick counts 0 for that tick."""
+    return combine_shares([snapshot_shares(snap, pid) for snap in window])
+
+
+def combine_shares(ticks: Iterable[Shares]) -> tuple[float | None, dict[str, float], int]:
+    """``window_shares`` from each tick's :func:`snapshot_shares`, oldest first."""
     totals: list[float] = []
     per: dict[str, float] = {}
-    for snap in window:
-        mine = [x for x in snap.loaders if x.pid == pid and x.alive]
-        job = job_wall_wait(mine)
+    for job, loaders in ticks:
         if job is None:
             continue
         totals.append(job)
-        for x in mine:
-            w = wall_wait(x)
-            if w is not None:
-                per[x.id] = per.get(x.id, 0.0) + w
+        for loader_id, w in loaders:
+            per[loader_id] = per.get(loader_id, 0.0) + w
     if not totals:
         return None, {}, 0
     n = len(totals)

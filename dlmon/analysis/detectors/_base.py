@@ -10,12 +10,13 @@ with (a gap between the two thresholds is what stops flapping around one).
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TypeVar
 
 from dlmon.analysis.digest import DEAD, Digest
+from dlmon.analysis.recent import RecentIndex
 from dlmon.model import ProcessSample, Snapshot
 from dlmon.model.format import human_bytes
 from dlmon.model.stall_rule import STALL_RULE, StallRule
@@ -156,9 +157,11 @@ class Context:
 
     ``recent`` is oldest first and never empty; ``recent[-1]`` is now. Derived views of the
     latest snapshot (the job's tree) are computed once per context and shared by detectors.
+    ``index``: the Analyzer's incremental views of exactly these snapshots (``RecentIndex``);
+    without it (a context built from a list) the detectors scan ``recent``, with the same result.
     """
 
-    __slots__ = ("_memo", "_times", "active", "config", "cores", "digest", "recent")
+    __slots__ = ("_memo", "_times", "active", "config", "cores", "digest", "index", "recent")
 
     def __init__(
         self,
@@ -167,10 +170,14 @@ class Context:
         cores: int,
         config: Thresholds = DEFAULT_THRESHOLDS,
         active: Iterable[AlertKey] = (),
+        index: RecentIndex | None = None,
     ) -> None:
         if not recent:
             raise ValueError("a context needs at least one snapshot")
+        if index is not None and len(index) != len(recent):
+            raise ValueError("the index is of other snapshots")
         self.recent = recent
+        self.index = index
         self.digest = digest
         self.cores = max(1, cores)
         self.config = config
@@ -205,10 +212,26 @@ class Context:
 
     def window(self, seconds: float) -> Sequence[Snapshot]:
         """The recent snapshots no older than ``seconds`` before now (at least the latest)."""
-        if self._times is None:
-            self._times = [s.time for s in self.recent]
-        start = bisect.bisect_left(self._times, self.now - seconds)
-        return self.recent[min(start, len(self.recent) - 1) :]
+        return self.recent[self.window_start(seconds) :]
+
+    def window_start(self, seconds: float) -> int:
+        """The index in ``recent`` at which ``window(seconds)`` starts."""
+        if self.index is not None:
+            start = self.index.start(self.now - seconds)
+        else:
+            if self._times is None:
+                self._times = [s.time for s in self.recent]
+            start = bisect.bisect_left(self._times, self.now - seconds)
+        return min(start, len(self.recent) - 1)
+
+    def per_snapshot(self, seconds: float, key: Hashable, compute: Callable[[Snapshot], T]) -> list[T]:
+        """``[compute(s) for s in window(seconds)]``; with the index each snapshot's value is
+        computed once (``key`` names what ``compute`` reads besides the snapshot), so a tick
+        gathers the window's values instead of recomputing them."""
+        start = self.window_start(seconds)
+        if self.index is not None:
+            return self.index.memoized(start, key, compute)
+        return [compute(s) for s in self.recent[start:]]
 
     def is_active(self, kind: str, key: str) -> bool:
         return (kind, key) in self.active

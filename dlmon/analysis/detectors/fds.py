@@ -8,9 +8,10 @@ when its count has grown steadily and would reach the limit soon.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 
-from dlmon.analysis.detectors._base import Candidate, Context, duration
+from dlmon.analysis.detectors._base import Candidate, Context, Thresholds, duration
 from dlmon.analysis.digest import DEAD, process_label
 from dlmon.analysis.kinds import CRITICAL, FD_EXHAUSTION, WARNING
 
@@ -18,12 +19,41 @@ from dlmon.analysis.kinds import CRITICAL, FD_EXHAUSTION, WARNING
 def _trend(ctx: Context, pid: int, start_time: int) -> tuple[float | None, int, float]:
     """(fds per second over the window, readings, seconds covered); None when not a steady rise."""
     cfg = ctx.config
-    pts = [
-        (s.time, p.num_fds)
-        for s in ctx.window(cfg.fd_trend_window_s)
-        for p in s.processes
-        if p.pid == pid and p.start_time == start_time and p.num_fds is not None
-    ]
+    index = ctx.index
+    if index is None:
+        pts = [
+            (s.time, p.num_fds)
+            for s in ctx.window(cfg.fd_trend_window_s)
+            for p in s.processes
+            if p.pid == pid and p.start_time == start_time and p.num_fds is not None
+        ]
+        return _judge(cfg, pts)
+    # the same readings from the window's index: the trend without a scan of the window
+    trail = index.fds.get((pid, start_time))
+    if trail is None:
+        return _judge(cfg, [])
+    first = trail.start(index.seq_at(ctx.window_start(cfg.fd_trend_window_s)))
+    last = len(trail.seqs) - 1
+    n = last - first + 1
+    if n < cfg.fd_min_trend_points:
+        return None, max(0, n), 0.0
+    times, fds = trail.times, trail.fds
+    span = times[last] - times[first]
+    rise = fds[last] - fds[first]
+    falls = trail.falls[last] - trail.falls[first]
+    if span < cfg.fd_min_trend_span_s or rise < cfg.fd_min_growth or falls > n // 4:
+        return None, n, span
+    middle = times[first] + span / 2
+    if index.ordered:
+        late = fds[bisect.bisect_left(times, middle, first, last + 1)]
+    else:  # times out of order: the scan's own search
+        late = next(v for t, v in zip(times[first:], fds[first:], strict=True) if t >= middle)
+    if fds[last] - late < rise * cfg.fd_late_share:
+        return None, n, span
+    return rise / span, n, span
+
+
+def _judge(cfg: Thresholds, pts: list[tuple[float, int]]) -> tuple[float | None, int, float]:
     if len(pts) < cfg.fd_min_trend_points:
         return None, len(pts), 0.0
     span = pts[-1][0] - pts[0][0]

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from dlmon.analysis.detectors._base import Candidate, Context, duration, size
 from dlmon.analysis.detectors.io import DiskLoad, disk_loads, saturated_disks
 from dlmon.analysis.kinds import CRITICAL, INPUT_BOUND, OVERSUBSCRIPTION, SHM_EXHAUSTION, WARNING
 from dlmon.analysis.stats import mean, median
-from dlmon.analysis.wait import by_process, own_share, window_shares
+from dlmon.analysis.wait import by_process, combine_shares, own_share, snapshot_shares
 from dlmon.model import LoaderSample, Snapshot
 
 NO_WORKERS = "no_workers"
@@ -28,36 +29,49 @@ class WorkerStats:
     read_bytes_per_s: float | None  # mean over ticks of the workers' summed disk reads
 
 
-def _worker_stats(window: Sequence[Snapshot], pids: set[int] | None) -> WorkerStats:
-    cpus: list[float] = []
-    reads: list[float] = []
-    in_d = total = 0
-    count = 0
-    for s in window:
-        tick: list[float] = []
-        read: float | None = None
-        count = 0
-        for p in s.processes:
-            if p.role != "worker" or p.state in ("Z", "X") or (pids is not None and p.pid not in pids):
-                continue
-            count += 1
-            total += 1
-            if p.state == "D":
-                in_d += 1
-            if p.cpu_percent is not None:
-                tick.append(p.cpu_percent)
-            if p.read_bytes_per_s is not None:
-                read = (read or 0.0) + p.read_bytes_per_s
-        if tick:
-            cpus.append(median(tick))
-        if read is not None:
-            reads.append(read)
+_WorkerTick = tuple[float | None, float | None, int, int]  # median CPU, reads, workers, in D state
+
+
+def _worker_tick(s: Snapshot, pids: frozenset[int] | None) -> _WorkerTick:
+    tick: list[float] = []
+    read: float | None = None
+    count = in_d = 0
+    for p in s.processes:
+        if p.role != "worker" or p.state in ("Z", "X") or (pids is not None and p.pid not in pids):
+            continue
+        count += 1
+        if p.state == "D":
+            in_d += 1
+        if p.cpu_percent is not None:
+            tick.append(p.cpu_percent)
+        if p.read_bytes_per_s is not None:
+            read = (read or 0.0) + p.read_bytes_per_s
+    return (median(tick) if tick else None), read, count, in_d
+
+
+def _combine_workers(ticks: Sequence[_WorkerTick]) -> WorkerStats:
+    cpus = [c for c, _, _, _ in ticks if c is not None]
+    reads = [r for _, r, _, _ in ticks if r is not None]
+    total = sum(n for _, _, n, _ in ticks)
+    in_d = sum(d for _, _, _, d in ticks)
     return WorkerStats(
         mean(cpus) if cpus else None,
         in_d / total if total else 0.0,
-        count,
+        ticks[-1][2] if ticks else 0,  # workers now
         mean(reads) if reads else None,
     )
+
+
+def _worker_stats(window: Sequence[Snapshot], pids: set[int] | None) -> WorkerStats:
+    frozen = None if pids is None else frozenset(pids)
+    return _combine_workers([_worker_tick(s, frozen) for s in window])
+
+
+def _window_worker_stats(ctx: Context, seconds: float, pids: set[int] | None) -> WorkerStats:
+    """``_worker_stats(ctx.window(seconds), pids)``, each tick's part computed once per snapshot."""
+    frozen = None if pids is None else frozenset(pids)
+    ticks = ctx.per_snapshot(seconds, ("worker_tick", frozen), partial(_worker_tick, pids=frozen))
+    return _combine_workers(ticks)
 
 
 def _read_disk(ctx: Context, workers: WorkerStats) -> DiskLoad | None:
@@ -79,10 +93,13 @@ def _read_disk(ctx: Context, workers: WorkerStats) -> DiskLoad | None:
     return max(candidates, key=lambda d: d.util_percent, default=None)
 
 
-def _main_cpu(window: Sequence[Snapshot], pid: int) -> float | None:
-    values = [
-        p.cpu_percent for s in window for p in s.processes if p.pid == pid and p.cpu_percent is not None
-    ]
+def _cpu_of(s: Snapshot, pid: int) -> tuple[float, ...]:
+    return tuple(p.cpu_percent for p in s.processes if p.pid == pid and p.cpu_percent is not None)
+
+
+def _main_cpu(ctx: Context, seconds: float, pid: int) -> float | None:
+    ticks = ctx.per_snapshot(seconds, ("cpu_of", pid), partial(_cpu_of, pid=pid))
+    values = [v for tick in ticks for v in tick]
     return mean(values) if values else None
 
 
@@ -98,7 +115,8 @@ def detect_input_bound(ctx: Context) -> list[Candidate]:
     window = ctx.window(cfg.input_window_s)
     out: list[Candidate] = []
     for pid, live in by_process(x for x in s.loaders if x.alive).items():
-        job, per, n = window_shares(window, pid)
+        shares = ctx.per_snapshot(cfg.input_window_s, ("wall_shares", pid), partial(snapshot_shares, pid=pid))
+        job, per, n = combine_shares(shares)
         if job is None:
             continue
         held = [x for x in live if ctx.is_active(INPUT_BOUND, f"loader:{x.id}")]
@@ -161,9 +179,9 @@ def _input_bound(
     pids: set[int] | None = set(loader.worker_pids) if loader.worker_pids else None
     if pids is None and len(with_workers) > 1:
         pids = set()  # several loaders and no pid lists: cannot tell whose workers are whose
-    stats = _worker_stats(window, pids)
+    stats = _window_worker_stats(ctx, cfg.input_window_s, pids)
     worker_cpu, dstate = stats.cpu, stats.dstate
-    main_cpu = _main_cpu(window, loader.pid)
+    main_cpu = _main_cpu(ctx, cfg.input_window_s, loader.pid)
     nw = loader.num_workers if loader.num_workers is not None else stats.count
     read_disk = _read_disk(ctx, stats)
     busy_disks = saturated_disks(ctx)  # context only: someone else's IO is no cause

@@ -275,6 +275,8 @@ MAX_STACK_TEXT = 4000
 
 def latest_stack(ctx: Context, pid: int) -> ProcessStack | None:
     """The newest stack dlmon took of ``pid`` in the recent snapshots."""
+    if ctx.index is not None:
+        return ctx.index.latest_stack(pid)
     for snap in reversed(ctx.recent):
         for st in snap.stacks:
             if st.pid == pid:

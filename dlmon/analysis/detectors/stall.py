@@ -34,19 +34,28 @@ class LoaderPace:
 
 def pace(ctx: Context, loader_id: str) -> LoaderPace:
     """The loader's usual pace from the recent snapshots; remembered in the digest across a long stall."""
-    rates: list[float] = []
+    usual: float | None
     last_total: int | None = None
     last_progress: float | None = None
-    for snap in ctx.recent:
-        for ls in snap.loaders:
-            if ls.id != loader_id:
-                continue
-            rate = pace_reading(ls)
-            if rate is not None:
-                rates.append(rate)
-            if ls.batches_total is not None and ls.batches_total != last_total:
-                last_total = ls.batches_total
-                last_progress = snap.time
+    trail = ctx.index.loaders.get(loader_id) if ctx.index is not None else None
+    if trail is not None:  # kept up to date as the window moves: the same figures without a scan
+        usual = trail.median_rate()
+        last_total, last_progress = trail.progress()
+    elif ctx.index is not None:
+        usual = None  # not in the window
+    else:
+        rates: list[float] = []
+        for snap in ctx.recent:
+            for ls in snap.loaders:
+                if ls.id != loader_id:
+                    continue
+                rate = pace_reading(ls)
+                if rate is not None:
+                    rates.append(rate)
+                if ls.batches_total is not None and ls.batches_total != last_total:
+                    last_total = ls.batches_total
+                    last_progress = snap.time
+        usual = median(rates) if rates else None
     # The recent window forgets a batch older than itself: a loader quiet for longer would seem
     # quiet only since the window's start ("about 2 min" forever, never critical), and its usual
     # pace with it. The digest keeps when each loader's count last moved, and its pace.
@@ -60,7 +69,7 @@ def pace(ctx: Context, loader_id: str) -> LoaderPace:
             last_progress = min(last_progress, memory.moved_at)
         else:
             memory.batches, memory.moved_at = last_total, last_progress
-    interval = 1.0 / median(rates) if rates else None
+    interval = 1.0 / usual if usual is not None else None
     if memory is not None:
         if interval is not None:
             memory.usual_interval_s = interval
