@@ -22,6 +22,7 @@ from dlmon import __version__
 if TYPE_CHECKING:
     from dlmon.collect.sampler import Sampler
     from dlmon.flow.recording import RecordWriter
+    from dlmon.flow.watch import Plug, Watch, WatchOptions
     from dlmon.launch.runner import Training
     from dlmon.model import Snapshot
     from dlmon.ui.result import DashboardResult
@@ -128,37 +129,33 @@ def check_record(path: str, force: bool = False) -> None:
         fail(f"cannot write {path}: {exc.strerror or exc}")
 
 
-def with_prometheus(
-    analyzer: Callable[[Snapshot], Snapshot], address: str | None
-) -> Callable[[Snapshot], Snapshot]:
-    """The analyzer, publishing each snapshot to a /metrics server when --prometheus is given."""
+def prometheus_plug(address: str | None) -> Plug | None:
+    """--prometheus: a plug that, when the watch starts it, serves /metrics and returns the
+    exporter, a sink fed each analysed snapshot."""
     if address is None:  # "" is given, and refused by parse_address like any other non-address
-        return analyzer
-    from dlmon.export.prometheus import AddressError, Exporter, parse_address, serve, start_line
+        return None
 
-    try:
-        where = parse_address(address)
-    except AddressError as exc:
-        fail(str(exc))
-    exporter = Exporter()
-    try:
-        server = serve(exporter, where)
-    except OSError as exc:
-        fail(f"cannot serve Prometheus metrics on {address}: {exc.strerror or exc}")
-    click.echo(start_line(server), err=True)
-    return exporter.wrap(analyzer)
+    def start() -> Callable[[Snapshot], None]:
+        from dlmon.export.prometheus import AddressError, Exporter, parse_address, serve, start_line
+
+        try:
+            where = parse_address(address)
+        except AddressError as exc:
+            fail(str(exc))
+        exporter = Exporter()
+        try:
+            server = serve(exporter, where)
+        except OSError as exc:
+            fail(f"cannot serve Prometheus metrics on {address}: {exc.strerror or exc}")
+        click.echo(start_line(server), err=True)
+        return exporter
+
+    return start
 
 
-def open_record(path: str) -> RecordWriter:
-    """The record file, once the target is known; says so when it replaces an existing file."""
-    from dlmon.flow.recording import RecordWriter
-
-    try:
-        writer = RecordWriter(path)
-    except OSError as exc:
-        fail(f"cannot write {path}: {exc.strerror or exc}")
-    _say_replaced(writer)
-    return writer
+def plugs(prometheus: str | None) -> tuple[Plug, ...]:
+    plug = prometheus_plug(prometheus)
+    return () if plug is None else (plug,)
 
 
 def _say_replaced(writer: RecordWriter | None) -> None:
@@ -281,15 +278,13 @@ def attach(
         sys.exit(_attach_dashboard(target, seconds, record_path, prometheus, rank))
     if sys.stdout.isatty() and not as_json:  # a terminal that cannot show the dashboard
         click.echo(f"dlmon: {no_terminal}: printing one line per sample instead", err=True)
-    from dlmon.analysis import Analyzer
-    from dlmon.flow.loop import Faults, Pipeline, sample_until_done, stop_on_signals
     from dlmon.flow.recording import END_TARGET_EXITED, encode_snapshot
-    from dlmon.launch.session import AlertLog, LastSnapshot, open_writer, say
+    from dlmon.flow.watch import WatchOptions, record_notes
+    from dlmon.launch.session import AlertLog, LastSnapshot, say
     from dlmon.model.format import one_line
 
-    sampler = open_sampler(target)
-    stop = threading.Event()
     output_error: list[OSError] = []
+    stop: list[threading.Event] = []
 
     def show(snapshot: Snapshot) -> None:
         try:
@@ -297,41 +292,60 @@ def attach(
             sys.stdout.flush()
         except OSError as exc:  # stdout is the point of this mode: stop on a full disk
             output_error.append(exc)
-            stop.set()
+            stop[0].set()
 
-    faults = Faults(say)
     last = LastSnapshot()
-    pipeline = Pipeline(
-        with_prometheus(Analyzer(), prometheus),
-        open_writer(record_path, faults),
-        (AlertLog(), show, last),
-        faults,
+    options = WatchOptions(
+        seconds, record_path, plugs=plugs(prometheus), sinks=(AlertLog(), show, last), report=say
     )
-    with stop_on_signals(stop):
-        reason = sample_until_done(sampler, seconds, pipeline, stop)
-        pipeline.finish(reason)
-    sampler.close()
+    watch = watch_of(target, options)
+    stop.append(watch.stop)
+    for note in record_notes(watch.writer, fifo=False):
+        say(note)
+    reason = watch.run()
     if reason == END_TARGET_EXITED:
         last.say_verdict(None)
     if output_error:
         raise output_error[0]
 
 
+def watch_of(pid: int, options: WatchOptions, *, unlimited_smaps: bool = False) -> Watch:
+    """A watch in the usual order (:func:`dlmon.flow.watch.open_watch`): the process, the plugs,
+    the record file; one line and exit 2 for a process not there or a required record unwritable."""
+    from dlmon.collect.sampler import NoSuchProcess
+    from dlmon.flow.watch import Watch
+
+    watch = Watch(options)
+    try:
+        watch.open_sampler(pid, unlimited_smaps=unlimited_smaps)
+    except NoSuchProcess:
+        fail(f"no such process: {pid}")
+    except PermissionError as exc:
+        fail(f"cannot read process {pid}: {exc.strerror or exc}")
+    watch.start_plugs()
+    try:
+        watch.open_record()
+    except OSError as exc:
+        fail(f"cannot write {options.record_path}: {exc.strerror or exc}")
+    return watch
+
+
 def _attach_dashboard(
     pid: int, interval: float, record_path: str | None, prometheus: str | None, rank: int | None = None
 ) -> int:
-    from dlmon.analysis import Analyzer
     from dlmon.collect.sampler import NoSuchProcess
-    from dlmon.flow.sources import LiveSource
+    from dlmon.flow.watch import Watch, WatchOptions
     from dlmon.ui import run_dashboard
 
     # the record path was checked by attach(), symlinks and non-records included
+    watch = Watch(WatchOptions(interval, record_path, plugs=plugs(prometheus)))
+    watch.start_plugs()
     try:
-        source = LiveSource(
-            pid, interval, record_path=record_path, analyzer=with_prometheus(Analyzer(), prometheus)
-        )
+        watch.open_sampler(pid)
     except NoSuchProcess:
         fail(f"no such process: {pid}")
+    watch.open_record()  # a failure is said after the dashboard (recording stopped early)
+    source = watch.live_source()
     _say_replaced(source.writer)
     _report_screenshots(run_dashboard(source, interval=interval, rank=rank))
     _report_faults(source)
@@ -391,20 +405,18 @@ def record(pid: str, output: str, interval: str, duration: str | None, force: bo
     seconds = interval_seconds(interval)
     limit = positive_seconds(duration, "--duration") if duration is not None else None
     check_record(output, force)
-    from dlmon.analysis import Analyzer
-    from dlmon.flow.loop import Faults, Pipeline, sample_until_done, stop_on_signals
     from dlmon.flow.recording import END_TARGET_EXITED
+    from dlmon.flow.watch import WatchOptions
     from dlmon.launch.session import AlertLog, LastSnapshot, say
 
-    sampler = open_sampler(target)
     last = LastSnapshot()
-    stop = threading.Event()
-    faults = Faults(say, on_record_failure=stop.set)  # the file is the point: stop, say it below
-    pipeline = Pipeline(Analyzer(), open_record(output), (AlertLog(), last), faults)
-    with stop_on_signals(stop):
-        reason = sample_until_done(sampler, seconds, pipeline, stop, duration=limit)
-        pipeline.finish(reason)
-    sampler.close()
+    options = WatchOptions(
+        seconds, output, record_required=True, duration=limit, sinks=(AlertLog(), last), report=say
+    )
+    watch = watch_of(target, options)
+    _say_replaced(watch.writer)
+    reason = watch.run()
+    faults = watch.faults
     if reason == END_TARGET_EXITED:
         last.say_verdict(None)
     if faults.record_stopped:
@@ -536,13 +548,16 @@ def _run_training(
     force: bool = False,  # --force: a record path through a symlink, or over a file that is no record
     rank: int | None = None,
 ) -> int:
-    from dlmon.analysis import Analyzer
+    from dlmon.flow.watch import Watch, WatchOptions
     from dlmon.launch.runner import LogDirError, launch
+    from dlmon.launch.session import say
 
     if record_path:
         check_record(record_path, force)  # fail early, before the training starts, truncating nothing
-    analyzer = with_prometheus(Analyzer(), prometheus)  # a bad address fails before the training starts
     no_terminal = None if headless else terminal_problem()
+    report = say if headless or no_terminal else None  # headless: dlmon's failures said as they come
+    watch = Watch(WatchOptions(interval, record_path, plugs=plugs(prometheus), report=report))
+    watch.start_plugs()  # a bad address fails before the training starts
     if headless or no_terminal:
         from dlmon.launch.session import AlertLog, CannotStart, run_headless
 
@@ -551,13 +566,7 @@ def _run_training(
         )
         try:
             return run_headless(
-                command,
-                interval,
-                record_path,
-                analyzer=analyzer,
-                on_alerts=AlertLog(),
-                started_note=note,
-                lifeline=stop_by_default,
+                command, watch, on_alerts=AlertLog(), started_note=note, lifeline=stop_by_default
             )
         except CannotStart as exc:
             fail(str(exc))
@@ -567,40 +576,29 @@ def _run_training(
         fail(str(exc))
     except OSError as exc:
         fail(f"cannot start {command[0]}: {exc.strerror or exc}")
-    return _run_dashboard(training, interval, record_path, analyzer, stop_by_default, rank)
+    return _run_dashboard(training, interval, record_path, watch, stop_by_default, rank)
 
 
 def _run_dashboard(
     training: Training,
     interval: float,
     record_path: str | None,
-    analyzer: Callable[[Snapshot], Snapshot] | None = None,
+    watch: Watch | None = None,
     stop_by_default: bool = False,
     rank: int | None = None,
 ) -> int:
-    from dlmon.flow.sources import LiveSource
+    from dlmon.flow.watch import Watch, WatchOptions
+    from dlmon.launch.session import LastSnapshot
     from dlmon.ui import run_dashboard
 
     click.echo(f"dlmon: training log: {training.log_path}", err=True)
-    from dlmon.analysis import Analyzer
-    from dlmon.launch.session import LastSnapshot
-
-    inner = analyzer or Analyzer()
+    if watch is None:
+        watch = Watch(WatchOptions(interval, record_path))
     last = LastSnapshot()  # the analysed final frame, for the verdict after the dashboard closes
-
-    def analyze_and_keep(snapshot: Snapshot) -> Snapshot:
-        analysed = inner(snapshot)
-        last(analysed)
-        return analysed
-
-    source = LiveSource(
-        training.pid,
-        interval,
-        analyzer=analyze_and_keep,
-        record_path=record_path,
-        exit_code=training.exit_code,
-        log_path=training.log_path,
-    )
+    watch.add_sinks(last)
+    watch.open_sampler(training.pid, exit_code=training.exit_code)
+    watch.open_record()  # a failure is said after the dashboard (recording stopped early)
+    source = watch.live_source(log_path=training.log_path)
     _say_replaced(source.writer)
     from dlmon.launch import unwatched
 
@@ -762,13 +760,13 @@ def replay(file: str, speed: str, rank: int | None = None) -> None:
     It needs a terminal: without one (a pipe, cron, TERM=dumb) it checks the file, lists the
     lines it would skip, and exits 2.
     """
-    from dlmon.analysis import Analyzer
-    from dlmon.flow.sources import ReplaySource, scan_record
+    from dlmon.flow.sources import scan_record
+    from dlmon.flow.watch import Watch, WatchOptions
     from dlmon.ui import run_dashboard
 
     factor = speed_factor(speed)
     try:
-        source = ReplaySource(file, speed=factor or None, analyzer=Analyzer())  # verdicts of this dlmon
+        source = Watch(WatchOptions()).replay_source(file, factor or None)  # verdicts of this dlmon
     except OSError as exc:
         fail(f"cannot read {file}: {exc.strerror or exc}")
     no_terminal = terminal_problem()
@@ -821,16 +819,11 @@ def export_command(pid: str | None, prometheus: str, interval: str, all_jobs: bo
         _export_all_jobs(prometheus, seconds)
         return
     target = parse_pid(pid)
-    from dlmon.analysis import Analyzer
-    from dlmon.flow.loop import Pipeline, sample_until_done, stop_on_signals
+    from dlmon.flow.watch import WatchOptions
     from dlmon.launch.session import AlertLog
 
-    sampler = open_sampler(target)
-    pipeline = Pipeline(with_prometheus(Analyzer(), prometheus), None, (AlertLog(),))
-    stop = threading.Event()
-    with stop_on_signals(stop):
-        reason = sample_until_done(sampler, seconds, pipeline, stop)
-    sampler.close()
+    watch = watch_of(target, WatchOptions(seconds, plugs=plugs(prometheus), sinks=(AlertLog(),)))
+    reason = watch.run()
     click.echo(f"dlmon: export stopped ({reason.replace('_', ' ')})", err=True)
 
 

@@ -31,7 +31,6 @@ from dlmon.export.metrics import GROUPS, Published
 from dlmon.model import Snapshot
 
 DEFAULT_HOST = "127.0.0.1"
-Analyzer = Callable[[Snapshot], Snapshot]
 
 
 class AddressError(ValueError):
@@ -114,18 +113,6 @@ class Exporter:
         self.latest = Published(
             snapshot, MappingProxyType(dict(self._raised)), MappingProxyType(dict(self._wait_s))
         )
-
-    def wrap(self, analyzer: Analyzer | None) -> Analyzer:
-        """An analyzer step that also publishes: how a pipeline owned elsewhere (the dashboard's
-        live source) feeds the exporter without a new parameter."""
-
-        def analyze_and_publish(snapshot: Snapshot) -> Snapshot:
-            if analyzer is not None:
-                snapshot = analyzer(snapshot)
-            self(snapshot)
-            return snapshot
-
-        return analyze_and_publish
 
 
 # ``--all-jobs``: (job pid, its published state) per job; every series then gets a ``job`` label

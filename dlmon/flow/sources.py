@@ -87,13 +87,18 @@ class LiveSource:
         log_path: str | None = None,
         sampler: Sampler | None = None,
         faults: Faults | None = None,
+        writer: RecordWriter | None = None,
+        sinks: tuple[SnapshotSink, ...] = (),
     ) -> None:
         # Created here, not on the thread: "no such process" must surface before any UI starts.
         self.sampler = sampler or Sampler(pid, exit_code=exit_code)
         #: dlmon's own failures (failed ticks, a record that stopped): counted, never fatal.
         self.faults = faults or Faults()
-        self.writer: RecordWriter | None = None
-        if record_path:  # opened once the target is known, so an error path never clobbers it
+        self.writer: RecordWriter | None = writer  # opened by the caller (dlmon.flow.watch), or:
+        #: sinks that see each analysed snapshot before the consumer (the Prometheus exporter)
+        self.sinks = sinks
+        # opened once the target is known, so an error path never clobbers it
+        if record_path and writer is None:
             try:
                 self.writer = RecordWriter(record_path)
             except OSError as exc:
@@ -120,7 +125,7 @@ class LiveSource:
         return True
 
     def start(self, on_snapshot: SnapshotSink, on_end: EndSink) -> None:
-        pipeline = Pipeline(self.analyzer, self.writer, (on_snapshot,), self.faults)
+        pipeline = Pipeline(self.analyzer, self.writer, (*self.sinks, on_snapshot), self.faults)
         exit_code = self._exit_code
 
         def body() -> None:
