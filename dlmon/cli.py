@@ -21,6 +21,7 @@ from dlmon import __version__
 
 if TYPE_CHECKING:
     from dlmon.collect.sampler import Sampler
+    from dlmon.flow.loop import Faults
     from dlmon.flow.recording import RecordWriter
     from dlmon.flow.watch import Plug, Watch, WatchOptions
     from dlmon.launch.runner import Training
@@ -348,15 +349,12 @@ def _attach_dashboard(
     source = watch.live_source()
     _say_replaced(source.writer)
     _report_screenshots(run_dashboard(source, interval=interval, rank=rank))
-    _report_faults(source)
+    _report_faults(watch.faults)
     return 0
 
 
-def _report_faults(source: Any) -> None:
+def _report_faults(faults: Faults) -> None:
     """After the dashboard: what failed inside dlmon while it was shown (never silently)."""
-    faults = getattr(source, "faults", None)
-    if faults is None:
-        return
     if faults.record_stopped:
         click.echo(f"dlmon: recording stopped early: {faults.record_stopped}", err=True)
     summary = faults.summary()
@@ -608,7 +606,7 @@ def _run_dashboard(
             source, interval=interval, ask_stop_on_quit=True, stop_by_default=stop_by_default, rank=rank
         )
     _report_screenshots(result)
-    _report_faults(source)
+    _report_faults(watch.faults)
     code = training.exit_code()
     if code is not None:
         unwatched.forget(training.pid)

@@ -13,7 +13,7 @@ import time
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from dlmon.collect.sampler import ExitCodeProvider, Sampler
 from dlmon.flow.loop import Faults, Pipeline, sample_until_done
@@ -71,6 +71,37 @@ class Source(Protocol):
     def stop(self) -> None:
         """Stop delivering; safe to call more than once."""
         ...
+
+
+# ---- what some sources can do besides: declared, so a consumer asks isinstance(), not getattr()
+@runtime_checkable
+class Seekable(Protocol):
+    """A source that can be moved through (a replay): the dashboard's ``,`` ``.`` and ``]``."""
+
+    #: called (on the source's thread) before the first frame after a seek, with its time
+    on_seek: Callable[[float], None] | None
+
+    def seek(self, when: float) -> None:
+        """Play from the first snapshot at or after ``when`` (Unix time)."""
+        ...
+
+    def next_alert(self) -> None:
+        """Play from the next snapshot where an alert kind appears."""
+        ...
+
+
+@runtime_checkable
+class HasFaults(Protocol):
+    """A source that counts dlmon's own failures while it runs (a live watch)."""
+
+    faults: Faults
+
+
+@runtime_checkable
+class Paced(Protocol):
+    """A source sampled every ``interval`` seconds (a live watch; a replay keeps the record's)."""
+
+    interval: float
 
 
 class LiveSource:
