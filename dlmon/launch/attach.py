@@ -63,7 +63,7 @@ def attach(
     from dlmon.model.format import one_line
 
     output_error: list[OSError] = []
-    stop: list[Watch] = []
+    watching: list[Watch] = []  # the watch, once built: a failed write to stdout stops it
 
     def show(snapshot: Snapshot) -> None:
         try:
@@ -71,12 +71,12 @@ def attach(
             sys.stdout.flush()
         except OSError as exc:  # stdout is the point of this mode: stop on a full disk
             output_error.append(exc)
-            stop[0].stop.set()
+            watching[0].stop.set()
 
     last = LastSnapshot()
     options = WatchOptions(interval, record_path, plugs=plugs, sinks=(AlertLog(), show, last), report=say)
     watch = watch_of(target, options)
-    stop.append(watch)
+    watching.append(watch)
     for note in record_notes(watch.writer, fifo=False):
         say(note)
     reason = watch.run()
