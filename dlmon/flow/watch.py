@@ -42,7 +42,6 @@ class WatchOptions:
     plugs: tuple[Plug, ...] = ()  # sinks that start with the watch: the Prometheus exporter
     sinks: tuple[SnapshotSink, ...] = ()  # after the analysis and the record, in this order
     report: Reporter | None = None  # where dlmon's own failures are said as they happen (headless)
-    analyze: bool = True
 
 
 class Watch:
@@ -58,7 +57,7 @@ class Watch:
         on_record_failure = self.stop.set if options.record_required else None
         #: dlmon's own failures (failed ticks, a record that stopped): counted, never fatal
         self.faults = Faults(options.report, on_record_failure=on_record_failure)
-        self.analyzer: Analyzer | None = Analyzer() if options.analyze else None
+        self.analyzer = Analyzer()
         self.sampler: Sampler | None = None
         self.exit_code: ExitCodeProvider | None = None
         self.writer: RecordWriter | None = None
