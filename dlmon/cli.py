@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
-import shlex
-import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from types import FrameType
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
@@ -21,7 +17,8 @@ from dlmon import __version__
 
 if TYPE_CHECKING:
     from dlmon.collect.sampler import Sampler
-    from dlmon.flow.recording import RecordWriter
+    from dlmon.flow.sources import Source
+    from dlmon.flow.watch import Plug, Watch
     from dlmon.launch.runner import Training
     from dlmon.model import Snapshot
     from dlmon.ui.result import DashboardResult
@@ -75,22 +72,6 @@ def interval_seconds(text: str) -> float:
     return seconds
 
 
-def terminal_problem() -> str | None:
-    """Why the dashboard cannot run here (nohup, cron, CI, a pipe, TERM=dumb), else None.
-
-    Without this check Textual spins at 100% CPU writing escape codes nobody reads.
-    """
-    if not sys.stdout.isatty():
-        return "stdout is not a terminal"
-    if not sys.stdin.isatty():
-        return "stdin is not a terminal"
-    if not sys.stderr.isatty():  # Textual draws the dashboard on stderr: `2>log` would hide it
-        return "stderr is not a terminal (the dashboard is drawn there)"
-    if os.environ.get("TERM", "") in ("dumb", "unknown"):
-        return f"TERM={os.environ['TERM']} cannot show a dashboard"
-    return None
-
-
 def positive_seconds(text: str | float, what: str, *, allow_zero: bool = False) -> float:
     try:
         value = float(text)
@@ -104,15 +85,31 @@ def positive_seconds(text: str | float, what: str, *, allow_zero: bool = False) 
     return value
 
 
-def open_sampler(pid: int, *, unlimited_smaps: bool = False) -> Sampler:
-    from dlmon.collect.sampler import NoSuchProcess, Sampler
+def terminal_problem() -> str | None:
+    """Why the dashboard cannot run here, else None (see dlmon.launch.console)."""
+    from dlmon.launch.console import terminal_problem
+
+    return terminal_problem()
+
+
+def call(body: Callable[..., int | None], *args: Any, **kwargs: Any) -> NoReturn:
+    """Run a command's body (in dlmon/launch); its Failed is one line and its exit code."""
+    from dlmon.launch.console import Failed
 
     try:
-        return Sampler(pid, unlimited_smaps=unlimited_smaps)
-    except NoSuchProcess:
-        fail(f"no such process: {pid}")
-    except PermissionError as exc:
-        fail(f"cannot read process {pid}: {exc.strerror or exc}")
+        code = body(*args, **kwargs)
+    except Failed as exc:
+        fail(exc.message, exc.code)
+    sys.exit(code or 0)
+
+
+def open_sampler(pid: int, *, unlimited_smaps: bool = False) -> Sampler:
+    from dlmon.launch.console import Failed, open_sampler
+
+    try:
+        return open_sampler(pid, unlimited_smaps=unlimited_smaps)
+    except Failed as exc:
+        fail(exc.message, exc.code)
 
 
 def check_record(path: str, force: bool = False) -> None:
@@ -128,49 +125,33 @@ def check_record(path: str, force: bool = False) -> None:
         fail(f"cannot write {path}: {exc.strerror or exc}")
 
 
-def with_prometheus(
-    analyzer: Callable[[Snapshot], Snapshot], address: str | None
-) -> Callable[[Snapshot], Snapshot]:
-    """The analyzer, publishing each snapshot to a /metrics server when --prometheus is given."""
+def prometheus_plug(address: str | None) -> Plug | None:
+    """--prometheus: a plug that, when the watch starts it, serves /metrics and returns the
+    exporter, a sink fed each analysed snapshot."""
     if address is None:  # "" is given, and refused by parse_address like any other non-address
-        return analyzer
-    from dlmon.export.prometheus import AddressError, Exporter, parse_address, serve, start_line
+        return None
 
-    try:
-        where = parse_address(address)
-    except AddressError as exc:
-        fail(str(exc))
-    exporter = Exporter()
-    try:
-        server = serve(exporter, where)
-    except OSError as exc:
-        fail(f"cannot serve Prometheus metrics on {address}: {exc.strerror or exc}")
-    click.echo(start_line(server), err=True)
-    return exporter.wrap(analyzer)
+    def start() -> Callable[[Snapshot], None]:
+        from dlmon.export.prometheus import AddressError, Exporter, parse_address, serve, start_line
 
+        try:
+            where = parse_address(address)
+        except AddressError as exc:
+            fail(str(exc))
+        exporter = Exporter()
+        try:
+            server = serve(exporter, where)
+        except OSError as exc:
+            fail(f"cannot serve Prometheus metrics on {address}: {exc.strerror or exc}")
+        click.echo(start_line(server), err=True)
+        return exporter
 
-def open_record(path: str) -> RecordWriter:
-    """The record file, once the target is known; says so when it replaces an existing file."""
-    from dlmon.flow.recording import RecordWriter
-
-    try:
-        writer = RecordWriter(path)
-    except OSError as exc:
-        fail(f"cannot write {path}: {exc.strerror or exc}")
-    _say_replaced(writer)
-    return writer
+    return start
 
 
-def _say_replaced(writer: RecordWriter | None) -> None:
-    if writer is not None and writer.waiting_for_reader:
-        click.echo(
-            f"dlmon: {writer.path} is a FIFO nobody reads yet: lines are dropped until a reader opens it",
-            err=True,
-        )
-    if writer is not None and writer.replaced_bytes:
-        click.echo(
-            f"dlmon: replacing the existing record {writer.path} ({writer.replaced_bytes} bytes)", err=True
-        )
+def plugs(prometheus: str | None) -> tuple[Plug, ...]:
+    plug = prometheus_plug(prometheus)
+    return () if plug is None else (plug,)
 
 
 def _silence_stdout() -> None:
@@ -259,115 +240,33 @@ def attach(
 ) -> None:
     """Watch a running training process PID and all its descendants."""
     target = parse_pid(pid)
-    _remind_unwatched(except_pid=target)
+    remind_unwatched(except_pid=target)
     seconds = interval_seconds(interval)
     if record_path:
         check_record(record_path, force)
     if prometheus is not None and once:
         fail("--prometheus serves a running watch; it cannot be combined with --once")
-    if inject:
-        from dlmon.launch.inject import InjectError
-        from dlmon.launch.inject import inject as inject_agent
+    from dlmon.launch.attach import attach as attach_body
 
-        try:
-            inject_agent(target)
-        except InjectError as exc:
-            fail(str(exc))
-    if once:
-        _attach_once(target, as_json)
-        return
-    no_terminal = terminal_problem()
-    if not no_terminal and not as_json:
-        sys.exit(_attach_dashboard(target, seconds, record_path, prometheus, rank))
-    if sys.stdout.isatty() and not as_json:  # a terminal that cannot show the dashboard
-        click.echo(f"dlmon: {no_terminal}: printing one line per sample instead", err=True)
-    from dlmon.analysis import Analyzer
-    from dlmon.flow.loop import Faults, Pipeline, sample_until_done, stop_on_signals
-    from dlmon.flow.recording import END_TARGET_EXITED, encode_snapshot
-    from dlmon.launch.session import AlertLog, LastSnapshot, open_writer, say
-    from dlmon.model.format import one_line
-
-    sampler = open_sampler(target)
-    stop = threading.Event()
-    output_error: list[OSError] = []
-
-    def show(snapshot: Snapshot) -> None:
-        try:
-            sys.stdout.write(encode_snapshot(snapshot).decode() if as_json else one_line(snapshot) + "\n")
-            sys.stdout.flush()
-        except OSError as exc:  # stdout is the point of this mode: stop on a full disk
-            output_error.append(exc)
-            stop.set()
-
-    faults = Faults(say)
-    last = LastSnapshot()
-    pipeline = Pipeline(
-        with_prometheus(Analyzer(), prometheus),
-        open_writer(record_path, faults),
-        (AlertLog(), show, last),
-        faults,
+    call(
+        attach_body,
+        target,
+        seconds,
+        record_path,
+        once=once,
+        as_json=as_json,
+        inject=inject,
+        plugs=plugs(prometheus),
+        rank=rank,
+        dashboard=dashboard,
     )
-    with stop_on_signals(stop):
-        reason = sample_until_done(sampler, seconds, pipeline, stop)
-        pipeline.finish(reason)
-    sampler.close()
-    if reason == END_TARGET_EXITED:
-        last.say_verdict(None)
-    if output_error:
-        raise output_error[0]
 
 
-def _attach_dashboard(
-    pid: int, interval: float, record_path: str | None, prometheus: str | None, rank: int | None = None
-) -> int:
-    from dlmon.analysis import Analyzer
-    from dlmon.collect.sampler import NoSuchProcess
-    from dlmon.flow.sources import LiveSource
-    from dlmon.ui import run_dashboard
+def dashboard(source: Source, **kw: Any) -> DashboardResult:
+    """The dashboard (dlmon/ui), handed to the commands in dlmon/launch, which cannot import it."""
+    from dlmon import ui
 
-    # the record path was checked by attach(), symlinks and non-records included
-    try:
-        source = LiveSource(
-            pid, interval, record_path=record_path, analyzer=with_prometheus(Analyzer(), prometheus)
-        )
-    except NoSuchProcess:
-        fail(f"no such process: {pid}")
-    _say_replaced(source.writer)
-    _report_screenshots(run_dashboard(source, interval=interval, rank=rank))
-    _report_faults(source)
-    return 0
-
-
-def _report_faults(source: Any) -> None:
-    """After the dashboard: what failed inside dlmon while it was shown (never silently)."""
-    faults = getattr(source, "faults", None)
-    if faults is None:
-        return
-    if faults.record_stopped:
-        click.echo(f"dlmon: recording stopped early: {faults.record_stopped}", err=True)
-    summary = faults.summary()
-    if summary:
-        click.echo(f"dlmon: {summary}", err=True)
-
-
-def _report_screenshots(result: DashboardResult) -> None:
-    for path in result.screenshots:
-        click.echo(f"dlmon: screenshot saved: {path}", err=True)
-
-
-def _attach_once(pid: int, as_json: bool) -> None:
-    from dlmon.model.format import one_line
-    from dlmon.model.serialize import snapshot_to_dict
-
-    sampler = open_sampler(pid, unlimited_smaps=True)
-    sampler.sample()
-    time.sleep(1.0)
-    snapshot = sampler.sample()
-    sampler.close()
-    if as_json:
-        click.echo(json.dumps(snapshot_to_dict(snapshot), indent=2, allow_nan=False))
-    else:
-        click.echo(one_line(snapshot))
+    return ui.run_dashboard(source, **kw)
 
 
 @main.command()
@@ -391,28 +290,9 @@ def record(pid: str, output: str, interval: str, duration: str | None, force: bo
     seconds = interval_seconds(interval)
     limit = positive_seconds(duration, "--duration") if duration is not None else None
     check_record(output, force)
-    from dlmon.analysis import Analyzer
-    from dlmon.flow.loop import Faults, Pipeline, sample_until_done, stop_on_signals
-    from dlmon.flow.recording import END_TARGET_EXITED
-    from dlmon.launch.session import AlertLog, LastSnapshot, say
+    from dlmon.launch.attach import record as record_body
 
-    sampler = open_sampler(target)
-    last = LastSnapshot()
-    stop = threading.Event()
-    faults = Faults(say, on_record_failure=stop.set)  # the file is the point: stop, say it below
-    pipeline = Pipeline(Analyzer(), open_record(output), (AlertLog(), last), faults)
-    with stop_on_signals(stop):
-        reason = sample_until_done(sampler, seconds, pipeline, stop, duration=limit)
-        pipeline.finish(reason)
-    sampler.close()
-    if reason == END_TARGET_EXITED:
-        last.say_verdict(None)
-    if faults.record_stopped:
-        fail(f"recording stopped: {faults.record_stopped} (whole lines up to there are kept)", EXIT_FAILURE)
-    summary = faults.summary()
-    if summary:
-        click.echo(f"dlmon: {summary}", err=True)
-    click.echo(f"dlmon: recorded to {output} ({reason.replace('_', ' ')})", err=True)
+    call(record_body, target, output, seconds, limit)
 
 
 class _RunCommand(click.Command):
@@ -464,22 +344,20 @@ def run(
     from dlmon.launch.runner import command_for
 
     seconds = interval_seconds(interval)
-    _remind_unwatched()
+    remind_unwatched()
     is_command = _is_command_mode(ctx, command)
     if not is_command and not os.path.isfile(command[0]):
         fail(f"no such script: {command[0]} (to run a command, put it after --: dlmon run -- CMD)")
     if rank is not None and headless:
         fail("--rank filters the dashboard; with --headless there is none (the record keeps every rank)")
-    sys.exit(
-        _run_training(
-            command_for(list(command), is_command),
-            seconds,
-            record_path,
-            headless,
-            prometheus,
-            force=force,
-            rank=rank,
-        )
+    _run_training(
+        command_for(list(command), is_command),
+        seconds,
+        record_path,
+        headless,
+        prometheus,
+        force=force,
+        rank=rank,
     )
 
 
@@ -517,13 +395,13 @@ def demo(
     import importlib.util
 
     seconds = interval_seconds(interval)
-    _remind_unwatched()
+    remind_unwatched()
     if importlib.util.find_spec("torch") is None:
         fail("dlmon demo needs PyTorch: pip install 'dlmon[demo]'")
     limit = positive_seconds(duration, "--duration", allow_zero=True)
     command = [sys.executable, "-m", "dlmon.demo", "--scenario", scenario, "--workers", str(workers)]
     command += ["--batch-size", str(batch_size), "--duration", str(limit)]
-    sys.exit(_run_training(command, seconds, record_path, headless, prometheus, stop_by_default=True))
+    _run_training(command, seconds, record_path, headless, prometheus, stop_by_default=True)
 
 
 def _run_training(
@@ -535,162 +413,45 @@ def _run_training(
     stop_by_default: bool = False,  # the demo: quitting ends the synthetic training unless told not to
     force: bool = False,  # --force: a record path through a symlink, or over a file that is no record
     rank: int | None = None,
-) -> int:
-    from dlmon.analysis import Analyzer
-    from dlmon.launch.runner import LogDirError, launch
+) -> NoReturn:
+    from dlmon.launch.run_watch import run_training
 
     if record_path:
         check_record(record_path, force)  # fail early, before the training starts, truncating nothing
-    analyzer = with_prometheus(Analyzer(), prometheus)  # a bad address fails before the training starts
-    no_terminal = None if headless else terminal_problem()
-    if headless or no_terminal:
-        from dlmon.launch.session import AlertLog, CannotStart, run_headless
-
-        note = (
-            f"{no_terminal}: running headless (the training's output passes through)" if no_terminal else None
-        )
-        try:
-            return run_headless(
-                command,
-                interval,
-                record_path,
-                analyzer=analyzer,
-                on_alerts=AlertLog(),
-                started_note=note,
-                lifeline=stop_by_default,
-            )
-        except CannotStart as exc:
-            fail(str(exc))
-    try:
-        training = launch(command, to_log=True, lifeline=stop_by_default)
-    except LogDirError as exc:
-        fail(str(exc))
-    except OSError as exc:
-        fail(f"cannot start {command[0]}: {exc.strerror or exc}")
-    return _run_dashboard(training, interval, record_path, analyzer, stop_by_default, rank)
+    call(
+        run_training,
+        command,
+        interval,
+        record_path,
+        headless,
+        plugs(prometheus),
+        dashboard,
+        stop_by_default=stop_by_default,
+        rank=rank,
+    )
 
 
 def _run_dashboard(
     training: Training,
     interval: float,
     record_path: str | None,
-    analyzer: Callable[[Snapshot], Snapshot] | None = None,
+    watch: Watch | None = None,
     stop_by_default: bool = False,
     rank: int | None = None,
 ) -> int:
-    from dlmon.flow.sources import LiveSource
-    from dlmon.ui import run_dashboard
+    """The dashboard on a launched training (dlmon.launch.run_watch.run_dashboard)."""
+    from dlmon.flow.watch import Watch, WatchOptions
+    from dlmon.launch.run_watch import run_dashboard
 
-    click.echo(f"dlmon: training log: {training.log_path}", err=True)
-    from dlmon.analysis import Analyzer
-    from dlmon.launch.session import LastSnapshot
-
-    inner = analyzer or Analyzer()
-    last = LastSnapshot()  # the analysed final frame, for the verdict after the dashboard closes
-
-    def analyze_and_keep(snapshot: Snapshot) -> Snapshot:
-        analysed = inner(snapshot)
-        last(analysed)
-        return analysed
-
-    source = LiveSource(
-        training.pid,
-        interval,
-        analyzer=analyze_and_keep,
-        record_path=record_path,
-        exit_code=training.exit_code,
-        log_path=training.log_path,
-    )
-    _say_replaced(source.writer)
-    from dlmon.launch import unwatched
-
-    note = unwatched.note_launch(training.pid, shlex.join(training.command), training.log_path)
-    with _on_hangup(training, note):
-        result = run_dashboard(
-            source, interval=interval, ask_stop_on_quit=True, stop_by_default=stop_by_default, rank=rank
-        )
-    _report_screenshots(result)
-    _report_faults(source)
-    code = training.exit_code()
-    if code is not None:
-        unwatched.forget(training.pid)
-        last.say_verdict(code)
-        return _after_exit(training, code, result.stop_training)
-    # the demo's training is left running only when the user said so: a dashboard that ended
-    # otherwise (the terminal gone under it, an error) must not release it to burn a core for ever
-    demo_orphaned = training.lifeline is not None and not result.quit_by_user
-    if result.stop_training or demo_orphaned:
-        click.echo("dlmon: stopping the training (SIGINT, then SIGTERM, then SIGKILL)...", err=True)
-        code = training.stop()
-        unwatched.forget(training.pid)
-        return code
-    training.release()  # the demo too: the user chose to leave it running
-    if note is not None:
-        unwatched.note_left(note, "you left it running" if result.quit_by_user else "the dashboard ended")
-    _note_goes_on(training, "the dashboard was closed")
-    click.echo(
-        f"dlmon: the training goes on (pid {training.pid}); log: {training.log_path}\n"
-        f"dlmon: watch it again with: dlmon attach {training.pid}",
-        err=True,
-    )
-    return 0
+    if watch is None:
+        watch = Watch(WatchOptions(interval, record_path))
+    return run_dashboard(training, watch, dashboard, stop_by_default=stop_by_default, rank=rank)
 
 
-def _note_goes_on(training: Training, why: str) -> None:
-    """In the training's log, where the user looks first: how to find the training again."""
-    from dlmon.launch.runner import note_in_log
+def remind_unwatched(except_pid: int | None = None) -> None:
+    from dlmon.launch.console import remind_unwatched
 
-    note_in_log(
-        training.log_path,
-        f"{why} at {time.strftime('%H:%M:%S')}; the training goes on: pid {training.pid} "
-        f"({shlex.join(training.command)[:200]}); watch it again with: dlmon attach {training.pid}",
-    )
-
-
-@contextlib.contextmanager
-def _on_hangup(training: Training, note: Any) -> Iterator[None]:
-    """SIGHUP (the terminal or the SSH connection closed): the dashboard cannot go on. ``dlmon run``
-    leaves the training running and says in its log (and its job note) how to find it again; the
-    demo's training stops through its lifeline when dlmon is gone. Then dlmon dies of the SIGHUP,
-    as before."""
-    from dlmon.launch import unwatched
-
-    def hangup(signum: int, frame: FrameType | None) -> None:
-        if training.lifeline is None and training.exit_code() is None:
-            _note_goes_on(training, "the dashboard's terminal closed (SIGHUP)")
-            if note is not None:
-                unwatched.note_left(note, "its terminal closed")
-        elif training.lifeline is not None:
-            unwatched.forget(training.pid)  # the demo's training stops with dlmon
-        signal.signal(signal.SIGHUP, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGHUP)
-
-    previous = signal.signal(signal.SIGHUP, hangup)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGHUP, previous)
-
-
-def _remind_unwatched(except_pid: int | None = None) -> None:
-    """Trainings an earlier ``dlmon run`` left without a dashboard: say where they are."""
-    from dlmon.launch.unwatched import remind
-
-    for line in remind(except_pid):
-        click.echo(f"dlmon: {line}", err=True)
-
-
-def _after_exit(training: Training, code: int, stop_leftovers: bool) -> int:
-    """The training ended; its children may not have: stop them if asked, else name them."""
-    from dlmon.launch.session import describe_left_behind, left_behind
-
-    if stop_leftovers:
-        training.stop()
-        return code
-    leftovers = left_behind(training.pid, None, training.job_token)
-    if leftovers:
-        click.echo(f"dlmon: {describe_left_behind(leftovers)}", err=True)
-    return code
+    remind_unwatched(except_pid)
 
 
 def _memory_unreadable(pid: int) -> str | None:
@@ -715,7 +476,6 @@ def advise(pid: str, seconds: str, as_json: bool) -> None:
     Uses the seed's rule, peak ~ (num_workers + 1) x batch_size x memory per sample, fed with
     measured per-worker memory and the real (cgroup-aware) headroom.
     """
-    import time
 
     from dlmon.analysis import Analyzer, advice_to_dict, advise, format_advice
 
@@ -762,13 +522,14 @@ def replay(file: str, speed: str, rank: int | None = None) -> None:
     It needs a terminal: without one (a pipe, cron, TERM=dumb) it checks the file, lists the
     lines it would skip, and exits 2.
     """
-    from dlmon.analysis import Analyzer
-    from dlmon.flow.sources import ReplaySource, scan_record
+    from dlmon.flow.sources import scan_record
+    from dlmon.flow.watch import Watch, WatchOptions
+    from dlmon.launch.console import report_screenshots
     from dlmon.ui import run_dashboard
 
     factor = speed_factor(speed)
     try:
-        source = ReplaySource(file, speed=factor or None, analyzer=Analyzer())  # verdicts of this dlmon
+        source = Watch(WatchOptions()).replay_source(file, factor or None)  # verdicts of this dlmon
     except OSError as exc:
         fail(f"cannot read {file}: {exc.strerror or exc}")
     no_terminal = terminal_problem()
@@ -789,7 +550,7 @@ def replay(file: str, speed: str, rank: int | None = None) -> None:
             f"replay shows a dashboard and needs a terminal ({no_terminal}); {file} holds "
             f"{scan.snapshots} readable snapshots"
         )
-    _report_screenshots(run_dashboard(source, rank=rank))
+    report_screenshots(run_dashboard(source, rank=rank))
 
 
 def speed_factor(text: str) -> float:
@@ -821,16 +582,15 @@ def export_command(pid: str | None, prometheus: str, interval: str, all_jobs: bo
         _export_all_jobs(prometheus, seconds)
         return
     target = parse_pid(pid)
-    from dlmon.analysis import Analyzer
-    from dlmon.flow.loop import Pipeline, sample_until_done, stop_on_signals
+    from dlmon.flow.watch import WatchOptions
+    from dlmon.launch.console import Failed, watch_of
     from dlmon.launch.session import AlertLog
 
-    sampler = open_sampler(target)
-    pipeline = Pipeline(with_prometheus(Analyzer(), prometheus), None, (AlertLog(),))
-    stop = threading.Event()
-    with stop_on_signals(stop):
-        reason = sample_until_done(sampler, seconds, pipeline, stop)
-    sampler.close()
+    try:
+        watch = watch_of(target, WatchOptions(seconds, plugs=plugs(prometheus), sinks=(AlertLog(),)))
+    except Failed as exc:
+        fail(exc.message, exc.code)
+    reason = watch.run()
     click.echo(f"dlmon: export stopped ({reason.replace('_', ' ')})", err=True)
 
 

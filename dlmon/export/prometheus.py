@@ -28,7 +28,7 @@ from dlmon import __version__
 from dlmon.analysis.events import CLEARED, events
 from dlmon.analysis.wait import wall_wait
 from dlmon.export.metrics import GROUPS, Published
-from dlmon.model import Snapshot, SnapshotStep
+from dlmon.model import Snapshot
 
 DEFAULT_HOST = "127.0.0.1"
 
@@ -113,18 +113,6 @@ class Exporter:
         self.latest = Published(
             snapshot, MappingProxyType(dict(self._raised)), MappingProxyType(dict(self._wait_s))
         )
-
-    def wrap(self, analyzer: SnapshotStep | None) -> SnapshotStep:
-        """An analyzer step that also publishes: how a pipeline owned elsewhere (the dashboard's
-        live source) feeds the exporter without a new parameter."""
-
-        def analyze_and_publish(snapshot: Snapshot) -> Snapshot:
-            if analyzer is not None:
-                snapshot = analyzer(snapshot)
-            self(snapshot)
-            return snapshot
-
-        return analyze_and_publish
 
 
 # ``--all-jobs``: (job pid, its published state) per job; every series then gets a ``job`` label

@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from dlmon.collect.sampler import ExitCodeProvider, Sampler
 from dlmon.flow.loop import Faults, Pipeline, sample_until_done
@@ -65,6 +65,37 @@ class Source(Protocol):
         ...
 
 
+# ---- what some sources can do besides: declared, so a consumer asks isinstance(), not getattr()
+@runtime_checkable
+class Seekable(Protocol):
+    """A source that can be moved through (a replay): the dashboard's ``,`` ``.`` and ``]``."""
+
+    #: called (on the source's thread) before the first frame after a seek, with its time
+    on_seek: Callable[[float], None] | None
+
+    def seek(self, when: float) -> None:
+        """Play from the first snapshot at or after ``when`` (Unix time)."""
+        ...
+
+    def next_alert(self) -> None:
+        """Play from the next snapshot where an alert kind appears."""
+        ...
+
+
+@runtime_checkable
+class HasFaults(Protocol):
+    """A source that counts dlmon's own failures while it runs (a live watch)."""
+
+    faults: Faults
+
+
+@runtime_checkable
+class Paced(Protocol):
+    """A source sampled every ``interval`` seconds (a live watch; a replay keeps the record's)."""
+
+    interval: float
+
+
 class LiveSource:
     """Samples a running process on a daemon thread, every ``interval`` seconds."""
 
@@ -79,13 +110,18 @@ class LiveSource:
         log_path: str | None = None,
         sampler: Sampler | None = None,
         faults: Faults | None = None,
+        writer: RecordWriter | None = None,
+        sinks: tuple[SnapshotSink, ...] = (),
     ) -> None:
         # Created here, not on the thread: "no such process" must surface before any UI starts.
         self.sampler = sampler or Sampler(pid, exit_code=exit_code)
         #: dlmon's own failures (failed ticks, a record that stopped): counted, never fatal.
         self.faults = faults or Faults()
-        self.writer: RecordWriter | None = None
-        if record_path:  # opened once the target is known, so an error path never clobbers it
+        self.writer: RecordWriter | None = writer  # opened by the caller (dlmon.flow.watch), or:
+        #: sinks that see each analysed snapshot before the consumer (the Prometheus exporter)
+        self.sinks = sinks
+        # opened once the target is known, so an error path never clobbers it
+        if record_path and writer is None:
             try:
                 self.writer = RecordWriter(record_path)
             except OSError as exc:
@@ -112,7 +148,7 @@ class LiveSource:
         return True
 
     def start(self, on_snapshot: SnapshotSink, on_end: EndSink) -> None:
-        pipeline = Pipeline(self.analyzer, self.writer, (on_snapshot,), self.faults)
+        pipeline = Pipeline(self.analyzer, self.writer, (*self.sinks, on_snapshot), self.faults)
         exit_code = self._exit_code
 
         def body() -> None:

@@ -6,7 +6,6 @@ import contextlib
 import os
 import signal
 import sys
-import threading
 from collections.abc import Callable
 from types import FrameType
 from typing import TextIO
@@ -20,11 +19,10 @@ from dlmon.collect.procfs import (
     read_cmdline,
     stat_fields,
 )
-from dlmon.collect.sampler import Sampler
-from dlmon.flow.loop import Faults, Pipeline, handle_signals, pid_exists, sample_until_done
-from dlmon.flow.recording import RecordWriter
+from dlmon.flow.loop import handle_signals, pid_exists
+from dlmon.flow.watch import Watch, record_notes
 from dlmon.launch.runner import JOB_ENV, Training, exit_status, launch
-from dlmon.model import Alert, Snapshot, SnapshotStep
+from dlmon.model import Alert, Snapshot
 
 AlertPrinter = Callable[[Snapshot], None]
 Reporter = Callable[[str], None]
@@ -38,20 +36,6 @@ def say(line: str) -> None:
     """One ``dlmon:`` line on stderr, never raising (stderr itself may be gone)."""
     with contextlib.suppress(OSError, ValueError):
         print(f"dlmon: {line}", file=sys.stderr, flush=True)
-
-
-def open_writer(path: str | None, faults: Faults, report: Reporter = say) -> RecordWriter | None:
-    """The record file, opened now that the target is known; a failure is reported, not fatal."""
-    if not path:
-        return None
-    try:
-        writer = RecordWriter(path)
-    except OSError as exc:
-        faults.record_failed(path, exc)
-        return None
-    if writer.replaced_bytes:
-        report(f"replacing the existing record {path} ({writer.replaced_bytes} bytes)")
-    return writer
 
 
 def marked_processes(token: str, exclude: int | None = None) -> list[tuple[int, str]]:
@@ -152,15 +136,14 @@ class LastSnapshot:
 
 def run_headless(
     command: list[str],
-    interval: float,
-    record_path: str | None,
-    analyzer: SnapshotStep | None = None,
+    watch: Watch,
     on_alerts: AlertPrinter | None = None,
     report: Reporter = say,
     started_note: str | None = None,
     lifeline: bool = False,
 ) -> int:
-    """Launch ``command`` and sample until it exits; returns its exit status.
+    """Launch ``command`` and sample it with ``watch`` (built from its options, plugs started)
+    until it exits; returns its exit status.
 
     ``lifeline`` (the demo): the training stops if dlmon goes away (see dlmon/launch/lifeline.py).
 
@@ -194,40 +177,28 @@ def run_headless(
             report(started_note)
         for signum in pending:
             forward(signum, None)
-        return _watch(training, interval, record_path, analyzer, on_alerts, report)
+        return _watch(training, watch, on_alerts, report)
 
 
-def _watch(
-    training: Training,
-    interval: float,
-    record_path: str | None,
-    analyzer: SnapshotStep | None,
-    on_alerts: AlertPrinter | None,
-    report: Reporter = say,
-) -> int:
-    faults = Faults(report)
+def _watch(training: Training, watch: Watch, on_alerts: AlertPrinter | None, report: Reporter = say) -> int:
     last = LastSnapshot()
     seen = SeenProcesses(training.pid)
-    sinks = (on_alerts, last, seen) if on_alerts else (last, seen)
-    pipeline = Pipeline(analyzer, open_writer(record_path, faults, report), sinks, faults)
+    watch.add_sinks(*((on_alerts, last, seen) if on_alerts else (last, seen)))
+    watch.open_record()
+    for note in record_notes(watch.writer, fifo=False):
+        report(note)
     try:
-        sampler = Sampler(training.pid, exit_code=training.exit_code)
+        watch.open_sampler(training.pid, exit_code=training.exit_code)
     except Exception as exc:  # gone already, or /proc unreadable: still wait for the training
         report(f"cannot watch pid {training.pid}: {exc}; waiting for the training to end")
-        pipeline.finish("target_exited")
+        watch.finish_unwatched("target_exited")
         return exit_status(training.popen.wait())
-    try:
-        reason = sample_until_done(
-            sampler, interval, pipeline, threading.Event(), target_alive=lambda: training.exit_code() is None
-        )
-    finally:
-        sampler.close()
-    pipeline.finish(reason)
+    watch.run(on_signals=False, target_alive=lambda: training.exit_code() is None)
     code = exit_status(training.popen.wait())
     leftovers = left_behind(training.pid, last.snapshot, training.job_token, seen)
     if leftovers:
         report(describe_left_behind(leftovers))
-    summary = faults.summary()
+    summary = watch.faults.summary()
     if summary:
         report(summary)
     last.say_verdict(code)

@@ -25,7 +25,7 @@ from textual.screen import Screen
 from textual.widget import Widget
 from textual.widgets import Footer
 
-from dlmon.flow.sources import Source
+from dlmon.flow.sources import HasFaults, Paced, Seekable, Source
 from dlmon.model import Snapshot
 from dlmon.ui.columns import SORT_ORDER, SORTS
 from dlmon.ui.logtail import LogTail
@@ -288,9 +288,8 @@ class DlmonApp(App[DashboardResult]):
         self.source = source
         self.clock = clock
         self.ask_stop_on_quit = ask_stop_on_quit
-        if interval is None:
-            value = getattr(source, "interval", None)
-            interval = float(value) if isinstance(value, (int, float)) else None
+        if interval is None and isinstance(source, Paced):
+            interval = float(source.interval)
         self.interval = interval
         if boot_time is None and source.live:
             boot_time = read_boot_time()
@@ -309,6 +308,7 @@ class DlmonApp(App[DashboardResult]):
         self._stale_shown = False
         self._started = False
         self._charts_due = False  # the next repaint draws the charts up to the newest data
+        self._faults_seen: tuple[int, str | None] = (0, None)  # failed samples, record stop, last shown
 
     # ---- lifecycle --------------------------------------------------------------------------
     def get_default_screen(self) -> Screen[None]:
@@ -330,7 +330,7 @@ class DlmonApp(App[DashboardResult]):
         if self.log_tail is not None:
             self._poll_log()
             self.set_interval(LOG_POLL_S, self._poll_log)
-        if hasattr(self.source, "on_seek"):
+        if isinstance(self.source, Seekable):
             self.source.on_seek = self._sought
         self.source.start(self._deliver, self._ended)
 
@@ -356,18 +356,8 @@ class DlmonApp(App[DashboardResult]):
         snapshot = message.snapshot
         if self.rank is not None:
             snapshot = only_rank(snapshot, self.rank)
-        self.state.ingest(snapshot)
-        self._note_analysis()
+        self.state.ingest(snapshot)  # with the analyzer's failure count, which each snapshot carries
         self._schedule_render()
-
-    def _note_analysis(self) -> None:
-        """The source's analyzer counts the detector failures it swallows: shown, never lost
-        (a snapshot that carries the count, such as a replayed record, is read at ingest)."""
-        analyzer = getattr(self.source, "analyzer", None)
-        errors = getattr(analyzer, "errors", None)
-        if isinstance(errors, int) and errors:
-            last = getattr(analyzer, "last_error", None)
-            self.state.note_analysis(errors, last if isinstance(last, str) else None)
 
     def on_sought(self, message: Sought) -> None:
         # snapshots queued before the jump came first (one message queue): start a fresh history
@@ -377,19 +367,17 @@ class DlmonApp(App[DashboardResult]):
         self._schedule_render()
 
     def action_next_alert(self) -> None:
-        jump = getattr(self.source, "next_alert", None)
-        if callable(jump):
-            jump()
+        if isinstance(self.source, Seekable):
+            self.source.next_alert()
         else:
             self.notify("] jumps to the next alert in a replay", severity="warning")
 
     def action_seek(self, seconds: float) -> None:
-        seek = getattr(self.source, "seek", None)
         latest = self.state.latest
-        if not callable(seek) or latest is None:
+        if not isinstance(self.source, Seekable) or latest is None:
             self.notify(", and . move through a replay", severity="warning")
             return
-        seek(latest.time + seconds)
+        self.source.seek(latest.time + seconds)
 
     def on_source_ended(self, message: SourceEnded) -> None:
         self.state.end(message.reason)
@@ -468,10 +456,10 @@ class DlmonApp(App[DashboardResult]):
 
     def _show_faults(self) -> None:
         """dlmon's own failures (a failed sample, a record that stopped), as a notice when new."""
-        faults = getattr(self.source, "faults", None)
-        if faults is None:
+        if not isinstance(self.source, HasFaults):
             return
-        failed, stopped = getattr(self, "_faults_seen", (0, None))
+        faults = self.source.faults
+        failed, stopped = self._faults_seen
         if faults.record_stopped and faults.record_stopped != stopped:
             self.notify(f"recording stopped: {faults.record_stopped}", severity="error", timeout=30)
         if faults.failed_samples > failed:
