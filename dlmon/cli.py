@@ -223,7 +223,11 @@ rank_option = click.option("--rank", "rank", type=click.IntRange(0), metavar="N"
 )
 @click.option("--once", is_flag=True, help="Take two samples ~1 s apart (so rates exist), print one, exit.")
 @click.option("--json", "as_json", is_flag=True, help="Print snapshots as JSON.")
-@click.option("--inject", is_flag=True, help="Load the agent into PID first (Python 3.14+, sys.remote_exec).")
+@click.option(
+    "--inject",
+    is_flag=True,
+    help="Load the agent into PID first (gdb on Python 3.9-3.13, sys.remote_exec on 3.14+).",
+)
 @click.option("--prometheus", metavar="[HOST:]PORT", help=PROMETHEUS_HELP)
 @click.option("--force", is_flag=True, help=FORCE_HELP)
 @rank_option
