@@ -122,9 +122,9 @@ def proc_paths(package: Path) -> list[str]:
     found = []
     for path in sorted(package.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str):
-                if node.value.startswith(("/proc", "/sys/")):
-                    found.append(f"{path.relative_to(package.parent.parent)}: {node.value}")
+            string = node.value if isinstance(node, ast.Constant) else None
+            if isinstance(string, str) and string.startswith(("/proc", "/sys/")):
+                found.append(f"{path.relative_to(package.parent.parent)}: {string}")
     return found
 
 

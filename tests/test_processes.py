@@ -412,3 +412,31 @@ def test_one_off_reads_by_path_agree_with_the_handle_and_give_none_once_gone(
     assert procfs.read_boot_time(str(tmp_path)) == procfs.boot_time(str(tmp_path)) == 1_700_000_000.0
     (tmp_path / "stat").write_bytes(b"cpu  1 2 3\n")
     assert procfs.read_boot_time(str(tmp_path)) is None
+
+
+def test_thread_group_of_a_thread_id_is_its_process(spawn: Spawn) -> None:
+    """/proc/TID exists for a thread too (unlisted): its Tgid names the process it belongs to,
+    which ``dlmon attach TID`` points the user to."""
+    from dlmon.collect import procfs
+
+    proc = spawn(
+        "import threading, time\nthreading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+        'print("READY", flush=True)\ntime.sleep(60)'
+    )
+    tids = [int(t) for t in os.listdir(f"/proc/{proc.pid}/task") if int(t) != proc.pid]
+    assert tids  # the thread started before READY
+    assert procfs.thread_group_of(tids[0]) == proc.pid
+    assert procfs.thread_group_of(proc.pid) == proc.pid
+
+
+def test_real_uid_is_the_first_number_of_the_status_uid_line(tmp_path: Path) -> None:
+    """Read by collect's own status parser, under ``proc_root`` like its neighbours."""
+    from dlmon.collect import procfs
+
+    (tmp_path / "42").mkdir()
+    (tmp_path / "42" / "status").write_bytes(
+        b"Name:\tpython\nTgid:\t42\nUid:\t1000\t1001\t1002\t1003\nGid:\t5\n"
+    )
+    assert procfs.real_uid(42, str(tmp_path)) == 1000
+    assert procfs.real_uid(43, str(tmp_path)) is None  # gone
+    assert procfs.thread_group_of(42, str(tmp_path)) == 42

@@ -391,13 +391,9 @@ def thread_group_of(pid: int, proc_root: str = "/proc") -> int | None:
     return status_value(pid, "Tgid", proc_root)
 
 
-def real_uid(pid: int) -> int | None:
-    """The real uid of ``pid``, by the agent's own reader of /proc/PID/status (the one parser of
-    its Uid line: the agent may import nothing of dlmon, collect may import the agent)."""
-    from dlmon.agent._paths import target_uids  # here: importing the agent package costs ~30 ms
-
-    uids = target_uids(pid)
-    return None if uids is None else uids[0]
+def real_uid(pid: int, proc_root: str = "/proc") -> int | None:
+    """The real uid of ``pid`` (the first number of its status Uid line); None when gone or unreadable."""
+    return status_value(pid, "Uid", proc_root)
 
 
 def exe_path(pid: int, proc_root: str = "/proc") -> str | None:
