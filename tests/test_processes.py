@@ -385,7 +385,7 @@ def test_one_off_reads_by_path_agree_with_the_handle_and_give_none_once_gone(
     handle = ProcHandle(proc.pid)
     try:
         fields = procfs.stat_fields(proc.pid)
-        assert fields is not None and fields[0] not in procfs.DEAD_STATES
+        assert fields is not None and fields[0] not in procfs.DEAD_STATE_BYTES
         assert procfs.start_ticks(proc.pid) == handle.start_time
         stat = procfs.read_stat(proc.pid)
         assert stat is not None and stat.ppid == os.getpid() and stat.start_time == handle.start_time
@@ -440,3 +440,23 @@ def test_real_uid_is_the_first_number_of_the_status_uid_line(tmp_path: Path) -> 
     assert procfs.real_uid(42, str(tmp_path)) == 1000
     assert procfs.real_uid(43, str(tmp_path)) is None  # gone
     assert procfs.thread_group_of(42, str(tmp_path)) == 42
+
+
+def test_a_zombie_is_dead_to_read_stat_and_to_stat_fields() -> None:
+    """model.format.DEAD_STATES holds str, for StatFields.state and ProcessSample.state;
+    procfs.DEAD_STATE_BYTES holds bytes, for stat_fields: each matches its own kind."""
+    from dlmon.collect import procfs
+    from dlmon.model.format import DEAD_STATES
+
+    proc = subprocess.Popen(["true"], start_new_session=True)  # not waited for: a zombie
+    try:
+        deadline = time.monotonic() + 30
+        while (stat := procfs.read_stat(proc.pid)) is not None and stat.state not in DEAD_STATES:
+            assert time.monotonic() < deadline, stat
+            time.sleep(0.01)
+        assert stat is not None and stat.state == "Z"
+        fields = procfs.stat_fields(proc.pid)
+        assert fields is not None and fields[0] in procfs.DEAD_STATE_BYTES
+        assert procfs.group_members(proc.pid) == []  # its own group, of one zombie
+    finally:
+        proc.wait()

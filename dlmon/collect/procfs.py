@@ -344,7 +344,7 @@ def read_boot_time(proc_root: str = "/proc") -> float | None:
 # No handle and no held fd: each reads a file once, and a process that is gone (or unreadable)
 # gives None. The sampler's own reads go through ProcHandle above.
 
-DEAD_STATES = (b"Z", b"X")  # the state field of a zombie or a dead process, as bytes
+DEAD_STATE_BYTES = (b"Z", b"X")  # a zombie or dead process in stat_fields (model.format.DEAD_STATES as str)
 
 
 def stat_fields(pid: int, proc_root: str = "/proc") -> list[bytes] | None:
@@ -421,7 +421,12 @@ def group_members(pgid: int, proc_root: str = "/proc") -> list[tuple[int, str]]:
     out = []
     for pid in all_pids(proc_root):
         fields = stat_fields(pid, proc_root)
-        if fields is not None and len(fields) > 2 and fields[0] not in DEAD_STATES and int(fields[2]) == pgid:
+        if (
+            fields is not None
+            and len(fields) > 2
+            and fields[0] not in DEAD_STATE_BYTES
+            and int(fields[2]) == pgid
+        ):
             out.append((pid, read_cmdline(pid, proc_root)))
     return out
 
@@ -443,6 +448,6 @@ def processes_with_environ(
         if entry not in data.split(b"\0"):
             continue
         fields = stat_fields(pid, proc_root)
-        if fields and fields[0] not in DEAD_STATES:
+        if fields and fields[0] not in DEAD_STATE_BYTES:
             out.append((pid, read_cmdline(pid, proc_root)))
     return out

@@ -7,6 +7,8 @@ from collections.abc import Mapping
 
 from dlmon.model import Snapshot
 
+DEAD_STATES = ("Z", "X")  # a zombie or dead process: StatFields.state, ProcessSample.state
+
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
 
@@ -52,7 +54,7 @@ def target_stopped(s: Snapshot) -> bool:
 def children_left(s: Snapshot) -> bool:
     """A process of the job other than the target is still alive (not a zombie): after the
     target's death, its orphaned workers linger, holding memory, and are worth watching."""
-    return any(p.pid != s.target.pid and p.state not in ("Z", "X") for p in s.processes)
+    return any(p.pid != s.target.pid and p.state not in DEAD_STATES for p in s.processes)
 
 
 # The names of the signals that end workers (Linux numbers). The agent, which imports nothing of

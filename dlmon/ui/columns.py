@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from dlmon.model import ProcessSample
-from dlmon.model.format import SIGNAL_NAMES
+from dlmon.model.format import DEAD_STATES, SIGNAL_NAMES
 from dlmon.ui.fmt import DASH, cbytes, cpct, duration, mbps
 
 if TYPE_CHECKING:  # state.py sorts by these columns: a runtime import would be a cycle
@@ -95,7 +95,7 @@ def row_state(row: ProcessRow) -> tuple[str, str]:
 
 def _dead(row: ProcessRow) -> bool:
     """Gone, or a zombie: its memory figures are the last ones read, not what it holds."""
-    return row.gone or row.process.state in ("Z", "X")
+    return row.gone or row.process.state in DEAD_STATES
 
 
 def _held(read: Callable[[ProcessSample], int | None]) -> CellFn:
