@@ -275,3 +275,27 @@ def test_workers_read_in_rotation_are_named_on_screen_with_how_stale_a_row_may_b
     quiet = DashboardState()
     quiet.ingest(make_snapshot())
     assert "large tree" not in "\n".join(text_of(line) for line in memory_lines(quiet, 200, False))
+
+
+@pytest.mark.parametrize(
+    ("severities", "style"),
+    [
+        (("info", "critical", "warning"), "crit"),
+        (("warning", "info"), "warn"),
+        (("info",), "dim"),
+        (("someday", "info"), "dim"),  # a severity this dlmon does not know counts least
+        (("someday", "warning"), "warn"),
+    ],
+)
+def test_the_header_styles_the_alert_count_by_its_worst(severities: tuple[str, ...], style: str) -> None:
+    from dlmon.model import Alert
+    from dlmon.ui.views import HeaderInfo, header_line, sorted_alerts
+
+    alerts = [Alert("k", sev, f"s{i}", "m", "a", T0 - i) for i, sev in enumerate(severities)]
+    state = DashboardState()
+    state.ingest(dataclasses.replace(make_snapshot(), alerts=alerts))
+    info = HeaderInfo("job", True, False, T0, None, 100, 1.0, None)
+    spans = [span for span in header_line(state, info, 200) if "alert" in span[0]]
+    assert spans == [(f"{len(alerts)} alert" + ("" if len(alerts) == 1 else "s"), style)]
+    order = [a.severity for a in sorted_alerts(alerts)]
+    assert order == sorted(severities, key=["critical", "warning", "info", "someday"].index)
