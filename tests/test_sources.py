@@ -104,6 +104,30 @@ def test_record_reader_stops_on_a_line_without_end(monkeypatch: pytest.MonkeyPat
     assert "never ends" in items[0].reason
 
 
+def test_an_over_long_last_line_cut_off_by_a_crash_ended_with_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A crash mid-write tears the last line: it is cut off at the end of the file, which is not
+    a line that never ends (/dev/zero, 16 times the cap without a newline)."""
+    from dlmon.flow import records
+
+    monkeypatch.setattr(records, "MAX_LINE_BYTES", 1024)
+    path = tmp_path / "torn.jsonl"
+    path.write_bytes(b'{"type": "end", "reason": "r"}\n' + b"y" * 5000)
+    items = list(records.iter_records(str(path)))
+    assert [type(i).__name__ for i in items] == ["RecordEnd", "RecordProblem"]
+    assert isinstance(items[1], records.RecordProblem)
+    assert items[1].line == 2 and items[1].reason == "longer than 0 MiB and cut off at the end of the file"
+    path.write_bytes(b"y" * 5000 + b"\n" + b"z" * 5000)  # one skipped, then the torn one
+    reasons = [i.reason for i in records.iter_records(str(path)) if isinstance(i, records.RecordProblem)]
+    assert reasons == ["longer than 0 MiB: skipped", "longer than 0 MiB and cut off at the end of the file"]
+
+    monkeypatch.setattr(records, "MAX_LINE_BYTES", 1 << 20)
+    (endless,) = records.iter_records("/dev/zero")
+    assert isinstance(endless, records.RecordProblem)
+    assert endless.reason == "longer than 1 MiB and never ends: stopped"
+
+
 def test_one_line_reader_gives_offsets_to_seek_back_to_and_reads_a_pipe_without_them(tmp_path: Path) -> None:
     """The replay and the report read lines through flow.records.read_lines_from: a line's offset
     reads the same records again from there, and without offsets (the report) a FIFO reads too."""

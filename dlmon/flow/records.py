@@ -15,7 +15,7 @@ import math
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import IO, cast
+from typing import IO, Literal, cast
 
 from dlmon.model import Snapshot
 from dlmon.model.serialize import SnapshotFormatError, snapshot_from_dict
@@ -119,16 +119,15 @@ def read_lines_from(
             if not raw:
                 return
             if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
-                if not _skip_rest_of_line(fh):
-                    yield (
-                        at,
-                        number,
-                        RecordProblem(
-                            number, f"longer than {MAX_LINE_BYTES >> 20} MiB and never ends: stopped"
-                        ),
-                    )
+                long = f"longer than {MAX_LINE_BYTES >> 20} MiB"
+                rest = _skip_rest_of_line(fh)
+                if rest == "eof":  # a last line torn by a crash mid-write: it ended, with the file
+                    yield at, number, RecordProblem(number, f"{long} and cut off at the end of the file")
                     return
-                yield at, number, RecordProblem(number, f"longer than {MAX_LINE_BYTES >> 20} MiB: skipped")
+                if rest == "endless":
+                    yield at, number, RecordProblem(number, f"{long} and never ends: stopped")
+                    return
+                yield at, number, RecordProblem(number, f"{long}: skipped")
                 continue
             if not raw.strip():
                 number += skip_blank_lines(fh)
@@ -160,16 +159,17 @@ def skip_blank_lines(fh: IO[bytes]) -> int:
         fh.read(cut)
 
 
-def _skip_rest_of_line(fh: IO[bytes]) -> bool:
-    """Read past the end of an over-long line in bounded chunks; False at end of file, or when the
-    line runs on for 16 times the cap (``/dev/zero`` has no end to skip to)."""
+def _skip_rest_of_line(fh: IO[bytes]) -> Literal["ok", "eof", "endless"]:
+    """Read past the end of an over-long line in bounded chunks: "ok" once past its newline,
+    "eof" when the file ends first, "endless" when the line runs on for 16 times the cap
+    (``/dev/zero`` has no end to skip to)."""
     for _ in range(16 * max(1, MAX_LINE_BYTES >> 20)):
         chunk = fh.readline(1 << 20)
         if not chunk:
-            return False
+            return "eof"
         if chunk.endswith(b"\n"):
-            return True
-    return False
+            return "ok"
+    return "endless"
 
 
 def parse_line(number: int, raw: bytes) -> Record:
