@@ -150,10 +150,18 @@ def test_one_line_reader_gives_offsets_to_seek_back_to_and_reads_a_pipe_without_
         with open(fifo, "wb") as fh:
             fh.write(b"".join(lines))
 
+    read: list[object] = []
+    reader = threading.Thread(target=lambda: read.extend(records.iter_records(str(fifo))), daemon=True)
     writer = threading.Thread(target=write, daemon=True)
+    reader.start()
     writer.start()
-    assert list(records.iter_records(str(fifo))) == [r for _, _, r in got]
+    reader.join(30)  # bounded: a writer that never opens the pipe fails the test, not hangs it
+    if reader.is_alive():  # opening the other end (O_RDWR never blocks on a FIFO) lets it go
+        os.close(os.open(fifo, os.O_RDWR | os.O_NONBLOCK))
+        reader.join(5)
     writer.join(5)
+    assert not writer.is_alive()
+    assert read == [r for _, _, r in got]
 
 
 class _CountingReplay(ReplaySource):
