@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import signal
 import time
-from collections.abc import Mapping
 
 from dlmon.model import Snapshot
 
@@ -57,18 +57,16 @@ def children_left(s: Snapshot) -> bool:
     return any(p.pid != s.target.pid and p.state not in DEAD_STATES for p in s.processes)
 
 
-# The names of the signals that end workers (Linux numbers). The agent, which imports nothing of
-# dlmon outside itself, names them with signal.Signals.
-SIGNAL_NAMES: Mapping[int, str] = {
-    1: "SIGHUP",
-    2: "SIGINT",
-    6: "SIGABRT",
-    7: "SIGBUS",
-    9: "SIGKILL",
-    11: "SIGSEGV",
-    13: "SIGPIPE",
-    15: "SIGTERM",
-}
+SIGKILL = int(signal.SIGKILL)  # what the OOM killer sends: the STATE cell says "killed"
+
+
+def signal_name(number: int) -> str:
+    """The name Python's signal module gives ``number`` (SIGSEGV for 11: Linux numbers, named as
+    the agent names them), or "signal N" for one it has no name for (a real-time signal)."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def one_line(s: Snapshot) -> str:

@@ -29,11 +29,10 @@ from dlmon.analysis.kinds import (
     ZOMBIE_WORKER,
 )
 from dlmon.model import ProcessSample, Snapshot, WorkerDeath
-from dlmon.model.format import DEAD_STATES, SIGNAL_NAMES
+from dlmon.model.format import DEAD_STATES, SIGKILL, signal_name
 from dlmon.model.snapshot import KernelEvent, ProcessStack, StackFrame
 
 SIGBUS = 7
-SIGKILL = 9
 SIGSEGV = 11
 SIGABRT = 6
 
@@ -355,7 +354,7 @@ def _death_candidate(
     s = ctx.latest
     label = process_label("worker", death.pid, death.worker_id)
     sig = death.signal
-    name = death.signal_name or (SIGNAL_NAMES.get(sig, f"signal {sig}") if sig is not None else None)
+    name = death.signal_name or (signal_name(sig) if sig is not None else None)
     evidence: dict[str, float | int | str | None] = {
         "pid": death.pid,
         "worker_id": death.worker_id,
@@ -644,7 +643,7 @@ def detect_trainer_died(ctx: Context) -> list[Candidate]:
         )
         severity = WARNING
     else:
-        name = SIGNAL_NAMES.get(sig or 0, f"signal {sig}")
+        name = f"signal {sig}" if sig is None else signal_name(sig)
         evidence["cause"] = "crash" if sig in (SIGSEGV, SIGABRT, SIGBUS) else "signal"
         message = f"The trainer (pid {t.pid}) was ended by {name} at about {_clock(when)}"
         severity = CRITICAL if sig in (SIGSEGV, SIGABRT, SIGBUS) else WARNING
