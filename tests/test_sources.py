@@ -164,6 +164,18 @@ def test_one_line_reader_gives_offsets_to_seek_back_to_and_reads_a_pipe_without_
     assert read == [r for _, _, r in got]
 
 
+def test_the_line_reader_without_offsets_gives_none_for_each(tmp_path: Path) -> None:
+    from dlmon.flow import records
+
+    path = tmp_path / "lines.jsonl"
+    path.write_bytes(b"[1]\n\n" + b'{"type": "end", "reason": "r"}\n')
+    assert [(at, n) for at, n, _ in records.read_lines_from(str(path), offsets=False)] == [
+        (None, 1),
+        (None, 3),
+    ]
+    assert [(at, n) for at, n, _ in records.read_lines_from(str(path), 5, first_line=3)] == [(5, 3)]
+
+
 class _CountingReplay(ReplaySource):
     """Counts how often the play thread looks for a request: a thread that waits looks twice a second."""
 

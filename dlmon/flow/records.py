@@ -15,7 +15,7 @@ import math
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import IO, Literal, cast
+from typing import IO, Literal, cast, overload
 
 from dlmon.model import Snapshot
 from dlmon.model.serialize import SnapshotFormatError, snapshot_from_dict
@@ -97,20 +97,29 @@ def _iter_lines(path: str) -> Iterator[tuple[int, Record]]:
         yield number, record
 
 
+@overload
 def read_lines_from(
-    path: str, offset: int = 0, line: int = 1, *, offsets: bool = True
-) -> Iterator[tuple[int, int, Record]]:
-    """(byte offset, line number, record) of every line of ``path`` from ``offset``, which is the
-    start of line ``line`` (the offset is in the decompressed stream for ``.gz``): how a replay
-    seeks back to a place it indexed. The one line reader: :func:`iter_records` reads through it
-    with ``offsets`` off (offset -1: no ``tell()``, so a pipe reads too)."""
+    path: str, offset: int = 0, first_line: int = 1, *, offsets: Literal[True] = True
+) -> Iterator[tuple[int, int, Record]]: ...
+@overload
+def read_lines_from(
+    path: str, offset: int = 0, first_line: int = 1, *, offsets: Literal[False]
+) -> Iterator[tuple[None, int, Record]]: ...
+def read_lines_from(
+    path: str, offset: int = 0, first_line: int = 1, *, offsets: bool = True
+) -> Iterator[tuple[int | None, int, Record]]:
+    """(byte offset, line number, record) of each line of ``path``, starting at byte ``offset``,
+    where line number ``first_line`` begins (for ``.gz`` the offset counts the decompressed
+    bytes): a replay seeks back to a place it indexed this way. The one line reader:
+    :func:`iter_records` reads through it with ``offsets`` off, and then every offset is None
+    (no ``tell()``, so a pipe reads too)."""
     with open_record_file(path) as fh:
         if offset:
             fh.seek(offset)
-        number = line - 1
+        number = first_line - 1
         while True:
             number += 1
-            at = fh.tell() if offsets else -1
+            at = fh.tell() if offsets else None
             try:
                 raw = fh.readline(MAX_LINE_BYTES + 1)
             except (OSError, EOFError, zlib.error) as exc:  # a truncated or damaged .gz, a read error
