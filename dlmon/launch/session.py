@@ -13,11 +13,10 @@ from typing import TextIO
 from dlmon.analysis import events, format_event
 from dlmon.analysis.verdict import exit_verdict
 from dlmon.collect.procfs import (
-    DEAD_STATE_BYTES,
     group_members,
     processes_with_environ,
     read_cmdline,
-    stat_fields,
+    read_stat,
 )
 from dlmon.flow.loop import handle_signals, pid_exists
 from dlmon.flow.watch import Watch, record_notes
@@ -64,10 +63,10 @@ class SeenProcesses:
     def alive(self) -> list[tuple[int, str]]:
         out = []
         for pid, (start, comm) in self.seen.items():
-            fields = stat_fields(pid)
-            if fields is None or fields[0] in DEAD_STATE_BYTES:
+            stat = read_stat(pid)
+            if stat is None or stat.state in DEAD_STATES:
                 continue
-            if start is not None and len(fields) > 19 and int(fields[19]) != start:
+            if start is not None and stat.start_time != start:
                 continue  # the pid was reused
             out.append((pid, read_cmdline(pid) or comm))
         return out
