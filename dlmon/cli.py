@@ -44,22 +44,12 @@ def parse_pid(text: str) -> int:
         fail(f"{text!r} is not a process id (a positive whole number)")
     if pid <= 0:
         fail(f"{text!r} is not a process id (a positive whole number)")
+    from dlmon.collect.procfs import thread_group_of  # here: `dlmon --help` loads no collector
+
     leader = thread_group_of(pid)
     if leader is not None and leader != pid:
         fail(f"{pid} is a thread of process {leader}, not a process: watch {leader} instead")
     return pid
-
-
-def thread_group_of(pid: int) -> int | None:
-    """The process (Tgid) that ``pid`` belongs to: /proc/TID exists for threads too, unlisted."""
-    try:
-        with open(f"/proc/{pid}/status", "rb") as fh:
-            for line in fh:
-                if line.startswith(b"Tgid:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
 
 
 def interval_seconds(text: str) -> float:
@@ -267,9 +257,14 @@ def attach(
 
 
 def dashboard(source: Source, **kw: Any) -> DashboardResult:
-    """The dashboard (dlmon/ui), handed to the commands in dlmon/launch, which cannot import it."""
+    """The dashboard (dlmon/ui), handed to the commands in dlmon/launch, which cannot import it.
+    A live source gets the boot time (dlmon/ui reads no /proc file): the header's uptime for a
+    snapshot without the target's start_unix_time."""
     from dlmon import ui
+    from dlmon.collect.procfs import read_boot_time
 
+    if source.live:
+        kw.setdefault("boot_time", read_boot_time())
     return ui.run_dashboard(source, **kw)
 
 
@@ -458,18 +453,6 @@ def remind_unwatched(except_pid: int | None = None) -> None:
     remind_unwatched(except_pid)
 
 
-def _memory_unreadable(pid: int) -> str | None:
-    """Why /proc/PID/smaps_rollup cannot be read by this user ("permission denied"), else None."""
-    try:
-        with open(f"/proc/{pid}/smaps_rollup", "rb") as fh:
-            fh.read(1)
-    except PermissionError as exc:
-        return (exc.strerror or "permission denied").lower()
-    except OSError:
-        return None
-    return None
-
-
 @main.command()
 @click.argument("pid")
 @click.option("--seconds", default="5", metavar="S", help="How long to measure before advising (default 5).")
@@ -482,11 +465,12 @@ def advise(pid: str, seconds: str, as_json: bool) -> None:
     """
 
     from dlmon.analysis import Analyzer, advice_to_dict, advise, format_advice
+    from dlmon.collect.procfs import smaps_unreadable
 
     target = parse_pid(pid)
     duration = positive_seconds(seconds, "--seconds")
     sampler = open_sampler(target, unlimited_smaps=True)
-    denied = _memory_unreadable(target)
+    denied = smaps_unreadable(target)
     if denied:
         sampler.close()
         fail(f"cannot read the memory of process {target}: {denied} (run dlmon as its user, or as root)")

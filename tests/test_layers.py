@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 UI_MODULES = ("textual", "rich", "plotext", "textual_plotext")
@@ -113,3 +115,39 @@ def test_the_contract_check_sees_a_breach(tmp_path: Path) -> None:
     fake.mkdir(parents=True)
     (fake / "x.py").write_text("def f():\n    from dlmon.analysis.kinds import STALL\n    return STALL\n")
     assert contract_breaches(tmp_path / "dlmon") == ["dlmon/collect/x.py (collect) imports dlmon.analysis"]
+
+
+def proc_paths(package: Path) -> list[str]:
+    """Every string (f-strings too) in ``package``'s code that starts with a /proc or /sys path."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            string = node.value if isinstance(node, ast.Constant) else None
+            if isinstance(string, str) and string.startswith(("/proc", "/sys/")):
+                found.append(f"{path.relative_to(package.parent.parent)}: {string}")
+    return found
+
+
+def test_the_dashboard_reads_no_proc_file_of_its_own() -> None:
+    """dlmon/ui gets everything it shows from snapshots or from the CLI (the boot time of a live
+    source): the import contract above cannot see an open() of a /proc path, this can."""
+    assert proc_paths(ROOT / "dlmon" / "ui") == []
+    assert proc_paths(ROOT / "dlmon" / "collect")  # the check is not vacuous
+
+
+def test_the_cli_hands_a_live_dashboard_the_boot_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dlmon import cli, ui
+    from dlmon.collect.procfs import read_boot_time
+
+    seen: list[dict[str, object]] = []
+    monkeypatch.setattr(ui, "run_dashboard", lambda source, **kw: seen.append(kw))
+
+    class Live:
+        live = True
+
+    class Replay:
+        live = False
+
+    cli.dashboard(Live(), rank=None)  # type: ignore[arg-type]
+    cli.dashboard(Replay())  # type: ignore[arg-type]
+    assert seen == [{"rank": None, "boot_time": read_boot_time()}, {}]

@@ -14,6 +14,7 @@ from conftest import Spawn
 from dlmon.collect.processes import Cadence, ProcessTracker
 from dlmon.collect.procfs import ProcessGone, ProcHandle, parse_stat
 from dlmon.collect.smaps_budget import SmapsBudget
+from dlmon.model.format import DEAD_STATES
 
 MiB = 1024 * 1024
 
@@ -52,6 +53,7 @@ def test_parse_stat_survives_hostile_comm() -> None:
     stat = parse_stat(raw)
     assert (stat.comm, stat.state, stat.ppid) == ("a) b (c)", "S", 1)
     assert (stat.utime_ticks, stat.stime_ticks, stat.num_threads, stat.start_time) == (7, 3, 5, 12345)
+    assert stat.pgrp == 42
 
 
 def test_forked_children_found_and_pss_below_rss(spawn: Spawn) -> None:
@@ -384,11 +386,10 @@ def test_one_off_reads_by_path_agree_with_the_handle_and_give_none_once_gone(
     proc = spawn('print("READY", flush=True)\nimport time; time.sleep(60)', env={name: value})
     handle = ProcHandle(proc.pid)
     try:
-        fields = procfs.stat_fields(proc.pid)
-        assert fields is not None and fields[0] not in procfs.DEAD_STATES
         assert procfs.start_ticks(proc.pid) == handle.start_time
         stat = procfs.read_stat(proc.pid)
         assert stat is not None and stat.ppid == os.getpid() and stat.start_time == handle.start_time
+        assert stat.state not in DEAD_STATES and stat.pgrp == proc.pid  # spawn: its own group
     finally:
         handle.close()
     assert procfs.thread_group_of(proc.pid) == proc.pid
@@ -402,7 +403,7 @@ def test_one_off_reads_by_path_agree_with_the_handle_and_give_none_once_gone(
 
     proc.kill()
     proc.wait()
-    assert procfs.stat_fields(proc.pid) is None and procfs.read_stat(proc.pid) is None
+    assert procfs.read_stat(proc.pid) is None
     assert procfs.start_ticks(proc.pid) is None and procfs.thread_group_of(proc.pid) is None
     assert procfs.real_uid(proc.pid) is None and procfs.exe_path(proc.pid) is None
     assert procfs.group_members(proc.pid) == [] and procfs.processes_with_environ(mark.encode()) == []
@@ -412,3 +413,81 @@ def test_one_off_reads_by_path_agree_with_the_handle_and_give_none_once_gone(
     assert procfs.read_boot_time(str(tmp_path)) == procfs.boot_time(str(tmp_path)) == 1_700_000_000.0
     (tmp_path / "stat").write_bytes(b"cpu  1 2 3\n")
     assert procfs.read_boot_time(str(tmp_path)) is None
+
+
+def test_thread_group_of_a_thread_id_is_its_process(spawn: Spawn) -> None:
+    """/proc/TID exists for a thread too (unlisted): its Tgid names the process it belongs to,
+    which ``dlmon attach TID`` points the user to."""
+    from dlmon.collect import procfs
+
+    proc = spawn(
+        "import threading, time\nthreading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+        'print("READY", flush=True)\ntime.sleep(60)'
+    )
+    tids = [int(t) for t in os.listdir(f"/proc/{proc.pid}/task") if int(t) != proc.pid]
+    assert tids  # the thread started before READY
+    assert procfs.thread_group_of(tids[0]) == proc.pid
+    assert procfs.thread_group_of(proc.pid) == proc.pid
+
+
+def test_real_uid_is_the_first_number_of_the_status_uid_line(tmp_path: Path) -> None:
+    """Read by collect's own status parser, under ``proc_root`` like its neighbours."""
+    from dlmon.collect import procfs
+
+    (tmp_path / "42").mkdir()
+    (tmp_path / "42" / "status").write_bytes(
+        b"Name:\tpython\nTgid:\t42\nUid:\t1000\t1001\t1002\t1003\nGid:\t5\n"
+    )
+    assert procfs.real_uid(42, str(tmp_path)) == 1000
+    assert procfs.real_uid(43, str(tmp_path)) is None  # gone
+    assert procfs.thread_group_of(42, str(tmp_path)) == 42
+
+
+def test_a_zombie_is_dead_to_read_stat() -> None:
+    """model.format.DEAD_STATES holds str, as StatFields.state and ProcessSample.state do: the
+    one-off reads (group_members, processes_with_environ, run's leftovers) skip a zombie."""
+    from dlmon.collect import procfs
+
+    proc = subprocess.Popen(["true"], start_new_session=True)  # not waited for: a zombie
+    try:
+        deadline = time.monotonic() + 30
+        while (stat := procfs.read_stat(proc.pid)) is not None and stat.state not in DEAD_STATES:
+            assert time.monotonic() < deadline, stat
+            time.sleep(0.01)
+        assert stat is not None and stat.state == "Z"
+        assert procfs.group_members(proc.pid) == []  # its own group, of one zombie
+    finally:
+        proc.wait()
+
+
+def test_seen_processes_names_the_live_ones_it_saw_not_a_reused_pid_nor_a_zombie(spawn: Spawn) -> None:
+    """``dlmon run``'s leftovers: a process the watch saw in the tree is named at the end while
+    it lives, by pid and start time (read_stat), so a zombie or a reused pid is not."""
+    import dataclasses
+
+    from test_ui_support import make_snapshot
+
+    from dlmon.collect import procfs
+    from dlmon.launch.session import SeenProcesses
+
+    live = spawn('print("READY", flush=True)\nimport time; time.sleep(60)')
+    reused = spawn('print("READY", flush=True)\nimport time; time.sleep(60)')
+    zombie = subprocess.Popen(["true"], start_new_session=True)
+    try:
+        while (stat := procfs.read_stat(zombie.pid)) is not None and stat.state != "Z":
+            time.sleep(0.01)
+        snap = make_snapshot(zombie=False)
+        template = snap.processes[1]
+        procs = tuple(
+            dataclasses.replace(template, pid=pid, start_time=start)
+            for pid, start in (
+                (live.pid, procfs.start_ticks(live.pid)),
+                (reused.pid, (procfs.start_ticks(reused.pid) or 0) + 1),  # another process's start
+                (zombie.pid, procfs.start_ticks(zombie.pid)),
+            )
+        )
+        seen = SeenProcesses(training_pid=os.getpid())
+        seen(dataclasses.replace(snap, processes=procs))
+        assert seen.alive() == [(live.pid, procfs.read_cmdline(live.pid))]
+    finally:
+        zombie.wait()

@@ -104,6 +104,30 @@ def test_record_reader_stops_on_a_line_without_end(monkeypatch: pytest.MonkeyPat
     assert "never ends" in items[0].reason
 
 
+def test_an_over_long_last_line_cut_off_by_a_crash_ended_with_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A crash mid-write tears the last line: it is cut off at the end of the file, which is not
+    a line that never ends (/dev/zero, 16 times the cap without a newline)."""
+    from dlmon.flow import records
+
+    monkeypatch.setattr(records, "MAX_LINE_BYTES", 1024)
+    path = tmp_path / "torn.jsonl"
+    path.write_bytes(b'{"type": "end", "reason": "r"}\n' + b"y" * 5000)
+    items = list(records.iter_records(str(path)))
+    assert [type(i).__name__ for i in items] == ["RecordEnd", "RecordProblem"]
+    assert isinstance(items[1], records.RecordProblem)
+    assert items[1].line == 2 and items[1].reason == "longer than 0 MiB and cut off at the end of the file"
+    path.write_bytes(b"y" * 5000 + b"\n" + b"z" * 5000)  # one skipped, then the torn one
+    reasons = [i.reason for i in records.iter_records(str(path)) if isinstance(i, records.RecordProblem)]
+    assert reasons == ["longer than 0 MiB: skipped", "longer than 0 MiB and cut off at the end of the file"]
+
+    monkeypatch.setattr(records, "MAX_LINE_BYTES", 1 << 20)
+    (endless,) = records.iter_records("/dev/zero")
+    assert isinstance(endless, records.RecordProblem)
+    assert endless.reason == "longer than 1 MiB and never ends: stopped"
+
+
 def test_one_line_reader_gives_offsets_to_seek_back_to_and_reads_a_pipe_without_them(tmp_path: Path) -> None:
     """The replay and the report read lines through flow.records.read_lines_from: a line's offset
     reads the same records again from there, and without offsets (the report) a FIFO reads too."""
@@ -126,10 +150,30 @@ def test_one_line_reader_gives_offsets_to_seek_back_to_and_reads_a_pipe_without_
         with open(fifo, "wb") as fh:
             fh.write(b"".join(lines))
 
+    read: list[object] = []
+    reader = threading.Thread(target=lambda: read.extend(records.iter_records(str(fifo))), daemon=True)
     writer = threading.Thread(target=write, daemon=True)
+    reader.start()
     writer.start()
-    assert list(records.iter_records(str(fifo))) == [r for _, _, r in got]
+    reader.join(30)  # bounded: a writer that never opens the pipe fails the test, not hangs it
+    if reader.is_alive():  # opening the other end (O_RDWR never blocks on a FIFO) lets it go
+        os.close(os.open(fifo, os.O_RDWR | os.O_NONBLOCK))
+        reader.join(5)
     writer.join(5)
+    assert not writer.is_alive()
+    assert read == [r for _, _, r in got]
+
+
+def test_the_line_reader_without_offsets_gives_none_for_each(tmp_path: Path) -> None:
+    from dlmon.flow import records
+
+    path = tmp_path / "lines.jsonl"
+    path.write_bytes(b"[1]\n\n" + b'{"type": "end", "reason": "r"}\n')
+    assert [(at, n) for at, n, _ in records.read_lines_from(str(path), offsets=False)] == [
+        (None, 1),
+        (None, 3),
+    ]
+    assert [(at, n) for at, n, _ in records.read_lines_from(str(path), 5, first_line=3)] == [(5, 3)]
 
 
 class _CountingReplay(ReplaySource):

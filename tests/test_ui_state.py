@@ -275,3 +275,55 @@ def test_workers_read_in_rotation_are_named_on_screen_with_how_stale_a_row_may_b
     quiet = DashboardState()
     quiet.ingest(make_snapshot())
     assert "large tree" not in "\n".join(text_of(line) for line in memory_lines(quiet, 200, False))
+
+
+@pytest.mark.parametrize(
+    ("severities", "style"),
+    [
+        (("info", "critical", "warning"), "crit"),
+        (("warning", "info"), "warn"),
+        (("info",), "dim"),
+        (("someday", "info"), "dim"),  # a severity this dlmon does not know counts least
+        (("someday", "warning"), "warn"),
+    ],
+)
+def test_the_header_styles_the_alert_count_by_its_worst(severities: tuple[str, ...], style: str) -> None:
+    from dlmon.model import Alert
+    from dlmon.ui.views import HeaderInfo, header_line, sorted_alerts
+
+    alerts = [Alert("k", sev, f"s{i}", "m", "a", T0 - i) for i, sev in enumerate(severities)]
+    state = DashboardState()
+    state.ingest(dataclasses.replace(make_snapshot(), alerts=alerts))
+    info = HeaderInfo("job", True, False, T0, None, 100, 1.0, None)
+    spans = [span for span in header_line(state, info, 200) if "alert" in span[0]]
+    assert spans == [(f"{len(alerts)} alert" + ("" if len(alerts) == 1 else "s"), style)]
+    order = [a.severity for a in sorted_alerts(alerts)]
+    assert order == sorted(severities, key=["critical", "warning", "info", "someday"].index)
+
+
+@pytest.mark.parametrize(
+    ("signal", "word"),
+    [
+        (1, "SIGHUP"),
+        (2, "SIGINT"),
+        (13, "SIGPIPE"),
+        (8, "SIGFPE"),
+        (4, "SIGILL"),
+        (9, "killed"),
+        (40, "signal 40"),
+    ],
+)
+def test_a_dead_workers_state_names_its_signal(signal: int, word: str) -> None:
+    """The STATE cell names the signal as the alerts do (model.format.signal_name); SIGKILL,
+    the OOM killer's, reads "killed"."""
+    from dlmon.model.format import signal_name
+    from dlmon.ui.columns import row_state
+    from dlmon.ui.state import ProcessRow
+
+    snap = make_snapshot(zombie=False)
+    death = WorkerDeath(
+        pid=WORKER_PIDS[1], worker_id=1, loader_id="loader-1", signal=signal, exit_code=None, time=T0
+    )
+    row = ProcessRow(("w", "loader-1", 1), snap.processes[1], 0, T0, T0, gone=True, death=death)
+    assert row_state(row) == (word, "crit")
+    assert signal_name(signal) == (word if signal != 9 else "SIGKILL")

@@ -31,10 +31,9 @@ from dataclasses import dataclass, field
 
 from dlmon.analysis.stats import Point
 from dlmon.model import ProcessSample, Snapshot
+from dlmon.model.format import DEAD_STATES
 
 Identity = tuple[int, int]  # (pid, start_time)
-
-DEAD = ("Z", "X")
 
 
 class Series:
@@ -238,7 +237,7 @@ class Digest:
         rss_known = anon_known = False
         workers = WorkerSum()
         for p in s.processes:
-            if p.state in DEAD:
+            if p.state in DEAD_STATES:
                 continue
             identity = (p.pid, p.start_time)
             seen.add(identity)
@@ -317,11 +316,11 @@ class Digest:
         """The trainer's own RssAnon (its workers come and go, it stays), and when the training loop
         was first seen running: DataLoader workers alive (they start at the loader's first
         iteration, after the dataset and the model are built) or a loader that delivered batches."""
-        main = next((p for p in s.processes if p.role == "main" and p.state not in DEAD), None)
+        main = next((p for p in s.processes if p.role == "main" and p.state not in DEAD_STATES), None)
         if main is not None and main.rss_anon_bytes is not None:
             self.main_anon.add(s.time, float(main.rss_anon_bytes))
         if self.training_seen is None and (
-            any(p.role == "worker" and p.state not in DEAD for p in s.processes)
+            any(p.role == "worker" and p.state not in DEAD_STATES for p in s.processes)
             or any((x.batches_total or 0) > 0 for x in s.loaders)
         ):
             self.training_seen = s.time
@@ -346,7 +345,7 @@ class Digest:
         if (
             before is not None
             and before != identity
-            and any((p.pid, p.start_time) == before and p.state not in DEAD for p in s.processes)
+            and any((p.pid, p.start_time) == before and p.state not in DEAD_STATES for p in s.processes)
         ):
             return
         self.worker_slots[worker_id] = identity

@@ -46,6 +46,7 @@ from dlmon.collect.procfs import (
 )
 from dlmon.collect.smaps_budget import SmapsBudget, SmapsCandidate
 from dlmon.model import ProcessSample
+from dlmon.model.format import DEAD_STATES
 
 WORKER_COMMS = frozenset({"pt_data_worker"})
 STATUS_FIELDS = FieldPicker(
@@ -286,7 +287,7 @@ class ProcessTracker:
         frontier = [
             (tracked, stats[identity])
             for identity, tracked in self._tracked.items()
-            if identity in stats and stats[identity].state not in ("Z", "X")
+            if identity in stats and stats[identity].state not in DEAD_STATES
         ]
         while frontier:
             parent, stat = frontier.pop()
@@ -471,7 +472,7 @@ class ProcessTracker:
             ):
                 fresh.add(identity)
                 tracked.quiet_row = False
-                zombie = stat.state in ("Z", "X")
+                zombie = stat.state in DEAD_STATES
                 status = self._read_optional(tracked, "status", STATUS_FIELDS)
                 io = {} if zombie else self._read_optional(tracked, "io", IO_FIELDS)
                 self.status_read_last_tick.append(identity[0])
@@ -581,7 +582,7 @@ class ProcessTracker:
         if (
             last.worker_id != worker_id
             or last.torch_threads != self.thread_hints.get(pid)
-            or last.num_fds != (None if stat.state in ("Z", "X") else tracked.num_fds)
+            or last.num_fds != (None if stat.state in DEAD_STATES else tracked.num_fds)
             or ((tracked.unavailable or last.unavailable) and dict(last.unavailable) != tracked.unavailable)
             or (last.num_fds is not None and last.fd_limit != self.fd_limits.limit(pid, identity[1], now))
         ):
@@ -607,7 +608,7 @@ class ProcessTracker:
 
     def _maybe_count_fds(self, tracked: _Tracked, stat: StatFields, status: dict[str, int]) -> None:
         """Recount open fds when FDSize (the fd table size) moved, or on the slow cadence."""
-        if stat.state in ("Z", "X"):
+        if stat.state in DEAD_STATES:
             tracked.num_fds = None
             return
         fdsize = status.get("FDSize")
@@ -670,7 +671,7 @@ class ProcessTracker:
                 tree_still_since_read=self._still_since(tracked.smaps_time),
             )
             for identity, (tracked, stat, _status, _io) in rows.items()
-            if stat.state not in ("Z", "X") and tracked.smaps_denied is None
+            if stat.state not in DEAD_STATES and tracked.smaps_denied is None
         ]
         for candidate in self.budget.order(candidates, now):
             if not self.budget.can_spend():
@@ -712,7 +713,7 @@ class ProcessTracker:
         worker_id = self.worker_hints.get(pid)
         if tracked.role == "child" and (stat.comm in WORKER_COMMS or worker_id is not None):
             tracked.role = "worker"  # a forked worker renames itself once it starts
-        zombie = stat.state in ("Z", "X")
+        zombie = stat.state in DEAD_STATES
         dt = None if tracked.prev_time is None else now - tracked.prev_time
         cpu_ticks = stat.utime_ticks + stat.stime_ticks
         cpu_rate = _rate(cpu_ticks, tracked.prev_cpu_ticks, dt)

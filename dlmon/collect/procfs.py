@@ -21,6 +21,8 @@ import errno
 import os
 from dataclasses import dataclass
 
+from dlmon.model.format import DEAD_STATES
+
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 _READ_SIZE = 8192
@@ -41,6 +43,7 @@ class StatFields:
     comm: str
     state: str
     ppid: int
+    pgrp: int  # the process group: what ``dlmon run`` looks for in the training's leftovers
     minor_faults: int  # minflt: every copy-on-write break and first touch of a page counts one
     major_faults: int  # majflt: a page read in from disk or swap
     utime_ticks: int
@@ -61,6 +64,7 @@ def parse_stat(raw: bytes) -> StatFields:
         comm,  # comm
         rest[0].decode(),  # state
         int(rest[1]),  # ppid
+        int(rest[2]),  # pgrp
         int(rest[7]),  # minor_faults
         int(rest[9]),  # major_faults
         int(rest[11]),  # utime_ticks
@@ -344,18 +348,6 @@ def read_boot_time(proc_root: str = "/proc") -> float | None:
 # No handle and no held fd: each reads a file once, and a process that is gone (or unreadable)
 # gives None. The sampler's own reads go through ProcHandle above.
 
-DEAD_STATES = (b"Z", b"X")  # the state field of a zombie or a dead process, as bytes
-
-
-def stat_fields(pid: int, proc_root: str = "/proc") -> list[bytes] | None:
-    """The fields of /proc/PID/stat after the command name: the state first, then ppid, pgrp...
-    (the start time at index 19); None when gone or unreadable."""
-    try:
-        with open(f"{proc_root}/{pid}/stat", "rb") as fh:
-            return fh.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
 
 def read_stat(pid: int, proc_root: str = "/proc") -> StatFields | None:
     """/proc/PID/stat parsed by :func:`parse_stat`; None when gone or unreadable."""
@@ -368,11 +360,8 @@ def read_stat(pid: int, proc_root: str = "/proc") -> StatFields | None:
 
 def start_ticks(pid: int, proc_root: str = "/proc") -> int | None:
     """The process's start time in clock ticks after boot (stat field 22): tells a reused pid apart."""
-    fields = stat_fields(pid, proc_root)
-    try:
-        return None if fields is None else int(fields[19])
-    except (IndexError, ValueError):
-        return None
+    stat = read_stat(pid, proc_root)
+    return None if stat is None else stat.start_time
 
 
 def status_value(pid: int, key: str, proc_root: str = "/proc") -> int | None:
@@ -391,13 +380,9 @@ def thread_group_of(pid: int, proc_root: str = "/proc") -> int | None:
     return status_value(pid, "Tgid", proc_root)
 
 
-def real_uid(pid: int) -> int | None:
-    """The real uid of ``pid``, by the agent's own reader of /proc/PID/status (the one parser of
-    its Uid line: the agent may import nothing of dlmon, collect may import the agent)."""
-    from dlmon.agent._paths import target_uids  # here: importing the agent package costs ~30 ms
-
-    uids = target_uids(pid)
-    return None if uids is None else uids[0]
+def real_uid(pid: int, proc_root: str = "/proc") -> int | None:
+    """The real uid of ``pid`` (the first number of its status Uid line); None when gone or unreadable."""
+    return status_value(pid, "Uid", proc_root)
 
 
 def exe_path(pid: int, proc_root: str = "/proc") -> str | None:
@@ -424,8 +409,8 @@ def group_members(pgid: int, proc_root: str = "/proc") -> list[tuple[int, str]]:
     """Live processes of process group ``pgid``: (pid, command line)."""
     out = []
     for pid in all_pids(proc_root):
-        fields = stat_fields(pid, proc_root)
-        if fields is not None and len(fields) > 2 and fields[0] not in DEAD_STATES and int(fields[2]) == pgid:
+        stat = read_stat(pid, proc_root)
+        if stat is not None and stat.pgrp == pgid and stat.state not in DEAD_STATES:
             out.append((pid, read_cmdline(pid, proc_root)))
     return out
 
@@ -446,7 +431,7 @@ def processes_with_environ(
             continue
         if entry not in data.split(b"\0"):
             continue
-        fields = stat_fields(pid, proc_root)
-        if fields and fields[0] not in DEAD_STATES:
+        stat = read_stat(pid, proc_root)
+        if stat is not None and stat.state not in DEAD_STATES:
             out.append((pid, read_cmdline(pid, proc_root)))
     return out

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from dlmon.agent._journal import STACK_HEADER, STACK_SIGNAL, STACK_SUFFIX
 from dlmon.collect.agent_client import AgentClient, AgentReading
+from dlmon.model.format import DEAD_STATES
 from dlmon.model.snapshot import LoaderSample, ProcessSample, ProcessStack, StackFrame
 from dlmon.model.stall_rule import STALL_RULE, StallRule, pace_reading
 
@@ -205,7 +206,7 @@ class StallProbe:
             for ls in stuck
             if (ls.in_call_s or 0.0) > 0
             for wid, wpid in enumerate(ls.worker_pids)
-            if wpid in by_pid and by_pid[wpid].state not in ("Z", "X")
+            if wpid in by_pid and by_pid[wpid].state not in DEAD_STATES
         ]
         lone = [x for x in lone if x[2] in by_pid and x not in workers]
         out.extend(self._worker_stacks((workers + lone)[:MAX_WORKERS]))

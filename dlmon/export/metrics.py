@@ -20,6 +20,7 @@ from typing import Any, Generic, TypeVar
 
 from dlmon.analysis.wait import by_process, job_wall_wait
 from dlmon.model import DiskSample, GpuDevice, LoaderSample, ProcessSample, Snapshot
+from dlmon.model.format import DEAD_STATES
 
 T = TypeVar("T")
 Number = float | int | None
@@ -112,7 +113,7 @@ def process_series(published: Published) -> list[tuple[tuple[str, ...], ProcessS
     seen: set[tuple[str, ...]] = set()
     out: list[tuple[tuple[str, ...], ProcessSample]] = []
     # Live processes first: a zombie of the previous epoch must not take its successor's slot.
-    for p in sorted(snapshot.processes, key=lambda p: p.state in ("Z", "X")):
+    for p in sorted(snapshot.processes, key=lambda p: p.state in DEAD_STATES):
         labels = (str(p.pid), p.role, "", "")
         if p.role == "worker":
             loader, worker_id = slots.get(p.pid, ("", p.worker_id))

@@ -15,7 +15,7 @@ import math
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import IO, cast
+from typing import IO, Literal, cast, overload
 
 from dlmon.model import Snapshot
 from dlmon.model.serialize import SnapshotFormatError, snapshot_from_dict
@@ -97,20 +97,29 @@ def _iter_lines(path: str) -> Iterator[tuple[int, Record]]:
         yield number, record
 
 
+@overload
 def read_lines_from(
-    path: str, offset: int = 0, line: int = 1, *, offsets: bool = True
-) -> Iterator[tuple[int, int, Record]]:
-    """(byte offset, line number, record) of every line of ``path`` from ``offset``, which is the
-    start of line ``line`` (the offset is in the decompressed stream for ``.gz``): how a replay
-    seeks back to a place it indexed. The one line reader: :func:`iter_records` reads through it
-    with ``offsets`` off (offset -1: no ``tell()``, so a pipe reads too)."""
+    path: str, offset: int = 0, first_line: int = 1, *, offsets: Literal[True] = True
+) -> Iterator[tuple[int, int, Record]]: ...
+@overload
+def read_lines_from(
+    path: str, offset: int = 0, first_line: int = 1, *, offsets: Literal[False]
+) -> Iterator[tuple[None, int, Record]]: ...
+def read_lines_from(
+    path: str, offset: int = 0, first_line: int = 1, *, offsets: bool = True
+) -> Iterator[tuple[int | None, int, Record]]:
+    """(byte offset, line number, record) of each line of ``path``, starting at byte ``offset``,
+    where line number ``first_line`` begins (for ``.gz`` the offset counts the decompressed
+    bytes): a replay seeks back to a place it indexed this way. The one line reader:
+    :func:`iter_records` reads through it with ``offsets`` off, and then every offset is None
+    (no ``tell()``, so a pipe reads too)."""
     with open_record_file(path) as fh:
         if offset:
             fh.seek(offset)
-        number = line - 1
+        number = first_line - 1
         while True:
             number += 1
-            at = fh.tell() if offsets else -1
+            at = fh.tell() if offsets else None
             try:
                 raw = fh.readline(MAX_LINE_BYTES + 1)
             except (OSError, EOFError, zlib.error) as exc:  # a truncated or damaged .gz, a read error
@@ -119,16 +128,15 @@ def read_lines_from(
             if not raw:
                 return
             if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
-                if not _skip_rest_of_line(fh):
-                    yield (
-                        at,
-                        number,
-                        RecordProblem(
-                            number, f"longer than {MAX_LINE_BYTES >> 20} MiB and never ends: stopped"
-                        ),
-                    )
+                long = f"longer than {MAX_LINE_BYTES >> 20} MiB"
+                rest = _skip_rest_of_line(fh)
+                if rest == "eof":  # a last line torn by a crash mid-write: it ended, with the file
+                    yield at, number, RecordProblem(number, f"{long} and cut off at the end of the file")
                     return
-                yield at, number, RecordProblem(number, f"longer than {MAX_LINE_BYTES >> 20} MiB: skipped")
+                if rest == "endless":
+                    yield at, number, RecordProblem(number, f"{long} and never ends: stopped")
+                    return
+                yield at, number, RecordProblem(number, f"{long}: skipped")
                 continue
             if not raw.strip():
                 number += skip_blank_lines(fh)
@@ -160,16 +168,17 @@ def skip_blank_lines(fh: IO[bytes]) -> int:
         fh.read(cut)
 
 
-def _skip_rest_of_line(fh: IO[bytes]) -> bool:
-    """Read past the end of an over-long line in bounded chunks; False at end of file, or when the
-    line runs on for 16 times the cap (``/dev/zero`` has no end to skip to)."""
+def _skip_rest_of_line(fh: IO[bytes]) -> Literal["ok", "eof", "endless"]:
+    """Read past the end of an over-long line in bounded chunks: "ok" once past its newline,
+    "eof" when the file ends first, "endless" when the line runs on for 16 times the cap
+    (``/dev/zero`` has no end to skip to)."""
     for _ in range(16 * max(1, MAX_LINE_BYTES >> 20)):
         chunk = fh.readline(1 << 20)
         if not chunk:
-            return False
+            return "eof"
         if chunk.endswith(b"\n"):
-            return True
-    return False
+            return "ok"
+    return "endless"
 
 
 def parse_line(number: int, raw: bytes) -> Record:

@@ -22,9 +22,6 @@ from dlmon.model import Snapshot, SnapshotStep
 
 SnapshotSink = Callable[[Snapshot], None]
 EndSink = Callable[[str], None]  # receives why the source ended (a recording END_* reason)
-# The name LiveSource still uses for a SnapshotStep (it goes when LiveSource switches): the
-# class dlmon.analysis.Analyzer is the one Analyzer.
-Analyzer = SnapshotStep
 
 REPLAY_FINISHED = "replay_finished"
 PR_SET_NAME = 15
@@ -105,7 +102,7 @@ class LiveSource:
         interval: float = 1.0,
         *,
         record_path: str | None = None,
-        analyzer: Analyzer | None = None,
+        analyzer: SnapshotStep | None = None,
         exit_code: ExitCodeProvider | None = None,
         log_path: str | None = None,
         sampler: Sampler | None = None,

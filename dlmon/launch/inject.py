@@ -15,6 +15,7 @@ from dlmon.collect.agent_client import AgentClient
 from dlmon.launch import gdb_inject
 from dlmon.launch.agent_stage import Stage, stage
 from dlmon.launch.target_python import ProcAccessError, TargetPython, process_state, read_target
+from dlmon.model.format import DEAD_STATES
 
 INJECT_TIMEOUT_S = 10.0
 SOCKET_WAIT_S = 5.0  # after the load said it serves
@@ -99,7 +100,7 @@ def inject(pid: int, timeout: float = INJECT_TIMEOUT_S) -> str:
     if reason:
         raise InjectError(reason)
     state, tracer = process_state(pid)
-    if state in ("Z", "X", ""):
+    if state in DEAD_STATES or not state:
         raise InjectError(f"cannot inject into process {pid}: it has exited")
     if state == "T":
         raise InjectError(

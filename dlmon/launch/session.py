@@ -13,16 +13,16 @@ from typing import TextIO
 from dlmon.analysis import events, format_event
 from dlmon.analysis.verdict import exit_verdict
 from dlmon.collect.procfs import (
-    DEAD_STATES,
     group_members,
     processes_with_environ,
     read_cmdline,
-    stat_fields,
+    read_stat,
 )
 from dlmon.flow.loop import handle_signals, pid_exists
 from dlmon.flow.watch import Watch, record_notes
 from dlmon.launch.runner import JOB_ENV, Training, exit_status, launch
 from dlmon.model import Alert, Snapshot
+from dlmon.model.format import DEAD_STATES
 
 AlertPrinter = Callable[[Snapshot], None]
 Reporter = Callable[[str], None]
@@ -63,10 +63,10 @@ class SeenProcesses:
     def alive(self) -> list[tuple[int, str]]:
         out = []
         for pid, (start, comm) in self.seen.items():
-            fields = stat_fields(pid)
-            if fields is None or fields[0] in DEAD_STATES:
+            stat = read_stat(pid)
+            if stat is None or stat.state in DEAD_STATES:
                 continue
-            if start is not None and len(fields) > 19 and int(fields[19]) != start:
+            if start is not None and stat.start_time != start:
                 continue  # the pid was reused
             out.append((pid, read_cmdline(pid) or comm))
         return out
@@ -83,7 +83,7 @@ def left_behind(
     process the watch saw in the tree, and every process carrying the launch's token."""
     found = dict(group_members(training_pid))
     for p in last.processes if last is not None else ():
-        if p.pid != training_pid and p.pid not in found and p.state not in ("Z", "X") and pid_exists(p.pid):
+        if p.pid != training_pid and p.pid not in found and p.state not in DEAD_STATES and pid_exists(p.pid):
             found[p.pid] = read_cmdline(p.pid) or p.comm
     for pid, cmd in seen.alive() if seen is not None else ():
         found.setdefault(pid, cmd)

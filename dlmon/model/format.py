@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import signal
 import time
-from collections.abc import Mapping
 
 from dlmon.model import Snapshot
+
+DEAD_STATES = ("Z", "X")  # a zombie or dead process: StatFields.state, ProcessSample.state
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
@@ -52,21 +54,19 @@ def target_stopped(s: Snapshot) -> bool:
 def children_left(s: Snapshot) -> bool:
     """A process of the job other than the target is still alive (not a zombie): after the
     target's death, its orphaned workers linger, holding memory, and are worth watching."""
-    return any(p.pid != s.target.pid and p.state not in ("Z", "X") for p in s.processes)
+    return any(p.pid != s.target.pid and p.state not in DEAD_STATES for p in s.processes)
 
 
-# The names of the signals that end workers (Linux numbers). The agent, which imports nothing of
-# dlmon outside itself, names them with signal.Signals.
-SIGNAL_NAMES: Mapping[int, str] = {
-    1: "SIGHUP",
-    2: "SIGINT",
-    6: "SIGABRT",
-    7: "SIGBUS",
-    9: "SIGKILL",
-    11: "SIGSEGV",
-    13: "SIGPIPE",
-    15: "SIGTERM",
-}
+SIGKILL = int(signal.SIGKILL)  # what the OOM killer sends: the STATE cell says "killed"
+
+
+def signal_name(number: int) -> str:
+    """The name Python's signal module gives ``number`` (SIGSEGV for 11: Linux numbers, named as
+    the agent names them), or "signal N" for one it has no name for (a real-time signal)."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def one_line(s: Snapshot) -> str:

@@ -36,8 +36,8 @@ def create_app(
     ``interval``: the sampling interval, for display and staleness (default: the source's).
     ``clock``: wall time, for "no data for N s" and screenshot names (tests pass a fixed one).
     ``ask_stop_on_quit``: ``dlmon run`` — quitting asks whether to stop the training as well.
-    ``boot_time``: Unix time of the boot, to show the target's uptime (default: /proc/stat for a
-    live source; unknown for a replay).
+    ``boot_time``: Unix time of the boot, for the target's uptime when a snapshot lacks its
+    start_unix_time (the CLI passes /proc/stat's for a live source; default unknown).
     ``stop_by_default``: the quit question's default button stops the training (``dlmon demo``:
     a synthetic training has no reason to outlive the dashboard); otherwise it leaves it running.
     ``rank``: show only that rank of a distributed job (``--rank N``), and what belongs to no rank.

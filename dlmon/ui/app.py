@@ -27,6 +27,7 @@ from textual.widgets import Footer
 
 from dlmon.flow.sources import HasFaults, Paced, Seekable, Source
 from dlmon.model import Snapshot
+from dlmon.model.format import children_left
 from dlmon.ui.columns import SORT_ORDER, SORTS
 from dlmon.ui.logtail import LogTail
 from dlmon.ui.panels import (
@@ -83,17 +84,6 @@ class SourceEnded(Message):
     def __init__(self, reason: str) -> None:
         super().__init__()
         self.reason = reason
-
-
-def read_boot_time(path: str = "/proc/stat") -> float | None:
-    try:
-        with open(path, "rb") as fh:
-            for line in fh:
-                if line.startswith(b"btime "):
-                    return float(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
 
 
 class MainScreen(Screen[None]):
@@ -291,8 +281,6 @@ class DlmonApp(App[DashboardResult]):
         if interval is None and isinstance(source, Paced):
             interval = float(source.interval)
         self.interval = interval
-        if boot_time is None and source.live:
-            boot_time = read_boot_time()
         self.boot_time = boot_time
         self.clock_ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
         self.state = DashboardState(rank=self.rank)
@@ -533,7 +521,7 @@ class DlmonApp(App[DashboardResult]):
         latest = self.state.latest
         running = latest is not None and latest.target.alive and self.state.end_reason is None
         # a child that outlived the training is still the training's: offer to stop it too
-        running = running or (latest is not None and _children_left(latest))
+        running = running or (latest is not None and children_left(latest))
         if self.ask_stop_on_quit and running and not isinstance(self.screen, QuitScreen):
             assert latest is not None
             self.push_screen(
@@ -602,10 +590,6 @@ def _bind(fn: Callable[[str], None], arg: str) -> Callable[[], None]:
         fn(arg)
 
     return call
-
-
-def _children_left(snapshot: Snapshot) -> bool:
-    return any(p.pid != snapshot.target.pid and p.state not in ("Z", "X") for p in snapshot.processes)
 
 
 def run_app(app: DlmonApp) -> DashboardResult:

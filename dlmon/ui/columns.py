@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from dlmon.model import ProcessSample
-from dlmon.model.format import SIGNAL_NAMES
+from dlmon.model.format import DEAD_STATES, SIGKILL, signal_name
 from dlmon.ui.fmt import DASH, cbytes, cpct, duration, mbps
 
 if TYPE_CHECKING:  # state.py sorts by these columns: a runtime import would be a cycle
@@ -63,7 +63,6 @@ _STATE_NAMES = {
     "W": "paging",
     "P": "parked",
 }
-_SIGKILL = 9  # its STATE cell reads "killed"; other signals by name (model.format.SIGNAL_NAMES)
 
 
 def pss_stale(p: ProcessSample, interval: float | None) -> bool:
@@ -78,7 +77,7 @@ def row_state(row: ProcessRow) -> tuple[str, str]:
         d = row.death
         if d is not None:
             if d.signal is not None:
-                name = "killed" if d.signal == _SIGKILL else SIGNAL_NAMES.get(d.signal, f"SIG{d.signal}")
+                name = "killed" if d.signal == SIGKILL else signal_name(d.signal)
                 return (name, "crit")
             return (f"exit {d.exit_code}" if d.exit_code is not None else "died", "crit")
         return ("gone", "dim")
@@ -95,7 +94,7 @@ def row_state(row: ProcessRow) -> tuple[str, str]:
 
 def _dead(row: ProcessRow) -> bool:
     """Gone, or a zombie: its memory figures are the last ones read, not what it holds."""
-    return row.gone or row.process.state in ("Z", "X")
+    return row.gone or row.process.state in DEAD_STATES
 
 
 def _held(read: Callable[[ProcessSample], int | None]) -> CellFn:

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from dlmon.model import History, LoaderSample, ProcessSample, Snapshot, WorkerDeath
+from dlmon.model.format import DEAD_STATES
 from dlmon.ui.columns import SORTS
 from dlmon.ui.series import WORKER_TIERS, Series
 
@@ -209,7 +210,7 @@ class DashboardState:
             by_pid = {d.pid: d for d in snapshot.worker_deaths}
             for row in self.rows.values():
                 death = by_pid.get(row.process.pid)
-                if death is not None and (row.gone or row.process.state in ("Z", "X")):
+                if death is not None and (row.gone or row.process.state in DEAD_STATES):
                     row.death = death
 
         for loader in snapshot.loaders:

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TypeVar
 
-from dlmon.analysis.digest import DEAD, Digest
+from dlmon.analysis.digest import Digest
 from dlmon.analysis.recent import RecentIndex
 from dlmon.model import ProcessSample, Snapshot
-from dlmon.model.format import human_bytes
+from dlmon.model.format import DEAD_STATES, human_bytes
 from dlmon.model.stall_rule import STALL_RULE, StallRule
 
 Evidence = Mapping[str, float | int | str | None]
@@ -264,13 +264,13 @@ class JobTree:
         for p in s.processes:
             if p.role == "main":
                 main = p
-            if p.state in DEAD:
+            if p.state in DEAD_STATES:
                 if p.role != "main":
                     zombies.append(p)
             else:
                 live.append(p)
         attached: set[int] = set()
-        if s.target.alive and main is not None and main.state not in DEAD:
+        if s.target.alive and main is not None and main.state not in DEAD_STATES:
             attached.add(main.pid)
             pending = [p for p in live if p.pid != main.pid]
             while pending:  # a pass per tree level: two passes for a trainer and its workers

@@ -12,8 +12,9 @@ import bisect
 import itertools
 
 from dlmon.analysis.detectors._base import Candidate, Context, Thresholds, duration
-from dlmon.analysis.digest import DEAD, process_label
+from dlmon.analysis.digest import process_label
 from dlmon.analysis.kinds import CRITICAL, FD_EXHAUSTION, WARNING
+from dlmon.model.format import DEAD_STATES
 
 
 def _trend(ctx: Context, pid: int, start_time: int) -> tuple[float | None, int, float]:
@@ -74,7 +75,7 @@ def detect_fd_exhaustion(ctx: Context) -> list[Candidate]:
     cfg = ctx.config
     out: list[Candidate] = []
     for p in ctx.latest.processes:
-        if p.state in DEAD or p.num_fds is None or not p.fd_limit:
+        if p.state in DEAD_STATES or p.num_fds is None or not p.fd_limit:
             continue
         key = f"fds:{p.pid}:{p.start_time}"
         held = ctx.is_active(FD_EXHAUSTION, key)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dlmon.analysis.detectors._base import Candidate, Context, size
-from dlmon.analysis.digest import DEAD
 from dlmon.analysis.kinds import CRITICAL, VRAM_PRESSURE, WARNING
 from dlmon.model import Snapshot
+from dlmon.model.format import DEAD_STATES
 
 
 def _jobs_gpus(s: Snapshot) -> set[int]:
@@ -13,7 +13,7 @@ def _jobs_gpus(s: Snapshot) -> set[int]:
     there (the agent's figures are matched to devices by UUID). When neither tells (in a container
     NVML's pids are the host's and dlmon drops them; no agent), the GPUs where NVML lists nobody
     are judged: the container's own, which a colleague's listed process would not be."""
-    pids = {p.pid for p in s.processes if p.state not in DEAD}
+    pids = {p.pid for p in s.processes if p.state not in DEAD_STATES}
     used = {g.index for g in s.gpus if any(gp.pid in pids for gp in g.processes)}
     used |= {g.index for g in s.gpus if g.torch_reserved_bytes or g.torch_allocated_bytes}
     return used or {g.index for g in s.gpus if not g.processes}

@@ -6,10 +6,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dlmon.analysis.detectors._base import Candidate, Context, duration, size
-from dlmon.analysis.digest import DEAD
 from dlmon.analysis.kinds import CRITICAL, INFO, IO_SATURATION, WARNING
 from dlmon.analysis.stats import mean, quantile
 from dlmon.model import DiskSample, Snapshot
+from dlmon.model.format import DEAD_STATES
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,10 +151,14 @@ def detect_io_saturation(ctx: Context) -> list[Candidate]:
     if not loads:
         return []
     job_reads = sum(
-        p.read_bytes_per_s for p in s.processes if p.state not in DEAD and p.read_bytes_per_s is not None
+        p.read_bytes_per_s
+        for p in s.processes
+        if p.state not in DEAD_STATES and p.read_bytes_per_s is not None
     )
     job_writes = sum(
-        p.write_bytes_per_s for p in s.processes if p.state not in DEAD and p.write_bytes_per_s is not None
+        p.write_bytes_per_s
+        for p in s.processes
+        if p.state not in DEAD_STATES and p.write_bytes_per_s is not None
     )
     waits = [
         (loader, loader.data_wait_fraction)

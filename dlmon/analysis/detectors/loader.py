@@ -12,6 +12,7 @@ from dlmon.analysis.kinds import CRITICAL, INPUT_BOUND, OVERSUBSCRIPTION, SHM_EX
 from dlmon.analysis.stats import mean, median
 from dlmon.analysis.wait import by_process, combine_shares, own_share, snapshot_shares
 from dlmon.model import LoaderSample, Snapshot
+from dlmon.model.format import DEAD_STATES
 
 NO_WORKERS = "no_workers"
 IO = "io"
@@ -37,7 +38,7 @@ def _worker_tick(s: Snapshot, pids: frozenset[int] | None) -> _WorkerTick:
     read: float | None = None
     count = in_d = 0
     for p in s.processes:
-        if p.role != "worker" or p.state in ("Z", "X") or (pids is not None and p.pid not in pids):
+        if p.role != "worker" or p.state in DEAD_STATES or (pids is not None and p.pid not in pids):
             continue
         count += 1
         if p.state == "D":

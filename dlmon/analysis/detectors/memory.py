@@ -19,10 +19,11 @@ from dlmon.analysis.detectors._base import (
     size,
     sum_known,
 )
-from dlmon.analysis.digest import DEAD, Digest, Series
+from dlmon.analysis.digest import Digest, Series
 from dlmon.analysis.kinds import CRITICAL, INFO, MEMORY_GROWTH, SWAP_ACTIVITY, WARNING
 from dlmon.analysis.stats import Trend, median, saturation_rest, subsample, theil_sen, trend
 from dlmon.model import ProcessSample, Snapshot
+from dlmon.model.format import DEAD_STATES
 
 COPY_ON_READ = "copy_on_read"
 MAIN_PROCESS = "main_process"
@@ -574,7 +575,7 @@ def describe_epochs(g: Generations, peak: float, level: float, room: Headroom, e
 
 
 def _job_swap(s: Snapshot) -> float | None:
-    return sum_known(p.swap_bytes for p in s.processes if p.state not in DEAD)
+    return sum_known(p.swap_bytes for p in s.processes if p.state not in DEAD_STATES)
 
 
 def _spread(snaps: list[Snapshot], k: int = 5) -> list[Snapshot]:

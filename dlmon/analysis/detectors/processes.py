@@ -17,7 +17,7 @@ from dlmon.analysis.detectors._base import (
     size,
     sum_known,
 )
-from dlmon.analysis.digest import DEAD, process_label
+from dlmon.analysis.digest import process_label
 from dlmon.analysis.kinds import (
     CRITICAL,
     INFO,
@@ -29,11 +29,10 @@ from dlmon.analysis.kinds import (
     ZOMBIE_WORKER,
 )
 from dlmon.model import ProcessSample, Snapshot, WorkerDeath
-from dlmon.model.format import SIGNAL_NAMES
+from dlmon.model.format import DEAD_STATES, SIGKILL, signal_name
 from dlmon.model.snapshot import KernelEvent, ProcessStack, StackFrame
 
 SIGBUS = 7
-SIGKILL = 9
 SIGSEGV = 11
 SIGABRT = 6
 
@@ -316,7 +315,7 @@ def black_box(ctx: Context, pid: int) -> dict[str, float | int | str | None]:
     times: list[float] = []
     for snap in ctx.recent:
         for p in snap.processes:
-            if p.pid == pid and p.state not in DEAD:
+            if p.pid == pid and p.state not in DEAD_STATES:
                 points.append(p)
                 times.append(snap.time)
     if not points:
@@ -355,7 +354,7 @@ def _death_candidate(
     s = ctx.latest
     label = process_label("worker", death.pid, death.worker_id)
     sig = death.signal
-    name = death.signal_name or (SIGNAL_NAMES.get(sig, f"signal {sig}") if sig is not None else None)
+    name = death.signal_name or (signal_name(sig) if sig is not None else None)
     evidence: dict[str, float | int | str | None] = {
         "pid": death.pid,
         "worker_id": death.worker_id,
@@ -571,12 +570,12 @@ def _vanished_without_agent(ctx: Context, reported: set[int]) -> list[Candidate]
         return []  # killed by a signal: trainer_died says it, its workers' ends follow from it
     if any(snap.loaders for snap in ctx.recent):
         return []  # the agent was there: it reports deaths itself
-    present = {p.pid for p in s.processes if p.state not in DEAD}
+    present = {p.pid for p in s.processes if p.state not in DEAD_STATES}
     window = ctx.window(VANISHED_BEFORE_EXIT_S)[:-1] or ctx.recent[-2:-1]
     last_alive: dict[int, tuple[float, ProcessSample]] = {}
     for snap in window:
         for p in snap.processes:
-            if p.role == "worker" and p.state not in DEAD:
+            if p.role == "worker" and p.state not in DEAD_STATES:
                 last_alive[p.pid] = (snap.time, p)
     gone = [w for _, w in last_alive.values() if w.pid not in present and w.pid not in reported]
     prev_time = min((t for t, w in last_alive.values() if w in gone), default=s.time)
@@ -644,7 +643,7 @@ def detect_trainer_died(ctx: Context) -> list[Candidate]:
         )
         severity = WARNING
     else:
-        name = SIGNAL_NAMES.get(sig or 0, f"signal {sig}")
+        name = f"signal {sig}" if sig is None else signal_name(sig)
         evidence["cause"] = "crash" if sig in (SIGSEGV, SIGABRT, SIGBUS) else "signal"
         message = f"The trainer (pid {t.pid}) was ended by {name} at about {_clock(when)}"
         severity = CRITICAL if sig in (SIGSEGV, SIGABRT, SIGBUS) else WARNING
@@ -656,7 +655,7 @@ def detect_trainer_died(ctx: Context) -> list[Candidate]:
     orphans = ctx.digest.memo.get(memo_key)
     if not isinstance(orphans, list):
         orphans = sorted(
-            p.pid for p in s.processes if p.pid != t.pid and p.state not in DEAD and p.role == "worker"
+            p.pid for p in s.processes if p.pid != t.pid and p.state not in DEAD_STATES and p.role == "worker"
         )
         ctx.digest.remember(memo_key, orphans)
     if trail is not None:
@@ -765,4 +764,4 @@ def detect_leaked_workers(ctx: Context) -> list[Candidate]:
 
 
 def live_workers(s: Snapshot) -> list[ProcessSample]:
-    return [p for p in s.processes if p.role == "worker" and p.state not in DEAD]
+    return [p for p in s.processes if p.role == "worker" and p.state not in DEAD_STATES]

@@ -22,6 +22,7 @@ from dlmon.analysis.digest import Digest, LoaderProgress
 from dlmon.analysis.kinds import CRITICAL, STALL, WARNING
 from dlmon.analysis.stats import median
 from dlmon.model import LoaderSample, ProcessSample
+from dlmon.model.format import DEAD_STATES
 from dlmon.model.snapshot import ProcessStack
 from dlmon.model.stall_rule import pace_reading
 
@@ -170,7 +171,7 @@ def detect_stall(ctx: Context) -> list[Candidate]:
     if not s.loaders or not s.target.alive:
         return []
     cfg = ctx.config
-    by_pid = {p.pid: p for p in s.processes if p.state not in ("Z", "X")}
+    by_pid = {p.pid: p for p in s.processes if p.state not in DEAD_STATES}
     out: list[Candidate] = []
     paces = {ls.id: pace(ctx, ls.id) for ls in s.loaders if ls.alive}
     # a trainer inside, or lately fed by, any of its loaders is not stuck outside them (a

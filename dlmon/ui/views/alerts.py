@@ -10,11 +10,11 @@ from dlmon.model import Alert
 from dlmon.ui.fmt import duration
 from dlmon.ui.state import DashboardState
 from dlmon.ui.text import BAR, Line, Lines, clip, fit, truncate, width_of, wrap
-from dlmon.ui.views.common import SEVERITY_ORDER, SEVERITY_STYLE, SEVERITY_WORD, label
+from dlmon.ui.views.common import SEVERITY_STYLE, SEVERITY_WORD, label, severity_order
 
 
 def sorted_alerts(alerts: Sequence[Alert]) -> list[Alert]:
-    return sorted(alerts, key=lambda a: (SEVERITY_ORDER.get(a.severity, 3), a.since))
+    return sorted(alerts, key=lambda a: (severity_order(a.severity), a.since))
 
 
 def alert_lines(state: DashboardState, width: int, compact: bool, panel_key: str = "6") -> Lines:
@@ -30,7 +30,8 @@ def alert_lines(state: DashboardState, width: int, compact: bool, panel_key: str
         for a in alerts:
             counts[a.severity] = counts.get(a.severity, 0) + 1
         first = alerts[0]
-        summary = ", ".join(f"{n} {sev}" for sev, n in sorted(counts.items(), key=lambda kv: _rank(kv[0])))
+        worst_first = sorted(counts.items(), key=lambda kv: severity_order(kv[0]))
+        summary = ", ".join(f"{n} {sev}" for sev, n in worst_first)
         head = fit(
             [[(summary, SEVERITY_STYLE.get(first.severity, ""))], [(f"{first.kind}: {first.subject}", "b")]],
             width - 6,
@@ -77,7 +78,3 @@ def analysis_failed_lines(state: DashboardState, width: int) -> Lines:
     last = f" (last: {state.analysis_error})" if state.analysis_error else ""
     text = f"analysis failed {times}{last}; alerts from the failing detector may be missing"
     return wrap(text, width, "dim")
-
-
-def _rank(severity: str) -> int:
-    return SEVERITY_ORDER.get(severity, 3)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dlmon.analysis.kinds import SEVERITY_RANK
+from dlmon.analysis.kinds import SEVERITIES, SEVERITY_RANK
 from dlmon.ui.fmt import NA, cbytes, human_bytes
 from dlmon.ui.text import Span
 
@@ -14,6 +14,13 @@ STYLES = (
 SEVERITY_ORDER = {severity: max(SEVERITY_RANK.values()) - rank for severity, rank in SEVERITY_RANK.items()}
 SEVERITY_STYLE = {"critical": "crit", "warning": "warn", "info": "dim"}
 SEVERITY_WORD = {"critical": "CRIT", "warning": "WARN", "info": "INFO"}
+# a severity added to analysis.kinds needs its style and its word here
+assert set(SEVERITY_STYLE) == set(SEVERITY_WORD) == set(SEVERITIES), "severities without a style or a word"
+
+
+def severity_order(severity: str) -> int:
+    """The sort key of ``severity``, worst first; one this dlmon does not know sorts last."""
+    return SEVERITY_ORDER.get(severity, len(SEVERITY_RANK))
 
 
 def label(text: str, width: int) -> Span:

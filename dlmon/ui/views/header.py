@@ -5,11 +5,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from dlmon.analysis.kinds import SEVERITY_RANK
 from dlmon.model.format import target_stopped
 from dlmon.ui.fmt import duration
 from dlmon.ui.state import DashboardState
 from dlmon.ui.text import BAR, Line, Span, clip, width_of
-from dlmon.ui.views.common import SEVERITY_ORDER
+from dlmon.ui.views.common import SEVERITY_STYLE
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,8 +51,8 @@ def header_line(state: DashboardState, info: HeaderInfo, width: int) -> Line:
             right.insert(-1, [("target stopped", "warn")])
     right.append([(f"pid {t.pid}", "")])
     n = len(s.alerts)
-    worst = min((SEVERITY_ORDER.get(a.severity, 3) for a in s.alerts), default=3)
-    alert_style = "crit" if worst == 0 else "warn" if worst == 1 else "dim"
+    worst = max(s.alerts, key=lambda a: SEVERITY_RANK.get(a.severity, -1), default=None)
+    alert_style = "dim" if worst is None else SEVERITY_STYLE.get(worst.severity, "dim")
     right.append([(f"{n} alert" + ("" if n == 1 else "s"), alert_style if n else "dim")])
     if not info.live:
         right.append([("replay", "warn")])
