@@ -579,3 +579,19 @@ def test_the_back_off_is_capped() -> None:
     for wait in (5.0, 10.0, 20.0, 40.0, MAX_BACKOFF_S, MAX_BACKOFF_S):
         assert not _read_again_after(collector, now, wait - 0.5)
         assert _read_again_after(collector, now, 0.5)
+
+
+def test_pace_leaves_a_slow_nvml_start_out() -> None:
+    """Review finding 2: a 3 s nvmlInit does not hold the next sweep back 3 s."""
+    now = [0.0]
+    fake = FakeNVML(two_devices())
+    init = fake.nvmlInit  # type: ignore[attr-defined]
+
+    def slow_init() -> None:
+        now[0] += 3.0
+        init()
+
+    fake.nvmlInit = slow_init  # type: ignore[attr-defined]
+    collector = GpuCollector(fake, clock=lambda: now[0], slow_device_s=0.25)
+    collector.sample()
+    assert collector.pace_s == 0.0
