@@ -139,3 +139,18 @@ def test_a_target_seen_gone_gets_its_exit_code_even_when_the_launcher_answers_la
         assert s.target.exit_code == 137
     finally:
         sampler.close()
+
+
+def test_vram_is_given_to_processes_from_fresh_gpu_readings_only() -> None:
+    """Review finding 5: a stale device's process list is old; its VRAM is not attributed."""
+    from dlmon.collect.sampler import _with_gpu_memory
+    from dlmon.model.snapshot import GpuDevice, GpuProcess, ProcessSample
+
+    processes = (ProcessSample(10, 1, 1, "main", "python", "S"), ProcessSample(11, 1, 10, "worker", "w", "S"))
+    fresh = GpuDevice(0, "a", "GPU-0", 5, 10, 1.0, processes=(GpuProcess(10, 3),))
+    stale = GpuDevice(
+        1, "b", "GPU-1", 5, 10, 1.0, processes=(GpuProcess(10, 4), GpuProcess(11, 2)), stale_age_s=6.0
+    )
+    main, worker = _with_gpu_memory(processes, (fresh, stale))
+    assert main.gpu_memory_bytes == 3
+    assert worker.gpu_memory_bytes is None

@@ -276,9 +276,13 @@ def _sum_if_all(values: Iterable[int | None]) -> int | None:
 def _with_gpu_memory(
     processes: tuple[ProcessSample, ...], gpus: tuple[GpuDevice, ...]
 ) -> tuple[ProcessSample, ...]:
-    """Each process's VRAM summed over devices, from NVML's per-process list."""
+    """Each process's VRAM summed over devices, from NVML's per-process list. A stale device's
+    list is left out: it is old, and the process may since have exited or freed that memory (the
+    orphan alert would say an orphan holds it)."""
     used: dict[int, int] = {}
     for device in gpus:
+        if device.stale_age_s is not None:
+            continue
         for proc in device.processes:
             if proc.used_memory_bytes is not None:
                 used[proc.pid] = used.get(proc.pid, 0) + proc.used_memory_bytes
