@@ -154,3 +154,32 @@ def test_vram_is_given_to_processes_from_fresh_gpu_readings_only() -> None:
     main, worker = _with_gpu_memory(processes, (fresh, stale))
     assert main.gpu_memory_bytes == 3
     assert worker.gpu_memory_bytes is None
+
+
+def test_only_the_one_shot_attach_waits_long_for_nvml_to_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review finding 6: ``advise`` and the tune runner pass ``unlimited_smaps`` too; their first
+    tick must not wait the one-shot attach's 10 s for NVML. Only attach_once asks for that."""
+    import os
+
+    from dlmon.collect import sampler as sampler_module
+    from dlmon.collect.gpu_sweep import FIRST_DEADLINE_S
+    from dlmon.launch import attach
+
+    seen: list[float] = []
+
+    class Sweep:
+        def __init__(self, collector: object, *, first_deadline_s: float) -> None:
+            seen.append(first_deadline_s)
+
+    monkeypatch.setattr(sampler_module, "GpuSweep", Sweep)
+    Sampler(os.getpid(), unlimited_smaps=True)
+    assert seen == [FIRST_DEADLINE_S]
+    monkeypatch.setattr(
+        attach, "open_sampler", lambda pid, **kwargs: seen.append(kwargs["gpu_first_deadline_s"]) or 1 / 0
+    )
+    with pytest.raises(ZeroDivisionError):
+        attach.attach_once(os.getpid(), as_json=True)
+    assert (
+        seen == [FIRST_DEADLINE_S, attach.ONE_SHOT_GPU_DEADLINE_S]
+        and attach.ONE_SHOT_GPU_DEADLINE_S > FIRST_DEADLINE_S
+    )
