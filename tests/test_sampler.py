@@ -183,3 +183,27 @@ def test_only_the_one_shot_attach_waits_long_for_nvml_to_start(monkeypatch: pyte
         seen == [FIRST_DEADLINE_S, attach.ONE_SHOT_GPU_DEADLINE_S]
         and attach.ONE_SHOT_GPU_DEADLINE_S > FIRST_DEADLINE_S
     )
+
+
+def test_a_live_source_closes_its_sampler_once_sampling_ends() -> None:
+    """Review finding 7: the dashboard's source never closed its Sampler, leaving its GPU
+    sweep thread (and /proc fds) behind."""
+    import os
+    import threading
+
+    from dlmon.flow.sources import LiveSource
+
+    closed = threading.Event()
+    sampler = Sampler(os.getpid())
+    close = sampler.close
+
+    def spy() -> None:
+        close()
+        closed.set()
+
+    sampler.close = spy  # type: ignore[method-assign]
+    ended = threading.Event()
+    source = LiveSource(os.getpid(), 0.05, sampler=sampler)
+    source.start(lambda snapshot: None, lambda reason: ended.set())
+    source.stop()
+    assert ended.wait(30) and closed.wait(30)
