@@ -149,6 +149,28 @@ def test_init_failing_says_why(fake_nvml: Path, tmp_path: Path) -> None:
     assert status["reason"] == "NVIDIA driver not loaded: NVML could not talk to the GPU driver."
 
 
+def test_a_config_path_that_cannot_be_opened_fails_nvml_init(fake_nvml: Path, tmp_path: Path) -> None:
+    """A mistyped DLMON_FAKE_NVML must not silently pass for the stand-in's default device."""
+    status, devices = _sample(fake_nvml, tmp_path / "no-such.conf")
+    assert devices == [] and status["available"] is False
+    assert status["reason"] == "NVML failed to start: Unknown Error."
+
+
+def test_free_memory_never_wraps_when_used_exceeds_total(fake_nvml: Path, tmp_path: Path) -> None:
+    code = """
+        import pynvml
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        v1 = pynvml.nvmlDeviceGetMemoryInfo(handle)
+        v2 = pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
+        print(v1.free, v2.free)
+    """
+    config = _config(tmp_path, f"device\ntotal {GiB}\nused {2 * GiB}\nreserved {MiB}\n")
+    result = run_python(code, fake_nvml, config)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["0", "0"]
+
+
 # -- item 2: a hung NVML ----------------------------------------------------------------------
 
 # Both devices answer for 1.5 s, then every call on them blocks 8 s (a GPU off the bus).
