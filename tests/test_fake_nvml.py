@@ -451,3 +451,22 @@ def test_the_gpu_panel_says_the_figures_are_stale_and_how_old() -> None:
     assert "stale 8s" in full[0] and "stale" not in full[1]
     compact = text_of(gpu_lines(state, 160, compact=True)[0])
     assert compact.count("stale 8s") == 1
+
+
+def test_a_reading_under_a_second_old_says_so_not_0s() -> None:
+    """Review finding 8: a reading that finished just after the tick gave up is stale 0.3 s."""
+    import dataclasses
+
+    from test_ui_support import make_snapshot
+
+    from dlmon.ui.state import DashboardState
+    from dlmon.ui.text import text_of
+    from dlmon.ui.views.gpu import gpu_lines
+
+    snapshot = make_snapshot(gpus=1)
+    state = DashboardState()
+    state.ingest(
+        dataclasses.replace(snapshot, gpus=(dataclasses.replace(snapshot.gpus[0], stale_age_s=0.3),))
+    )
+    line = text_of(gpu_lines(state, 160, compact=False)[0])
+    assert "stale <1s" in line and "stale 0s" not in line
