@@ -595,3 +595,21 @@ def test_pace_leaves_a_slow_nvml_start_out() -> None:
     collector = GpuCollector(fake, clock=lambda: now[0], slow_device_s=0.25)
     collector.sample()
     assert collector.pace_s == 0.0
+
+
+def test_a_device_slow_in_its_process_listings_is_not_asked_the_others() -> None:
+    now = [0.0]
+    fake = FakeNVML(two_devices())
+    compute = getattr(fake, COMPUTE + "_v3")
+
+    def slow_listing(handle: Handle) -> Any:
+        now[0] += 1.0
+        return compute(handle)
+
+    setattr(fake, COMPUTE + "_v3", slow_listing)
+    collector = GpuCollector(fake, clock=lambda: now[0], slow_device_s=0.25)
+    _, devices = collector.sample()
+    assert fake.count(GRAPHICS + "_v3") == 0  # neither device: both were slow in the compute list
+    assert (
+        devices[0].unavailable_reason == "NVML: slow to answer" and devices[0].memory_used_bytes == 20 * GiB
+    )

@@ -563,7 +563,9 @@ class GpuCollector:
         same figure in each: the larger known one is kept.
         """
         merged: dict[int, int | None] = {}
-        for variants in _PROCESS_LISTS:
+        for number, variants in enumerate(_PROCESS_LISTS):
+            if number:
+                self._check_slow()  # between listings too: each is two calls
             listing = self._process_listing(index, handle, variants)
             per_pid: dict[int, int | None] = {}
             for entry in listing:
