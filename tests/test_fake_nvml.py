@@ -6,12 +6,10 @@ LD_LIBRARY_PATH points at the stand-in (see tests/nvml_support.py)."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any, cast
 
@@ -151,6 +149,28 @@ def test_init_failing_says_why(fake_nvml: Path, tmp_path: Path) -> None:
     assert status["reason"] == "NVIDIA driver not loaded: NVML could not talk to the GPU driver."
 
 
+def test_a_config_path_that_cannot_be_opened_fails_nvml_init(fake_nvml: Path, tmp_path: Path) -> None:
+    """A mistyped DLMON_FAKE_NVML must not silently pass for the stand-in's default device."""
+    status, devices = _sample(fake_nvml, tmp_path / "no-such.conf")
+    assert devices == [] and status["available"] is False
+    assert status["reason"] == "NVML failed to start: Unknown Error."
+
+
+def test_free_memory_never_wraps_when_used_exceeds_total(fake_nvml: Path, tmp_path: Path) -> None:
+    code = """
+        import pynvml
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        v1 = pynvml.nvmlDeviceGetMemoryInfo(handle)
+        v2 = pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
+        print(v1.free, v2.free)
+    """
+    config = _config(tmp_path, f"device\ntotal {GiB}\nused {2 * GiB}\nreserved {MiB}\n")
+    result = run_python(code, fake_nvml, config)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["0", "0"]
+
+
 # -- item 2: a hung NVML ----------------------------------------------------------------------
 
 # Both devices answer for 1.5 s, then every call on them blocks 8 s (a GPU off the bus).
@@ -168,9 +188,13 @@ hang_after_ms 1500
 DLMON_RECORD = (sys.executable, "-m", "dlmon", "record")
 
 
-def test_record_keeps_its_pace_while_nvml_hangs_and_says_the_gpu_figures_are_stale(
+def test_record_keeps_producing_snapshots_while_nvml_hangs_and_marks_the_gpu_figures_stale(
     fake_nvml: Path, tmp_path: Path
 ) -> None:
+    """The one end-to-end run against a hanging stand-in: ``dlmon record`` goes on recording
+    while every NVML call blocks 8 s, the last answer standing in, marked stale with its age.
+    The bounds are loose on purpose: what is checked is that it goes on, not how fast (the
+    speed targets live in benchmarks/sampler.py)."""
     target = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         config = _config(tmp_path, HUNG.format(pid=target.pid))
@@ -189,124 +213,211 @@ def test_record_keeps_its_pace_while_nvml_hangs_and_says_the_gpu_figures_are_sta
     assert "Traceback" not in result.stderr
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     snapshots = [s for s in lines if "gpus" in s]
-    assert len(snapshots) >= 15, len(snapshots)  # 20 at its pace; NVML's way: 2 in 20 s
-    times = [s["time"] for s in snapshots]
-    assert max(b - a for a, b in itertools.pairwise(times)) < 1.5
+    assert len(snapshots) >= 8, len(snapshots)  # 20 at its pace; NVML's pace: 2 in 10 s
     first, last = snapshots[0], snapshots[-1]
     assert [g["stale_age_s"] for g in first["gpus"]] == [None, None]
     assert first["gpus"][0]["processes"] == [{"pid": target.pid, "used_memory_bytes": 2147483648}]
     # The last answer stands in, marked stale with its age (it grows as the hang lasts).
     ages = [g["stale_age_s"] for g in last["gpus"]]
-    assert all(age is not None and age > 5.0 for age in ages), ages
+    assert all(age is not None and age > 1.0 for age in ages), ages
     assert last["gpus"][0]["memory_used_bytes"] == 10 * GiB
     stale = [s["gpus"][0]["stale_age_s"] for s in snapshots if s["gpus"][0]["stale_age_s"] is not None]
-    assert stale == sorted(stale) and len(stale) >= 10
+    assert stale == sorted(stale) and len(stale) >= 4
 
 
-def test_a_slow_device_is_backed_off_and_the_other_stays_fresh(fake_nvml: Path, tmp_path: Path) -> None:
-    """Device 0's memory call takes 1 s: after one slow sweep it is read at most every 5 s,
-    its last reading standing in; device 1 is read fresh meanwhile."""
-    config = _config(
-        tmp_path,
-        "device\ndelay_ms 1000\ndelay_fn nvmlDeviceGetMemoryInfo_v2\nhang_after_ms 300\ndevice\nutil 12\n",
-    )
-    code = """
-        import json, time
-        from dlmon.collect.gpu import GpuCollector
-        from dlmon.collect.gpu_sweep import GpuSweep
-        sweep = GpuSweep(GpuCollector(host_pids=True, slow_device_s=0.25), deadline_s=0.25)
-        out = []
-        for _ in range(20):
-            reading = sweep.sample()
-            out.append([d.stale_age_s for d in reading.devices] + [reading.wall_s])
-            time.sleep(0.2)
-        sweep.close()
-        print(json.dumps(out))
-    """
-    result = run_python(code, fake_nvml, config)
-    assert result.returncode == 0, result.stderr
-    rows = json.loads(result.stdout)
-    assert all(wall <= 0.4 for *_, wall in rows), rows  # never waited past the deadline
-    assert rows[0][:2] == [None, None]
-    late = rows[-8:]
-    assert any(row[1] is None for row in late), rows  # device 1 fresh while 0 is backed off
-    assert all(row[0] is not None and row[0] >= 0.5 for row in late), rows
+# -- GpuSweep with a Python stand-in collector, on a fake clock --------------------------------
+#
+# No wall-clock assertions and no sleeps: the sweep reads ``Clock``; its sampler-side wait is
+# ``Wait`` (which either lets the fake time run out at once or waits to be told the sweep ended),
+# and the stand-in collector blocks on an event the test sets.
 
 
-# -- GpuSweep with a Python stand-in collector -------------------------------------------------
-
-
-class BlockingCollector:
-    """Answers one device, after ``release`` is set; counts its sweeps."""
-
+class Clock:
     def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Wait:
+    """The sampler thread's wait: ``hung`` lets the deadline pass at once (the fake time moves
+    on by what was left); otherwise it waits (really, generously) until the sweep says it ended."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.hung = True
+        self.calls: list[float] = []
+
+    def __call__(self, cond: threading.Condition, seconds: float) -> None:
+        self.calls.append(round(seconds, 6))
+        if self.hung:
+            self.clock.now += seconds
+        else:
+            cond.wait(30)
+
+
+class StandIn:
+    """Answers one device once ``release`` is set, ``took`` s later on the fake clock; raises
+    what ``errors`` holds first. Counts its sweeps and the threads they ran on."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
         self.release = threading.Event()
+        self.entered = threading.Event()
+        self.started = 0
         self.sweeps = 0
-        self.closed = False
+        self.took = 0.0
+        self.pace_s = 0.0  # what GpuCollector says its healthy devices took
+        self.device_stale: float | None = None  # a device the collector itself backed off
+        self.errors: list[BaseException] = []
         self.threads: set[int] = set()
+        self.closed_on: list[int] = []
 
     def sample(self) -> tuple[GpuStatus, tuple[GpuDevice, ...]]:
+        self.started += 1
         self.threads.add(threading.get_ident())
-        self.release.wait(30)
+        self.entered.set()
+        assert self.release.wait(30)
+        if self.errors:
+            raise self.errors.pop(0)
+        self.clock.now += self.took
         self.sweeps += 1
-        return GpuStatus(available=True), (GpuDevice(0, "fake", "GPU-0", self.sweeps, 100, 50.0),)
+        device = GpuDevice(0, "fake", "GPU-0", self.sweeps, 100, 50.0, stale_age_s=self.device_stale)
+        return GpuStatus(available=True), (device,)
 
     def close(self) -> None:
-        self.closed = True
+        self.closed_on.append(threading.get_ident())
 
 
-def _sweep(collector: BlockingCollector, **kwargs: float) -> GpuSweep:
-    return GpuSweep(cast(GpuCollector, collector), **kwargs)
+def _sweep(collector: StandIn, wait: Wait, **kwargs: float) -> GpuSweep:
+    return GpuSweep(cast(GpuCollector, collector), clock=collector.clock, wait=wait, **kwargs)
+
+
+def _setup() -> tuple[StandIn, Wait]:
+    clock = Clock()
+    return StandIn(clock), Wait(clock)
+
+
+def _sweep_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "dlmon-gpu"]
 
 
 def test_sweep_waits_no_longer_than_its_deadline_and_never_stacks_sweeps() -> None:
-    collector = BlockingCollector()
-    sweep = _sweep(collector, deadline_s=0.05, first_deadline_s=0.1)
-    start = time.monotonic()
+    collector, wait = _setup()
+    before = set(_sweep_threads())
+    sweep = _sweep(collector, wait, deadline_s=0.05, first_deadline_s=0.1)
     first = sweep.sample()
-    assert 0.08 <= first.wall_s < 0.5 and time.monotonic() - start < 0.5
+    assert wait.calls == [0.1]  # the first deadline, then no more
     assert first.status.available is False and first.devices == ()
     assert first.status.reason is not None and "NVML has not answered for" in first.status.reason
+    assert collector.entered.wait(30)
     for _ in range(5):  # the sweep in flight is past its deadline: no wait, no second sweep
-        assert sweep.sample().wall_s < 0.02
+        assert sweep.sample().devices == ()
+    assert wait.calls == [0.1] and collector.started == 1
     collector.release.set()
-    deadline = time.monotonic() + 5
-    while collector.sweeps == 0 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    time.sleep(0.05)
-    reading = sweep.sample()
-    assert collector.sweeps >= 1 and len(collector.threads) == 1
-    assert reading.devices[0].memory_used_bytes is not None
+    assert sweep.idle(30)
+    assert collector.sweeps == 1 and collector.started == 1
+    wait.hung = False
+    reading = sweep.sample()  # it ended: this tick starts the next one, which answers in time
+    assert reading.devices[0].memory_used_bytes == 2 and reading.devices[0].stale_age_s is None
+    assert collector.sweeps == 2
+    assert len(collector.threads) == 1
+    assert len(set(_sweep_threads()) - before) == 1
     sweep.close()
-    assert collector.closed
+    assert collector.closed_on == list(collector.threads)  # on the sweep's thread
 
 
 def test_sweep_marks_an_old_reading_stale_with_its_age() -> None:
-    collector = BlockingCollector()
+    collector, wait = _setup()
     collector.release.set()
-    sweep = _sweep(collector, deadline_s=0.05)
+    wait.hung = False
+    sweep = _sweep(collector, wait, deadline_s=0.05)
     fresh = sweep.sample()
     assert fresh.devices[0].stale_age_s is None and fresh.cpu_s >= 0.0
     collector.release.clear()  # NVML hangs from now on
-    time.sleep(0.3)  # the next sweep may start no sooner than the last one lasted
-    sweep.sample()
-    time.sleep(0.2)
-    stale = sweep.sample()
-    age = stale.devices[0].stale_age_s
-    assert age is not None and 0.3 <= age < 2.0
+    wait.hung = True
+    collector.entered.clear()
+    collector.clock.now += 1.0
+    assert sweep.sample().devices[0].stale_age_s == 1.05  # a second sweep started, and hangs
+    assert collector.entered.wait(30)
+    collector.clock.now += 2.0
+    stale = sweep.sample()  # no wait: that sweep is past its deadline
+    assert stale.devices[0].stale_age_s == 3.05
     assert stale.devices[0].memory_used_bytes == fresh.devices[0].memory_used_bytes
+    assert collector.started == 2
     collector.release.set()
     sweep.close()
 
 
-def test_sweep_hands_a_collector_bug_to_the_sampler() -> None:
-    class Broken(BlockingCollector):
-        def sample(self) -> tuple[GpuStatus, tuple[GpuDevice, ...]]:
-            raise ZeroDivisionError("a bug")
+def test_a_device_already_stale_in_a_reading_ages_on_from_its_own_age() -> None:
+    """Review finding 1: a device the collector backed off is 5 s old in the reading; when the
+    next sweep hangs, its age is 5 s plus the reading's, not the larger of the two."""
+    collector, wait = _setup()
+    collector.release.set()
+    collector.device_stale = 5.0
+    wait.hung = False
+    sweep = _sweep(collector, wait, deadline_s=0.05)
+    assert sweep.sample().devices[0].stale_age_s == 5.0
+    collector.release.clear()
+    wait.hung = True
+    collector.clock.now += 1.0
+    assert sweep.sample().devices[0].stale_age_s == 6.05
+    collector.release.set()
+    sweep.close()
 
-    sweep = _sweep(Broken(), deadline_s=0.5)
+
+def test_sweeps_are_paced_on_the_healthy_devices_not_on_a_hang_and_at_most_a_back_off() -> None:
+    """Review finding 2: a sweep that took 8 s because one device hung (the collector's pace_s
+    leaves it out) does not keep the next sweep back 8 s; and the pause is capped at 5 s."""
+    collector, wait = _setup()
+    collector.release.set()
+    wait.hung = False
+    collector.took, collector.pace_s = 8.0, 0.01
+    sweep = _sweep(collector, wait, deadline_s=0.05, first_deadline_s=100.0)
+    assert sweep.sample().devices[0].memory_used_bytes == 1
+    collector.took = 0.0
+    collector.clock.now += 0.5  # the next tick: a new sweep, fresh
+    reading = sweep.sample()
+    assert reading.devices[0].memory_used_bytes == 2 and reading.devices[0].stale_age_s is None
+    collector.pace_s = 30.0  # the devices answered, slowly: refreshed no faster than that, to 5 s
+    collector.clock.now += 0.5
+    sweep.sample()
+    collector.clock.now += 3.0
+    assert sweep.sample().devices[0].stale_age_s is not None and collector.sweeps == 3
+    collector.clock.now += 2.0
+    assert sweep.sample().devices[0].memory_used_bytes == 4
+    sweep.close()
+
+
+def test_close_while_a_sweep_hangs_returns_and_nvml_is_shut_down_on_the_sweep_thread() -> None:
+    collector, wait = _setup()
+    sweep = _sweep(collector, wait, deadline_s=0.05)
+    sweep.sample()
+    assert collector.entered.wait(30)
+    (thread,) = [t for t in _sweep_threads() if t.ident in collector.threads]
+    closing = threading.Thread(target=sweep.close, kwargs={"timeout_s": 0.05})
+    closing.start()
+    closing.join(30)  # generous: close() gives up on the hung sweep after its timeout
+    assert not closing.is_alive()
+    assert collector.closed_on == []  # not shut down under the hung call, nor on the caller's thread
+    collector.release.set()
+    thread.join(30)
+    assert not thread.is_alive()
+    assert collector.closed_on == [thread.ident] and threading.get_ident() not in collector.closed_on
+
+
+def test_sweep_hands_a_collector_bug_to_the_sampler_exactly_once() -> None:
+    collector, wait = _setup()
+    collector.release.set()
+    collector.errors.append(ZeroDivisionError("a bug"))
+    wait.hung = False
+    sweep = _sweep(collector, wait, deadline_s=0.5)
     with pytest.raises(ZeroDivisionError):
         sweep.sample()
+    reading = sweep.sample()  # not raised again; the next sweep answers
+    assert reading.devices[0].memory_used_bytes == 1
+    assert sweep.sample().devices[0].memory_used_bytes == 2
     sweep.close()
 
 
@@ -340,3 +451,22 @@ def test_the_gpu_panel_says_the_figures_are_stale_and_how_old() -> None:
     assert "stale 8s" in full[0] and "stale" not in full[1]
     compact = text_of(gpu_lines(state, 160, compact=True)[0])
     assert compact.count("stale 8s") == 1
+
+
+def test_a_reading_under_a_second_old_says_so_not_0s() -> None:
+    """Review finding 8: a reading that finished just after the tick gave up is stale 0.3 s."""
+    import dataclasses
+
+    from test_ui_support import make_snapshot
+
+    from dlmon.ui.state import DashboardState
+    from dlmon.ui.text import text_of
+    from dlmon.ui.views.gpu import gpu_lines
+
+    snapshot = make_snapshot(gpus=1)
+    state = DashboardState()
+    state.ingest(
+        dataclasses.replace(snapshot, gpus=(dataclasses.replace(snapshot.gpus[0], stale_age_s=0.3),))
+    )
+    line = text_of(gpu_lines(state, 160, compact=False)[0])
+    assert "stale <1s" in line and "stale 0s" not in line

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from dlmon.collect.gpu import ULONGLONG_MAX, GpuCollector
+from dlmon.collect.gpu import MAX_BACKOFF_S, ULONGLONG_MAX, GpuCollector
 from dlmon.model.snapshot import GpuDevice, GpuProcess, GpuStatus
 
 MiB = 1 << 20
@@ -514,3 +514,102 @@ def test_a_slow_device_is_backed_off_doubling_and_read_again_once_fast() -> None
     collector.sample()  # read again, fast now: no more back-off
     now[0] += 0.1
     assert collector.sample()[1][0].stale_age_s is None
+
+
+def _slowed(fake: FakeNVML, now: list[float], slow: set[int]) -> None:
+    """Every call on a device in ``slow`` takes NVML 1 s (on the fake clock)."""
+    for name in [n for n in dir(fake) if n.startswith("nvmlDevice") and n != "nvmlDeviceGetCount"]:
+        function = getattr(fake, name)
+
+        def timed(*args: Any, _function: Any = function, **kwargs: Any) -> Any:
+            index = args[0] if isinstance(args[0], int) else args[0].index
+            if index in slow:
+                now[0] += 1.0
+            return _function(*args, **kwargs)
+
+        setattr(fake, name, timed)
+
+
+def test_a_slow_device_is_not_asked_its_remaining_calls() -> None:
+    """Review finding 3: once one call on a device has been slow, its other calls are not made
+    (a hung GPU blocks each of them as long): the sweep costs one hang, not six."""
+    now = [0.0]
+    fake = FakeNVML(two_devices())
+    _slowed(fake, now, {0})
+    collector = GpuCollector(fake, clock=lambda: now[0], slow_device_s=0.25)
+    _, devices = collector.sample()
+    assert now[0] == 1.0  # one call on device 0, not its handle, name, uuid, memory, ...
+    assert devices[0].unavailable_reason == "NVML: slow to answer"
+    assert devices[0].name is None and devices[0].processes == ()
+    assert devices[1].memory_used_bytes == 3 * GiB and devices[1].unavailable_reason is None
+    assert collector.pace_s == 0.0  # the newly backed-off device is not what the sweep paces on
+
+
+def _read_again_after(collector: GpuCollector, now: list[float], wait: float) -> bool:
+    """Whether device 0 is read (not its last reading, stale) ``wait`` s from now."""
+    now[0] += wait
+    return collector.sample()[1][0].stale_age_s is None
+
+
+def test_one_fast_read_halves_the_back_off_rather_than_clearing_it() -> None:
+    """Review finding 4: a flapping device (slow, fast, slow) backs off longer each time it is
+    slow after a long back-off; one fast read halves it rather than starting again at 5 s."""
+    now = [0.0]
+    fake = FakeNVML(two_devices())
+    slow = {0}
+    _slowed(fake, now, slow)
+    collector = GpuCollector(fake, clock=lambda: now[0], slow_device_s=0.25)
+    collector.sample()  # slow: 5 s
+    assert _read_again_after(collector, now, 5.0)  # slow: 10 s
+    assert _read_again_after(collector, now, 10.0)  # slow: 20 s
+    assert _read_again_after(collector, now, 20.0)  # slow: 40 s
+    slow.clear()
+    assert _read_again_after(collector, now, 40.0)  # fast: halved to 20 s, read next time
+    slow.add(0)
+    assert _read_again_after(collector, now, 0.1)  # slow again: 2 x 20 = 40 s, not 5 s
+    assert not _read_again_after(collector, now, 30.0)
+
+
+def test_the_back_off_is_capped() -> None:
+    now = [0.0]
+    fake = FakeNVML(two_devices())
+    _slowed(fake, now, {0})
+    collector = GpuCollector(fake, clock=lambda: now[0], slow_device_s=0.25)
+    collector.sample()
+    for wait in (5.0, 10.0, 20.0, 40.0, MAX_BACKOFF_S, MAX_BACKOFF_S):
+        assert not _read_again_after(collector, now, wait - 0.5)
+        assert _read_again_after(collector, now, 0.5)
+
+
+def test_pace_leaves_a_slow_nvml_start_out() -> None:
+    """Review finding 2: a 3 s nvmlInit does not hold the next sweep back 3 s."""
+    now = [0.0]
+    fake = FakeNVML(two_devices())
+    init = fake.nvmlInit  # type: ignore[attr-defined]
+
+    def slow_init() -> None:
+        now[0] += 3.0
+        init()
+
+    fake.nvmlInit = slow_init  # type: ignore[attr-defined]
+    collector = GpuCollector(fake, clock=lambda: now[0], slow_device_s=0.25)
+    collector.sample()
+    assert collector.pace_s == 0.0
+
+
+def test_a_device_slow_in_its_process_listings_is_not_asked_the_others() -> None:
+    now = [0.0]
+    fake = FakeNVML(two_devices())
+    compute = getattr(fake, COMPUTE + "_v3")
+
+    def slow_listing(handle: Handle) -> Any:
+        now[0] += 1.0
+        return compute(handle)
+
+    setattr(fake, COMPUTE + "_v3", slow_listing)
+    collector = GpuCollector(fake, clock=lambda: now[0], slow_device_s=0.25)
+    _, devices = collector.sample()
+    assert fake.count(GRAPHICS + "_v3") == 0  # neither device: both were slow in the compute list
+    assert (
+        devices[0].unavailable_reason == "NVML: slow to answer" and devices[0].memory_used_bytes == 20 * GiB
+    )

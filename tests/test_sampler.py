@@ -139,3 +139,71 @@ def test_a_target_seen_gone_gets_its_exit_code_even_when_the_launcher_answers_la
         assert s.target.exit_code == 137
     finally:
         sampler.close()
+
+
+def test_vram_is_given_to_processes_from_fresh_gpu_readings_only() -> None:
+    """Review finding 5: a stale device's process list is old; its VRAM is not attributed."""
+    from dlmon.collect.sampler import _with_gpu_memory
+    from dlmon.model.snapshot import GpuDevice, GpuProcess, ProcessSample
+
+    processes = (ProcessSample(10, 1, 1, "main", "python", "S"), ProcessSample(11, 1, 10, "worker", "w", "S"))
+    fresh = GpuDevice(0, "a", "GPU-0", 5, 10, 1.0, processes=(GpuProcess(10, 3),))
+    stale = GpuDevice(
+        1, "b", "GPU-1", 5, 10, 1.0, processes=(GpuProcess(10, 4), GpuProcess(11, 2)), stale_age_s=6.0
+    )
+    main, worker = _with_gpu_memory(processes, (fresh, stale))
+    assert main.gpu_memory_bytes == 3
+    assert worker.gpu_memory_bytes is None
+
+
+def test_only_the_one_shot_attach_waits_long_for_nvml_to_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review finding 6: ``advise`` and the tune runner pass ``unlimited_smaps`` too; their first
+    tick must not wait the one-shot attach's 10 s for NVML. Only attach_once asks for that."""
+    import os
+
+    from dlmon.collect import sampler as sampler_module
+    from dlmon.collect.gpu_sweep import FIRST_DEADLINE_S
+    from dlmon.launch import attach
+
+    seen: list[float] = []
+
+    class Sweep:
+        def __init__(self, collector: object, *, first_deadline_s: float) -> None:
+            seen.append(first_deadline_s)
+
+    monkeypatch.setattr(sampler_module, "GpuSweep", Sweep)
+    Sampler(os.getpid(), unlimited_smaps=True)
+    assert seen == [FIRST_DEADLINE_S]
+    monkeypatch.setattr(
+        attach, "open_sampler", lambda pid, **kwargs: seen.append(kwargs["gpu_first_deadline_s"]) or 1 / 0
+    )
+    with pytest.raises(ZeroDivisionError):
+        attach.attach_once(os.getpid(), as_json=True)
+    assert (
+        seen == [FIRST_DEADLINE_S, attach.ONE_SHOT_GPU_DEADLINE_S]
+        and attach.ONE_SHOT_GPU_DEADLINE_S > FIRST_DEADLINE_S
+    )
+
+
+def test_a_live_source_closes_its_sampler_once_sampling_ends() -> None:
+    """Review finding 7: the dashboard's source never closed its Sampler, leaving its GPU
+    sweep thread (and /proc fds) behind."""
+    import os
+    import threading
+
+    from dlmon.flow.sources import LiveSource
+
+    closed = threading.Event()
+    sampler = Sampler(os.getpid())
+    close = sampler.close
+
+    def spy() -> None:
+        close()
+        closed.set()
+
+    sampler.close = spy  # type: ignore[method-assign]
+    ended = threading.Event()
+    source = LiveSource(os.getpid(), 0.05, sampler=sampler)
+    source.start(lambda snapshot: None, lambda reason: ended.set())
+    source.stop()
+    assert ended.wait(30) and closed.wait(30)

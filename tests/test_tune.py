@@ -402,3 +402,48 @@ def test_resume_from_a_file_with_a_broken_plan_is_one_line_exit_2(
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
     assert done.stderr.startswith("dlmon: error: cannot resume from") and done.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("way_out", ["interrupted", "exited"])
+def test_every_way_out_of_a_trial_closes_its_sampler(monkeypatch: pytest.MonkeyPatch, way_out: str) -> None:
+    """Review finding 7: the stop paths skipped sampler.close(), so each trial left its GPU
+    sweep thread running."""
+    import threading
+    from types import SimpleNamespace
+
+    from dlmon.tune import runner
+    from dlmon.tune.plan import Config
+
+    closed: list[bool] = []
+
+    class Spy:
+        def __init__(self, pid: int, **kwargs: object) -> None:
+            pass
+
+        def sample(self) -> None:
+            raise OSError("no /proc here")
+
+        def close(self) -> None:
+            closed.append(True)
+
+    monkeypatch.setattr(runner, "Sampler", Spy)
+    interrupted = threading.Event()
+    if way_out == "interrupted":
+        interrupted.set()
+    training = SimpleNamespace(
+        pid=os.getpid(),
+        exit_code=lambda: 1 if way_out == "exited" else None,
+        stop=lambda grace: None,
+        log_path=None,
+    )
+    result = runner._measure(
+        training,  # type: ignore[arg-type]
+        Config(workers=2, batch_size=None),
+        runner.RunOptions(),
+        interrupted,
+        "/nonexistent/status.json",
+        time.monotonic(),
+        lambda line: None,
+    )
+    assert result.outcome in (runner.INTERRUPTED, runner.CRASHED)
+    assert closed == [True]

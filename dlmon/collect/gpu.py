@@ -149,6 +149,10 @@ class _DeviceLost(Exception):
     """Internal: a query on this device said NVML_ERROR_GPU_IS_LOST; stop reading it."""
 
 
+class _DeviceSlow(Exception):
+    """Internal: reading this device has taken longer than ``slow_device_s``; stop reading it."""
+
+
 def _decode(value: Any) -> Any:
     if isinstance(value, bytes):
         return value.decode("utf-8", errors="replace")
@@ -209,6 +213,11 @@ class GpuCollector:
         # Per device index: (last reading, when it was taken), and (not before, last back-off).
         self._last_reading: dict[int, tuple[GpuDevice, float]] = {}
         self._backoff: dict[int, tuple[float, float]] = {}
+        self._newly_slow_s = 0.0  # of this sample, on devices it backed off
+        self._device_start = 0.0  # when the device being read was started on
+        #: Seconds the last :meth:`sample` spent on devices not newly backed off, NVML's start
+        #: left out: what the sweep paces its next one on (a hang or a slow nvmlInit is not).
+        self.pace_s = 0.0
         #: False inside a container's pid namespace: NVML's pids are not ours, so no per-process
         #: VRAM (rather than VRAM given to whichever local process shares the number).
         self._host_pids = host_pids if host_pids is not None else host_pids_visible() is not False
@@ -239,33 +248,43 @@ class GpuCollector:
     def sample(self) -> tuple[GpuStatus, tuple[GpuDevice, ...]]:
         """One reading of every GPU NVML sees. Never raises for NVML trouble."""
         with self._lock:
+            self.pace_s = 0.0
             failure = self._ensure_initialized()
             if failure is not None:
                 return failure, ()
-            count = self._query("nvmlDeviceGetCount")
-            if count is NA:
-                kind = self.last_error.value if self.last_error else "unknown error"
-                return GpuStatus(
-                    available=False,
-                    reason=f"NVML could not count the GPUs ({kind}).",
-                    driver_version=self._driver_version,
-                ), ()
-            count = int(count)
-            for index in [i for i in self._handles if i >= count]:
-                self._forget(index)
-            if count == 0:
-                return GpuStatus(
-                    available=False,
-                    reason="NVML sees no NVIDIA GPU on this machine.",
-                    driver_version=self._driver_version,
-                ), ()
-            devices = tuple(self._timed_device(index) for index in range(count))
-            if self._host_pids:
-                return GpuStatus(available=True, driver_version=self._driver_version), devices
-            devices = tuple(dataclasses.replace(d, processes=()) for d in devices)
+            begin = self._clock()
+            self._newly_slow_s = 0.0
+            try:
+                return self._sample_devices()
+            finally:
+                self.pace_s = max(0.0, self._clock() - begin - self._newly_slow_s)
+
+    def _sample_devices(self) -> tuple[GpuStatus, tuple[GpuDevice, ...]]:
+        """Every device's reading (NVML is up)."""
+        count = self._query("nvmlDeviceGetCount")
+        if count is NA:
+            kind = self.last_error.value if self.last_error else "unknown error"
             return GpuStatus(
-                available=True, driver_version=self._driver_version, process_memory_note=CONTAINER_PIDS_NOTE
-            ), devices
+                available=False,
+                reason=f"NVML could not count the GPUs ({kind}).",
+                driver_version=self._driver_version,
+            ), ()
+        count = int(count)
+        for index in [i for i in self._handles if i >= count]:
+            self._forget(index)
+        if count == 0:
+            return GpuStatus(
+                available=False,
+                reason="NVML sees no NVIDIA GPU on this machine.",
+                driver_version=self._driver_version,
+            ), ()
+        devices = tuple(self._timed_device(index) for index in range(count))
+        if self._host_pids:
+            return GpuStatus(available=True, driver_version=self._driver_version), devices
+        devices = tuple(dataclasses.replace(d, processes=()) for d in devices)
+        return GpuStatus(
+            available=True, driver_version=self._driver_version, process_memory_note=CONTAINER_PIDS_NOTE
+        ), devices
 
     def close(self) -> None:
         """Shut NVML down if this collector started it. A later :meth:`sample` starts it again."""
@@ -395,6 +414,12 @@ class GpuCollector:
             raise _DeviceLost
         return result
 
+    def _check_slow(self) -> None:
+        """Raise :class:`_DeviceSlow` once the device being read has taken ``slow_device_s``:
+        its other calls would likely block as long (a sweep then costs one hang, not six)."""
+        if self._slow_device_s is not None and self._clock() - self._device_start > self._slow_device_s:
+            raise _DeviceSlow
+
     # -- per device ----------------------------------------------------------------------------
 
     def _forget(self, index: int) -> None:
@@ -407,17 +432,23 @@ class GpuCollector:
         """:meth:`_sample_device`, unless the device is backed off: then its last reading, stale."""
         now = self._clock()
         backoff = self._backoff.get(index)
-        if backoff is not None and now < backoff[0]:
-            last = self._last_reading.get(index)
-            if last is None:
-                return GpuDevice(index, None, None, None, None, None, unavailable_reason="NVML: timed out")
+        last = self._last_reading.get(index)
+        if backoff is not None and now < backoff[0] and last is not None:
             return dataclasses.replace(last[0], stale_age_s=round(now - last[1], 3))
+        self._device_start = now
         device = self._sample_device(index)
         end = self._clock()
         self._last_reading[index] = (device, end)
         if self._slow_device_s is not None and end - now > self._slow_device_s:
-            wait = FIRST_BACKOFF_S if backoff is None else min(2 * backoff[1], MAX_BACKOFF_S)
+            wait = (
+                FIRST_BACKOFF_S
+                if backoff is None
+                else max(FIRST_BACKOFF_S, min(2 * backoff[1], MAX_BACKOFF_S))
+            )
             self._backoff[index] = (end + wait, wait)
+            self._newly_slow_s += end - now
+        elif backoff is not None and backoff[1] / 2 >= FIRST_BACKOFF_S:
+            self._backoff[index] = (end, backoff[1] / 2)  # one fast read does not undo a long hang
         else:
             self._backoff.pop(index, None)
         return device
@@ -431,6 +462,10 @@ class GpuCollector:
         return device
 
     def _read_device(self, index: int) -> GpuDevice:
+        static: tuple[str | None, str | None] = (None, None)
+        used = total = None
+        utilization = None
+        processes: tuple[GpuProcess, ...] = ()
         try:
             handle = self._handles.get(index)
             if handle is None:
@@ -438,18 +473,36 @@ class GpuCollector:
                 if handle is NA:
                     return GpuDevice(index, None, None, None, None, None)
                 self._handles[index] = handle
-            static = self._static.get(index)
-            if static is None:
+                self._check_slow()
+            cached = self._static.get(index)
+            if cached is None:
                 name = _str_or_none(self._device_query(index, "nvmlDeviceGetName", handle))
+                static = (name, None)
+                self._check_slow()
                 uuid = _str_or_none(self._device_query(index, "nvmlDeviceGetUUID", handle))
                 static = (name, uuid)
                 if name is not None and uuid is not None:
                     self._static[index] = static
+                self._check_slow()
+            else:
+                static = cached
             used, total = self._memory(index, handle)
+            self._check_slow()
             utilization = self._utilization(index, handle)
+            self._check_slow()
             processes = self._processes(index, handle)
         except _DeviceLost:
             return GpuDevice(index, None, None, None, None, None)
+        except _DeviceSlow:  # what it answered so far; the rest is not asked for
+            return GpuDevice(
+                index,
+                static[0],
+                static[1],
+                used,
+                total,
+                utilization,
+                unavailable_reason="NVML: slow to answer",
+            )
         return GpuDevice(
             index=index,
             name=static[0],
@@ -510,7 +563,9 @@ class GpuCollector:
         same figure in each: the larger known one is kept.
         """
         merged: dict[int, int | None] = {}
-        for variants in _PROCESS_LISTS:
+        for number, variants in enumerate(_PROCESS_LISTS):
+            if number:
+                self._check_slow()  # between listings too: each is two calls
             listing = self._process_listing(index, handle, variants)
             per_pid: dict[int, int | None] = {}
             for entry in listing:

@@ -6,8 +6,9 @@ deadline (counted from when that sweep started, so a sweep hung for many ticks c
 wait); past it the last finished reading stands in, its devices marked stale with their age.
 
 One thread, started on first use, runs one sweep at a time: a request while a sweep is in
-flight starts none, and a new sweep starts no sooner after one ends than that one lasted, so
-GPUs are never refreshed faster than NVML answers.
+flight starts none, and a new sweep starts no sooner after one ends than its healthy devices took
+to answer (capped at the first back-off), so GPUs are never refreshed faster than NVML answers,
+and one hung device (backed off by the collector) does not hold the others' refresh back.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from dlmon.collect.gpu import GpuCollector
+from dlmon.collect.gpu import FIRST_BACKOFF_S, GpuCollector
 from dlmon.model.snapshot import GpuDevice, GpuStatus
 
 __all__ = ["DEFAULT_DEADLINE_S", "FIRST_DEADLINE_S", "GpuReading", "GpuSweep"]
@@ -41,9 +42,8 @@ class GpuReading:
 
 
 def _stale(devices: tuple[GpuDevice, ...], age: float) -> tuple[GpuDevice, ...]:
-    return tuple(
-        dataclasses.replace(d, stale_age_s=round(max(age, d.stale_age_s or 0.0), 3)) for d in devices
-    )
+    """The reading ``age`` s on: a device already stale in it (backed off) was that much older."""
+    return tuple(dataclasses.replace(d, stale_age_s=round((d.stale_age_s or 0.0) + age, 3)) for d in devices)
 
 
 class GpuSweep:
@@ -56,11 +56,15 @@ class GpuSweep:
         deadline_s: float = DEFAULT_DEADLINE_S,
         first_deadline_s: float = FIRST_DEADLINE_S,
         clock: Callable[[], float] = time.monotonic,
+        wait: Callable[[threading.Condition, float], object] | None = None,
     ) -> None:
-        self.collector = collector
+        """``clock`` and ``wait`` (how the sampler thread waits ``s`` seconds on the condition
+        it holds) are for tests, which drive the sweep without the wall clock."""
+        self._collector = collector
         self._deadline_s = deadline_s
         self._first_deadline_s = first_deadline_s
         self._clock = clock
+        self._wait = wait if wait is not None else (lambda cond, seconds: cond.wait(seconds))
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -97,7 +101,7 @@ class GpuSweep:
                     left = limit - self._clock()
                     if left <= 0:
                         break
-                    self._cond.wait(left)
+                    self._wait(self._cond, left)
             self._raise_error()
             fresh = not self._last_taken
             self._last_taken = True
@@ -122,7 +126,7 @@ class GpuSweep:
             self._cond.notify_all()
             thread = self._thread
         if thread is None:
-            self.collector.close()
+            self._collector.close()
             with self._cond:
                 self._stopping = False
             return
@@ -132,6 +136,11 @@ class GpuSweep:
                 self._thread = None
                 self._stopping = False
                 self._requested = self._done
+
+    def idle(self, timeout_s: float) -> bool:
+        """Wait until no sweep is in flight, up to ``timeout_s``; whether none is."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._requested <= self._done, timeout_s)
 
     def _raise_error(self) -> None:
         """Re-raise, on the sampler thread, what the collector raised: a bug, not NVML trouble
@@ -157,9 +166,9 @@ class GpuSweep:
                     self._cond.wait()
                 if self._stopping:
                     break
-            begin, cpu = self._clock(), time.thread_time()
+            cpu = time.thread_time()
             try:
-                result = self.collector.sample()
+                result = self._collector.sample()
             except BaseException as error:  # handed to the sampler thread, which raises it
                 with self._cond:
                     self._error = error
@@ -175,6 +184,8 @@ class GpuSweep:
                 self._last_taken = False
                 self._done = self._requested
                 self._started_at = None
-                self._not_before = end + (end - begin)
+                # Paced on what answering took: not a device newly backed off (its hang is
+                # over for now), not NVML's start, and never more than a back-off.
+                self._not_before = end + min(self._collector.pace_s, FIRST_BACKOFF_S)
                 self._cond.notify_all()
-        self.collector.close()
+        self._collector.close()

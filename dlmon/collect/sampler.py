@@ -11,7 +11,7 @@ from dlmon.collect.agent_client import AgentClient, AgentReading, merge_torch_me
 from dlmon.collect.cgroup import CgroupMemoryReader, UsableCores
 from dlmon.collect.disks import DiskStatsReader
 from dlmon.collect.gpu import GpuCollector
-from dlmon.collect.gpu_sweep import DEFAULT_DEADLINE_S, GpuSweep
+from dlmon.collect.gpu_sweep import DEFAULT_DEADLINE_S, FIRST_DEADLINE_S, GpuSweep
 from dlmon.collect.kernel import KernelLog
 from dlmon.collect.processes import ProcessTracker
 from dlmon.collect.procfs import CLOCK_TICKS, boot_time, read_cmdline
@@ -59,7 +59,9 @@ class Sampler:
     """Builds Snapshots of one target. Owned by one thread; keeps state between calls for rates.
 
     ``unlimited_smaps`` reads PSS/USS of every process on every call (``--once``); otherwise
-    they are refreshed under the CPU budget of ``policy``.
+    they are refreshed under the CPU budget of ``policy``. ``gpu_first_deadline_s`` is how long
+    the first tick waits for NVML's start (the one-shot attach waits longer: its one reading is
+    the whole output; a watch, ``advise`` or a tune trial must not freeze that long).
     """
 
     def __init__(
@@ -69,6 +71,7 @@ class Sampler:
         policy: BudgetPolicy | None = None,
         unlimited_smaps: bool = False,
         gpu: GpuCollector | None = None,
+        gpu_first_deadline_s: float = FIRST_DEADLINE_S,
         exit_code: ExitCodeProvider | None = None,
         agent: AgentClient | None = None,
         proc_root: str = "/proc",
@@ -96,8 +99,7 @@ class Sampler:
         self._cores = UsableCores(pid, proc_root=proc_root)
         self._disks = DiskStatsReader(proc_root=proc_root, sys_root=sys_root)
         collector = gpu if gpu is not None else GpuCollector(slow_device_s=DEFAULT_DEADLINE_S)
-        # --once waits longer for NVML's start: its one reading is the whole output.
-        self._gpu = GpuSweep(collector, first_deadline_s=10.0) if unlimited_smaps else GpuSweep(collector)
+        self._gpu = GpuSweep(collector, first_deadline_s=gpu_first_deadline_s)
         self._agent = agent if agent is not None else AgentClient()
         self._exit_code = exit_code
         self._exit_retried = False
@@ -276,9 +278,13 @@ def _sum_if_all(values: Iterable[int | None]) -> int | None:
 def _with_gpu_memory(
     processes: tuple[ProcessSample, ...], gpus: tuple[GpuDevice, ...]
 ) -> tuple[ProcessSample, ...]:
-    """Each process's VRAM summed over devices, from NVML's per-process list."""
+    """Each process's VRAM summed over devices, from NVML's per-process list. A stale device's
+    list is left out: it is old, and the process may since have exited or freed that memory (the
+    orphan alert would say an orphan holds it)."""
     used: dict[int, int] = {}
     for device in gpus:
+        if device.stale_age_s is not None:
+            continue
         for proc in device.processes:
             if proc.used_memory_bytes is not None:
                 used[proc.pid] = used.get(proc.pid, 0) + proc.used_memory_bytes

@@ -150,13 +150,16 @@ class LiveSource:
 
         def body() -> None:
             name_this_thread(b"dlmon-sampler")  # so top -H and the benchmarks can tell it apart
-            reason = sample_until_done(
-                self.sampler,
-                self.interval,
-                pipeline,
-                self._stop,
-                target_alive=(lambda: exit_code() is None) if exit_code is not None else None,
-            )
+            try:
+                reason = sample_until_done(
+                    self.sampler,
+                    self.interval,
+                    pipeline,
+                    self._stop,
+                    target_alive=(lambda: exit_code() is None) if exit_code is not None else None,
+                )
+            finally:  # on its own thread, as it is used: its GPU sweep thread ends with it
+                self.sampler.close()
             pipeline.finish(reason)
             on_end(reason)
 

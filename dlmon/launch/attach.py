@@ -112,11 +112,17 @@ def attach_dashboard(
     return 0
 
 
+#: How long the one-shot attach waits for NVML's start (``nvmlInit`` takes seconds without
+#: persistence mode).
+ONE_SHOT_GPU_DEADLINE_S = 10.0
+
+
 def attach_once(pid: int, as_json: bool) -> None:
     from dlmon.model.format import one_line
     from dlmon.model.serialize import snapshot_to_dict
 
-    sampler = open_sampler(pid, unlimited_smaps=True)
+    # Its one reading is the whole output: it waits longer for NVML's start than a watch does.
+    sampler = open_sampler(pid, unlimited_smaps=True, gpu_first_deadline_s=ONE_SHOT_GPU_DEADLINE_S)
     sampler.sample()
     time.sleep(1.0)
     snapshot = sampler.sample()

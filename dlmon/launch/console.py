@@ -82,11 +82,15 @@ def terminal_problem() -> str | None:
     return None
 
 
-def open_sampler(pid: int, *, unlimited_smaps: bool = False) -> Sampler:
+def open_sampler(
+    pid: int, *, unlimited_smaps: bool = False, gpu_first_deadline_s: float | None = None
+) -> Sampler:
+    from dlmon.collect.gpu_sweep import FIRST_DEADLINE_S
     from dlmon.collect.sampler import NoSuchProcess, Sampler
 
+    first = FIRST_DEADLINE_S if gpu_first_deadline_s is None else gpu_first_deadline_s
     try:
-        return Sampler(pid, unlimited_smaps=unlimited_smaps)
+        return Sampler(pid, unlimited_smaps=unlimited_smaps, gpu_first_deadline_s=first)
     except NoSuchProcess:
         raise Failed(f"no such process: {pid}") from None
     except PermissionError as exc:

@@ -339,96 +339,100 @@ def _measure(
         training.stop(opts.stop_grace_s if outcome == OK else 1.0)
         return result(outcome, detail, time.monotonic() - t0)
 
-    deadline = started + opts.warmup_timeout_s
-    while True:
-        if interrupted.is_set():
-            return stop(INTERRUPTED, "interrupted")
-        tick = time.monotonic()
-        snap: Snapshot | None = None
-        if sampler is not None:
-            with contextlib.suppress(Exception):
-                snap = sampler.sample()
-        if snap is not None:
-            last = snap
-            if first is None:
-                first = snap
-                limit, limit_source = _memory_limit(snap)
-                oom_before = snap.cgroup.oom_kill_count if snap.cgroup is not None else None
-            peaks.add(snap)
-        status = read_status(status_path) or status
-        code = training.exit_code()
-        if code is not None:
+    try:  # every way out closes the sampler: a trial left its GPU sweep thread running
+        deadline = started + opts.warmup_timeout_s
+        while True:
+            if interrupted.is_set():
+                return stop(INTERRUPTED, "interrupted")
+            tick = time.monotonic()
+            snap: Snapshot | None = None
             if sampler is not None:
-                sampler.close()
-            tail = log_tail(training.log_path)
-            if window_start is not None and window_end is not None and code == 0:
-                return result(OK, "the script ended by itself")
-            if status.get("outcome") != CUDA_OOM and "loader" not in status:
-                why = f"the command exited with status {code} before building a DataLoader"
-                return result(CRASHED, why + (f": {tail}" if tail else ""))
-            outcome, detail = classify_exit(code, status, tail, last, oom_before)
-            return result(outcome, detail)
-        if isinstance(status.get("error"), str):
-            return stop(CRASHED, f"dlmon's agent could not apply the configuration: {status['error']}")
-        if snap is not None:
-            tuned = _target_loaders(snap, status.get("loader"))
-            target = tuned[0] if tuned else target
-            if target is not None and target.batch_size:
-                script_batch = script_batch or target.batch_size
-        if "loader" in status and oom_watch is None and limit:
-            oom_watch = OomWatch(limit, window_s=GROWTH_WINDOW_S)
-        pss = snap.memory.pss_sum_bytes if snap is not None else None
-        if oom_watch is not None and snap is not None and pss is not None:
-            remaining = opts.seconds or 5.0
-            if window_start is not None and opts.seconds:
-                remaining = max(0.0, opts.seconds - (snap.time - window_start[0]))
-            projected = oom_watch.add(  # on the monotonic clock: a wall-clock step is no growth
-                tick, pss, snap.memory.pss_anon_sum_bytes, remaining + 2 * opts.interval_s
-            )
-            if projected is not None:
+                with contextlib.suppress(Exception):
+                    snap = sampler.sample()
+            if snap is not None:
+                last = snap
+                if first is None:
+                    first = snap
+                    limit, limit_source = _memory_limit(snap)
+                    oom_before = snap.cgroup.oom_kill_count if snap.cgroup is not None else None
+                peaks.add(snap)
+            status = read_status(status_path) or status
+            code = training.exit_code()
+            if code is not None:
+                tail = log_tail(training.log_path)
+                if window_start is not None and window_end is not None and code == 0:
+                    return result(OK, "the script ended by itself")
+                if status.get("outcome") != CUDA_OOM and "loader" not in status:
+                    why = f"the command exited with status {code} before building a DataLoader"
+                    return result(CRASHED, why + (f": {tail}" if tail else ""))
+                outcome, detail = classify_exit(code, status, tail, last, oom_before)
+                return result(outcome, detail)
+            if isinstance(status.get("error"), str):
+                return stop(CRASHED, f"dlmon's agent could not apply the configuration: {status['error']}")
+            if snap is not None:
+                tuned = _target_loaders(snap, status.get("loader"))
+                target = tuned[0] if tuned else target
+                if target is not None and target.batch_size:
+                    script_batch = script_batch or target.batch_size
+            if "loader" in status and oom_watch is None and limit:
+                oom_watch = OomWatch(limit, window_s=GROWTH_WINDOW_S)
+            pss = snap.memory.pss_sum_bytes if snap is not None else None
+            if oom_watch is not None and snap is not None and pss is not None:
+                remaining = opts.seconds or 5.0
+                if window_start is not None and opts.seconds:
+                    remaining = max(0.0, opts.seconds - (snap.time - window_start[0]))
+                projected = oom_watch.add(  # on the monotonic clock: a wall-clock step is no growth
+                    tick, pss, snap.memory.pss_anon_sum_bytes, remaining + 2 * opts.interval_s
+                )
+                if projected is not None:
+                    return stop(
+                        WOULD_OOM,
+                        f"at ~{projected / GIB:.2f} GiB (stopped at {pss / GIB:.2f} GiB, growing "
+                        f"toward the {oom_watch.limit_bytes / GIB:.2f} GiB {limit_source} limit)",
+                    )
+            samples_total = _sum([ls.samples_total for ls in tuned]) if snap is not None and tuned else None
+            if snap is not None and target is not None and samples_total is not None:
+                batches_total = _sum([ls.batches_total for ls in tuned]) or 0
+                if batches_total > 0 and first_batch_at is None:
+                    first_batch_at = time.monotonic()
+                if window_start is None:
+                    warm = (
+                        first_batch_at is not None
+                        and batches_total >= WARM_BATCHES
+                        and time.monotonic() - first_batch_at >= WARM_SECONDS
+                    )
+                    if warm:
+                        startup = _agent_startup(client, target)
+                        window_start = (snap.time, samples_total, batches_total)
+                        window_end = window_start
+                        deadline = time.monotonic() + 3 * (opts.seconds or 30.0) + opts.warmup_timeout_s
+                else:
+                    window_end = (snap.time, samples_total, batches_total)
+                    tick_rates = [ls.samples_per_s for ls in tuned if ls.samples_per_s is not None]
+                    if tick_rates:
+                        rates.append(sum(tick_rates))  # the job's rate: all ranks together
+                    tick_waits = [ls.data_wait_fraction for ls in tuned if ls.data_wait_fraction is not None]
+                    if tick_waits:
+                        waits.append(statistics.fmean(tick_waits))
+                    done_s = opts.seconds is not None and window_end[0] - window_start[0] >= opts.seconds
+                    done_b = opts.batches is not None and window_end[2] - window_start[2] >= opts.batches
+                    if done_s or done_b:
+                        return stop(OK)
+            if time.monotonic() > deadline:
+                if window_start is not None:
+                    return stop(TIMED_OUT, "the measuring window did not complete in time")
+                seen = status.get("seen")
+                if "loader" not in status:
+                    where = f" (seen: {', '.join(map(str, seen))})" if isinstance(seen, list) and seen else ""
+                    wanted = f" at {opts.loader}" if opts.loader else ""
+                    return stop(
+                        TIMED_OUT,
+                        f"no DataLoader{wanted} was created within {opts.warmup_timeout_s:.0f} s{where}",
+                    )
                 return stop(
-                    WOULD_OOM,
-                    f"at ~{projected / GIB:.2f} GiB (stopped at {pss / GIB:.2f} GiB, growing "
-                    f"toward the {oom_watch.limit_bytes / GIB:.2f} GiB {limit_source} limit)",
+                    TIMED_OUT, f"the DataLoader was not iterated within {opts.warmup_timeout_s:.0f} s"
                 )
-        samples_total = _sum([ls.samples_total for ls in tuned]) if snap is not None and tuned else None
-        if snap is not None and target is not None and samples_total is not None:
-            batches_total = _sum([ls.batches_total for ls in tuned]) or 0
-            if batches_total > 0 and first_batch_at is None:
-                first_batch_at = time.monotonic()
-            if window_start is None:
-                warm = (
-                    first_batch_at is not None
-                    and batches_total >= WARM_BATCHES
-                    and time.monotonic() - first_batch_at >= WARM_SECONDS
-                )
-                if warm:
-                    startup = _agent_startup(client, target)
-                    window_start = (snap.time, samples_total, batches_total)
-                    window_end = window_start
-                    deadline = time.monotonic() + 3 * (opts.seconds or 30.0) + opts.warmup_timeout_s
-            else:
-                window_end = (snap.time, samples_total, batches_total)
-                tick_rates = [ls.samples_per_s for ls in tuned if ls.samples_per_s is not None]
-                if tick_rates:
-                    rates.append(sum(tick_rates))  # the job's rate: all ranks together
-                tick_waits = [ls.data_wait_fraction for ls in tuned if ls.data_wait_fraction is not None]
-                if tick_waits:
-                    waits.append(statistics.fmean(tick_waits))
-                done_s = opts.seconds is not None and window_end[0] - window_start[0] >= opts.seconds
-                done_b = opts.batches is not None and window_end[2] - window_start[2] >= opts.batches
-                if done_s or done_b:
-                    return stop(OK)
-        if time.monotonic() > deadline:
-            if window_start is not None:
-                return stop(TIMED_OUT, "the measuring window did not complete in time")
-            seen = status.get("seen")
-            if "loader" not in status:
-                where = f" (seen: {', '.join(map(str, seen))})" if isinstance(seen, list) and seen else ""
-                wanted = f" at {opts.loader}" if opts.loader else ""
-                return stop(
-                    TIMED_OUT,
-                    f"no DataLoader{wanted} was created within {opts.warmup_timeout_s:.0f} s{where}",
-                )
-            return stop(TIMED_OUT, f"the DataLoader was not iterated within {opts.warmup_timeout_s:.0f} s")
-        time.sleep(max(0.0, opts.interval_s - (time.monotonic() - tick)))
+            time.sleep(max(0.0, opts.interval_s - (time.monotonic() - tick)))
+    finally:
+        if sampler is not None:
+            sampler.close()

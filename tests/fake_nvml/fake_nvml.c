@@ -19,7 +19,8 @@
  *     {uint pid; ull usedGpuMemory} (16 bytes).
  *
  * Configuration: the file named by $DLMON_FAKE_NVML, read at the first nvmlInit*, one
- * directive a line ("#" starts a comment):
+ * directive a line ("#" starts a comment); when it is set but cannot be opened, nvmlInit*
+ * fails (NVML_ERROR_UNKNOWN); unset, one default device:
  *   driver 550.54.15          driver version string
  *   init_error 9              nvmlInit* fails with this code
  *   device                    starts a device; the lines below describe it
@@ -167,6 +168,12 @@ static void configure(void) {
     char line[512];
     fake_device *d = NULL;
     configured = 1;
+    if (fh == NULL && path != NULL) {
+        /* A mistyped config path must not pass for the one-device default. */
+        fprintf(stderr, "fake_nvml: cannot open DLMON_FAKE_NVML=%s\n", path);
+        init_error = NVML_ERROR_UNKNOWN;
+        return;
+    }
     if (fh == NULL) {
         new_device();
         return;
@@ -327,7 +334,7 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *memory) {
     if (memory == NULL) return NVML_ERROR_INVALID_ARGUMENT;
     memory->total = d->total;
     memory->used = d->used + d->reserved; /* v1's used counts the driver's reserve */
-    memory->free = d->total - memory->used;
+    memory->free = memory->used > d->total ? 0 : d->total - memory->used; /* unsigned: no wrap */
     return NVML_SUCCESS;
 }
 
@@ -339,7 +346,7 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *memory)
     memory->total = d->total;
     memory->reserved = d->reserved;
     memory->used = d->used;
-    memory->free = d->total - d->reserved - d->used;
+    memory->free = d->reserved + d->used > d->total ? 0 : d->total - d->reserved - d->used;
     return NVML_SUCCESS;
 }
 

@@ -97,8 +97,10 @@ def _gpu_head(g: GpuDevice, width: int, detailed: bool) -> Line:
 
 
 def _stale(g: GpuDevice) -> str:
-    """NVML did not answer in time: the figures shown are this old."""
-    return f"stale {duration(g.stale_age_s)} (NVML slow)"
+    """NVML did not answer in time: the figures shown are this old (a reading that came just
+    after the tick gave up is under a second old, which "0s" would read as fresh)."""
+    age = g.stale_age_s
+    return f"stale {'<1s' if age is not None and age < 1.0 else duration(age)} (NVML slow)"
 
 
 def _util(util: float | None) -> str:
