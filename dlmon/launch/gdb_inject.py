@@ -9,11 +9,18 @@ The pause stays short: gdb reads the ELF symbols of the executable and of libpyt
 debug info nor the hundreds of MB of .so files a torch process maps (docs/performance.md).
 
 Bounding the wait: a target whose threads all sit with the GIL released (``signal.pause()``, a
-long ``time.sleep``) never reaches the breakpoint. At the deadline dlmon sends the target SIGURG
-(ignored by default, and gdb is told to stop on it without passing it on): gdb's ``continue``
-returns, the script deletes the breakpoint and detaches. Once the breakpoint was hit dlmon never
-signals again, and never kills gdb in the middle of the call: that could leave the target's
-thread in a half-run function or with a breakpoint byte in its code.
+long ``time.sleep``) never reaches the breakpoint. At the deadline a watchdog (gdb's parent, in a
+session of its own, so it outlives dlmon) sends the target SIGURG (ignored by default; gdb stops on
+it without passing it on), again every 0.5 s while gdb still traces the target: gdb's ``continue``
+returns, the script deletes the breakpoint and detaches. Once the breakpoint was hit nothing is
+signalled again (a SIGURG then is swallowed), and gdb is never signalled at all: gdb killed in the
+middle of the call leaves the target's thread in a dummy frame (it dies of SIGSEGV).
+
+What is left (docs/reliability.md): gdb killed (kill -9, the OOM killer despite oom_score_adj
+-1000) *after* the hit, during the call (the exec line: read load.py, start a thread; about a
+millisecond), or in the instant a thread executes the int3 before gdb took the trap. Before the
+hit the watchdog writes the original byte back; if the watchdog itself is SIGKILLed along with
+gdb, the int3 stays and the target dies of SIGTRAP when it next releases the GIL.
 """
 
 from __future__ import annotations
