@@ -569,3 +569,21 @@ def test_a_target_with_a_private_tmp_gets_its_stage_in_its_own_tmp(runtime_dir: 
         proc.kill()
         proc.wait()
     assert no_stage_left() == []
+
+
+@needs_gdb
+@gdb_python
+def test_a_deadline_before_gdb_attached_still_ends_the_wait(spawn: Spawn, runtime_dir: str) -> None:
+    """The deadline passes while gdb is still starting: a SIGURG sent then went to the bare target
+    (lost), and dlmon SIGTERMed gdb after 5 s. Now SIGURG goes out only while gdb traces the target,
+    again every 0.5 s, and gdb is never signalled."""
+    proc = spawn(
+        "import signal\nsignal.signal(signal.SIGUSR1, lambda *a: None)\n"
+        'print("READY", flush=True)\nsignal.pause()\nprint("woke", flush=True)'
+    )
+    with pytest.raises(InjectError, match=f"process {proc.pid} ran no Python within 0 s"):
+        inject(proc.pid, timeout=0.01)
+    assert process_state(proc.pid) == ("S", 0)
+    os.kill(proc.pid, signal.SIGUSR1)
+    assert "woke" in finish(proc)
+    assert no_stage_left() == []
