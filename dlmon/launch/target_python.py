@@ -66,3 +66,39 @@ def process_state(pid: int) -> tuple[str, int]:
     except (OSError, ValueError, IndexError):
         pass
     return state, tracer
+
+
+def replaced_library(pid: int, path: str) -> str | None:
+    """Why gdb would read the wrong symbols for the mapped ``path``, or None.
+
+    gdb reads a shared library's symbols from its path: a libpython replaced on disk since the
+    target mapped it (a package upgrade mid-training) gives breakpoint addresses in the wrong code.
+    The mapped file is compared with the path's: through /proc/PID/map_files when we may (root),
+    else by the inode in /proc/PID/maps (whose device number on overlayfs is the lower layer's).
+    """
+    name = path.removesuffix(" (deleted)")
+    if name != path:
+        return f"{name} was deleted or replaced on disk since process {pid} loaded it"
+    try:
+        with open(f"/proc/{pid}/maps") as fh:
+            maps = fh.read()
+    except OSError:
+        return None  # gone: gdb says so
+    ranges, inode = [], None
+    for line in maps.splitlines():
+        fields = line.split(None, 5)
+        if len(fields) == 6 and fields[5] == path:
+            ranges.append(fields[0])
+            inode = int(fields[4])
+    if inode is None:
+        return None
+    try:
+        st = os.stat(f"/proc/{pid}/root{path}")
+    except OSError:
+        return f"{path}, which process {pid} mapped, cannot be read any more"
+    try:
+        mapped = os.stat(f"/proc/{pid}/map_files/{ranges[0]}")
+        same = (mapped.st_dev, mapped.st_ino) == (st.st_dev, st.st_ino)
+    except OSError:
+        same = st.st_ino == inode
+    return None if same else f"{path} was replaced on disk since process {pid} loaded it"
