@@ -13,6 +13,7 @@ import pytest
 from agent_support import private_agent_env
 from dlmon.analysis.analyzer import Analyzer
 from dlmon.analysis.digest import DigestLimits
+from dlmon.analysis.recent import RecentIndex
 from dlmon.flow.sources import LiveSource
 from dlmon.model import Snapshot
 from dlmon.ui.series import Series
@@ -33,7 +34,8 @@ def agent_env() -> Iterator[dict[str, str]]:
 
 
 def keyed_size(root: object) -> tuple[int, int]:
-    """(dict keys + set members, Series objects) reachable from ``root``, snapshots aside.
+    """(dict keys + set members, Series objects) reachable from ``root``, snapshots (and the
+    index of the recent window's snapshots) aside.
 
     Keys and Series are what grows per process seen; list/deque lengths grow with time up to
     their caps and are left out, so the figure compares a run at epoch 10 with one at epoch 50.
@@ -43,7 +45,9 @@ def keyed_size(root: object) -> tuple[int, int]:
     stack: list[Any] = [root]
     while stack:
         obj = stack.pop()
-        if id(obj) in seen or isinstance(obj, str | bytes | int | float | bool | Snapshot) or obj is None:
+        # the analyzer's recent-window index holds what the window's snapshots hold (checked apart)
+        skipped = (str, bytes, int, float, bool, Snapshot, RecentIndex)
+        if id(obj) in seen or isinstance(obj, skipped) or obj is None:
             continue
         seen.add(id(obj))
         if isinstance(obj, Series):
@@ -113,4 +117,12 @@ def test_fifty_epochs_of_respawned_workers_keep_worker_rows_and_bounded_state(
     assert loaders1 <= loaders0 + 1
     assert state_series1 <= 6 * rows1 + 20
     assert len(analyzer.digest.processes) <= MAX_DIGEST
-    assert an_keys1 <= an_keys0 + 2 * MAX_DIGEST + 40
+    detail = {k: keyed_size(v)[0] for k, v in vars(analyzer).items()}
+    assert an_keys1 <= an_keys0 + 2 * MAX_DIGEST + 40, sorted(detail.items(), key=lambda kv: -kv[1])[:4]
+    # the recent window's index (left out above, as its snapshots are) holds only what the
+    # window's snapshots hold: a respawned worker's trail goes when its last snapshot does
+    index = analyzer._recent
+    in_window = {(p.pid, p.start_time) for snap in index.snapshots() for p in snap.processes}
+    assert set(index.fds) <= in_window and set(index.loaders) <= {
+        lo.id for snap in index for lo in snap.loaders
+    }
