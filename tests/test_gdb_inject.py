@@ -387,6 +387,35 @@ def test_the_trainings_systemexit_during_the_load_stays_the_trainings(spawn: Spa
 
 @needs_gdb
 @gdb_python
+def test_the_load_never_edits_the_trainings_sys_path(spawn: Spawn, runtime_dir: str) -> None:
+    """The load thread put the stage at sys.path[0] and took it off again while the training may
+    import: PathFinder iterates sys.path itself, and the shifted list made it skip an entry (a
+    ModuleNotFoundError in the training). The staged package is now loaded by spec."""
+    proc = spawn(
+        "import sys, time\n"
+        "edits = []\n"
+        "class Watched(list):\n"
+        "    def insert(self, *a):\n        edits.append(('insert', a)); list.insert(self, *a)\n"
+        "    def remove(self, *a):\n        edits.append(('remove', a)); list.remove(self, *a)\n"
+        "    def append(self, *a):\n        edits.append(('append', a)); list.append(self, *a)\n"
+        "sys.path = Watched(sys.path)\n"
+        "before = list(sys.path)\n"
+        'print("READY", flush=True)\n'
+        "deadline = time.monotonic() + 20\n"
+        "while time.monotonic() < deadline and 'dlmon.agent.wire' not in sys.modules:\n"
+        "    time.sleep(0.001)\n"
+        "time.sleep(0.3)\n"
+        "print('agent', 'dlmon.agent' in sys.modules, 'edits', edits, 'same', list(sys.path) == before, flush=True)\n"
+    )
+    with contextlib.suppress(InjectError):
+        inject(proc.pid, timeout=10)
+    out = finish(proc)
+    assert "agent True edits [] same True" in out, out
+    assert no_stage_left() == []
+
+
+@needs_gdb
+@gdb_python
 def test_gdb_killed_while_waiting_leaves_no_breakpoint(spawn: Spawn, runtime_dir: str) -> None:
     """gdb SIGKILLed (the OOM killer, kill -9) while it waits for the breakpoint: its int3 stayed in
     PyEval_SaveThread and the target died of SIGTRAP when it next ran Python. The watchdog, gdb's

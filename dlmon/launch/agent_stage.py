@@ -2,8 +2,10 @@
 
 dlmon may run from pipx or another venv whose site-packages (click, psutil, textual...) must not
 shadow the target's. So the target imports from a private directory holding only ``dlmon/__init__.py``
-and ``dlmon/agent/`` (standard library only), in ``pkg/`` apart from the loader and its status,
-put first on ``sys.path`` for the import and taken off again.
+and ``dlmon/agent/`` (standard library only), in ``pkg/`` apart from the loader and its status.
+The loader imports ``dlmon`` from there by spec and never touches ``sys.path``: the training may be
+importing at the same time, and PathFinder iterates ``sys.path`` itself (an entry taken out of it
+mid-iteration shifts the list, and the training's import skips an entry).
 
 The exec line that gdb (or sys.remote_exec) runs cannot raise: it reads ``load.py``, which only
 starts a thread and returns, inside ``contextlib.suppress(Exception)``. An exception reaching
@@ -39,16 +41,27 @@ def _dlmon_load(root, modules, status):
     try:
         agent = sys.modules.get("dlmon.agent")
         if agent is None:
-            import importlib
-            sys.path.insert(0, root)
+            import importlib, importlib.machinery, importlib.util
             try:
+                # sys.path stays untouched: the training's PathFinder may be iterating it
+                if "dlmon" not in sys.modules:
+                    spec = importlib.machinery.PathFinder.find_spec("dlmon", [root])
+                    if spec is None or spec.loader is None:
+                        raise ImportError("no dlmon package in " + root)
+                    package = importlib.util.module_from_spec(spec)
+                    sys.modules["dlmon"] = package
+                    try:
+                        spec.loader.exec_module(package)
+                    except BaseException:
+                        sys.modules.pop("dlmon", None)
+                        raise
+                # the submodules follow dlmon.__path__ (the stage)
                 agent = importlib.import_module("dlmon.agent")
                 for name in modules:
                     importlib.import_module("dlmon.agent." + name)
             finally:
-                while root in sys.path:
-                    sys.path.remove(root)
-                sys.path_importer_cache.pop(root, None)
+                for path in (root, root + "/dlmon", root + "/dlmon/agent"):
+                    sys.path_importer_cache.pop(path, None)
         agent.start()
         path = agent.serving_path()
         if path:
