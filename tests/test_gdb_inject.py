@@ -23,7 +23,13 @@ from dlmon.collect.agent_client import AgentClient
 from dlmon.launch import agent_stage, gdb_inject
 from dlmon.launch.agent_stage import stage
 from dlmon.launch.inject import InjectError, inject, unsupported_reason
-from dlmon.launch.target_python import TargetPython, process_state, read_target, replaced_library
+from dlmon.launch.target_python import (
+    TargetPython,
+    process_state,
+    read_target,
+    replaced_library,
+    same_file,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 needs_gdb = pytest.mark.skipif(shutil.which("gdb") is None, reason="gdb is not installed")
@@ -471,6 +477,25 @@ def test_a_libpython_replaced_on_disk_is_refused(spawn: Spawn, runtime_dir: str,
         inject(proc.pid, timeout=5)
     assert process_state(proc.pid)[1] == 0  # never attached
     assert no_stage_left() == []
+
+
+def _stat(dev: int, ino: int, size: int = 4096, mtime_ns: int = 10**18) -> os.stat_result:
+    # st_mode, st_ino, st_dev, st_nlink, st_uid, st_gid, st_size, st_atime, st_mtime, st_ctime,
+    # then the float times and the *_ns times (st_atime_ns, st_mtime_ns, st_ctime_ns)
+    s = mtime_ns // 10**9
+    return os.stat_result(
+        (0o100644, ino, dev, 1, 0, 0, size, s, s, s, float(s), float(s), float(s), mtime_ns, mtime_ns, mtime_ns)
+    )
+
+
+def test_a_library_on_overlayfs_is_not_taken_for_replaced() -> None:
+    """As root, map_files gives the lower layer's device and the path the overlay's for the same
+    libpython (a Docker image): comparing (st_dev, st_ino) refused every such inject."""
+    lower, overlay = _stat(dev=0x803, ino=1234), _stat(dev=0x2F, ino=1234)
+    assert same_file(lower, overlay)
+    assert not same_file(lower, _stat(dev=0x2F, ino=5678))  # renamed over: another inode
+    assert not same_file(lower, _stat(dev=0x2F, ino=1234, size=8192))
+    assert not same_file(lower, _stat(dev=0x2F, ino=1234, mtime_ns=2 * 10**18))
 
 
 def test_a_quote_in_tmpdir_stages_and_quotes(tmp_path: Path) -> None:

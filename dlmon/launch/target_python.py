@@ -98,7 +98,18 @@ def replaced_library(pid: int, path: str) -> str | None:
         return f"{path}, which process {pid} mapped, cannot be read any more"
     try:
         mapped = os.stat(f"/proc/{pid}/map_files/{ranges[0]}")
-        same = (mapped.st_dev, mapped.st_ino) == (st.st_dev, st.st_ino)
+        same = same_file(mapped, st)
     except OSError:
         same = st.st_ino == inode
     return None if same else f"{path} was replaced on disk since process {pid} loaded it"
+
+
+def same_file(mapped: os.stat_result, seen: os.stat_result) -> bool:
+    """Whether the mapped file (``map_files``) is the file at its path now.
+
+    Not by st_dev: on overlayfs (a Docker training's libpython in an image layer) the map_files
+    stat gives the lower layer's device and the path's stat the overlay's, for the same file. The
+    inode, size and modification time are the real file's through both; a replaced file (pip, apt:
+    a new file renamed over the old) has another inode.
+    """
+    return (mapped.st_ino, mapped.st_size, mapped.st_mtime_ns) == (seen.st_ino, seen.st_size, seen.st_mtime_ns)
