@@ -112,4 +112,5 @@ def same_file(mapped: os.stat_result, seen: os.stat_result) -> bool:
     inode, size and modification time are the real file's through both; a replaced file (pip, apt:
     a new file renamed over the old) has another inode.
     """
-    return (mapped.st_ino, mapped.st_size, mapped.st_mtime_ns) == (seen.st_ino, seen.st_size, seen.st_mtime_ns)
+    ours = (mapped.st_ino, mapped.st_size, mapped.st_mtime_ns)
+    return ours == (seen.st_ino, seen.st_size, seen.st_mtime_ns)
