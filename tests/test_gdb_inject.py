@@ -411,7 +411,8 @@ def test_the_load_never_edits_the_trainings_sys_path(spawn: Spawn, runtime_dir: 
         "while time.monotonic() < deadline and 'dlmon.agent.wire' not in sys.modules:\n"
         "    time.sleep(0.001)\n"
         "time.sleep(0.3)\n"
-        "print('agent', 'dlmon.agent' in sys.modules, 'edits', edits, 'same', list(sys.path) == before, flush=True)\n"
+        "same = list(sys.path) == before\n"
+        "print('agent', 'dlmon.agent' in sys.modules, 'edits', edits, 'same', same, flush=True)\n"
     )
     with contextlib.suppress(InjectError):
         inject(proc.pid, timeout=10)
@@ -420,14 +421,48 @@ def test_the_load_never_edits_the_trainings_sys_path(spawn: Spawn, runtime_dir: 
     assert no_stage_left() == []
 
 
+def _code_of(pid: int, addr: int, size: int) -> bytes:
+    with open(f"/proc/{pid}/mem", "rb", buffering=0) as mem:
+        mem.seek(addr)
+        return mem.read(size)
+
+
+def _save_thread_in(pid: int) -> tuple[int, int]:
+    """PyEval_SaveThread's address in this process and in ``pid``, which runs our libpython (or our
+    executable)."""
+    import ctypes
+
+    ours = ctypes.cast(ctypes.pythonapi.PyEval_SaveThread, ctypes.c_void_p).value
+    assert ours is not None
+
+    def base(p: int) -> tuple[str, int]:
+        with open(f"/proc/{p}/maps") as fh:
+            for line in fh:
+                f = line.split(None, 5)
+                lo, hi = (int(x, 16) for x in f[0].split("-"))
+                if lo <= ours < hi and len(f) == 6:
+                    return f[5].strip(), lo - int(f[2], 16)
+        raise AssertionError("no mapping of PyEval_SaveThread")
+
+    name, mine = base(os.getpid())
+    with open(f"/proc/{pid}/maps") as fh:
+        for line in fh:
+            f = line.split(None, 5)
+            if len(f) == 6 and f[5].strip() == name and int(f[2], 16) == 0:
+                return ours, ours - mine + int(f[0].split("-")[0], 16)
+    raise AssertionError(f"process {pid} does not map {name}")
+
+
 @needs_gdb
 @gdb_python
 def test_gdb_killed_while_waiting_leaves_no_breakpoint(spawn: Spawn, runtime_dir: str) -> None:
     """gdb SIGKILLed (the OOM killer, kill -9) while it waits for the breakpoint: its int3 stayed in
     PyEval_SaveThread and the target died of SIGTRAP when it next ran Python. The watchdog, gdb's
-    parent, writes the original byte back."""
+    parent, writes the original byte back. gdb is killed once its int3 is in the target's code, and
+    the target runs Python again only after that (when it gets SIGUSR1)."""
     proc = spawn(
-        'print("READY", flush=True)\nimport time\ntime.sleep(4)\n'
+        "import signal, time\nsignal.signal(signal.SIGUSR1, lambda *a: None)\n"
+        'print("READY", flush=True)\nsignal.pause()\n'
         "for i in range(100):\n    time.sleep(0.001)\n"
         'print("alive", flush=True)\n'
     )
@@ -439,20 +474,106 @@ def test_gdb_killed_while_waiting_leaves_no_breakpoint(spawn: Spawn, runtime_dir
         except BaseException as exc:
             errors.append(exc)
 
+    ours, func = _save_thread_in(proc.pid)
+    clean = _code_of(os.getpid(), ours, 32)  # our copy of the same code, never breakpointed
+    assert _code_of(proc.pid, func, 32) == clean
     loader = threading.Thread(target=load)
     loader.start()
     deadline = time.monotonic() + 20
-    while process_state(proc.pid)[1] == 0 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    code = clean
+    while time.monotonic() < deadline:
+        code = _code_of(proc.pid, func, 32)
+        if code != clean:
+            break
+        time.sleep(0.005)
+    changed = bytes(c for c, d in zip(code, clean, strict=True) if c != d)
+    assert b"\xcc" in changed, code.hex()
     gdb_pid = process_state(proc.pid)[1]
     assert gdb_pid
-    time.sleep(1.0)  # attached, symbols read, breakpoint inserted at `continue`
     os.kill(gdb_pid, signal.SIGKILL)
     loader.join(60)
-    assert "alive" in finish(proc)
+    assert _code_of(proc.pid, func, 32) == clean
     assert len(errors) == 1 and isinstance(errors[0], InjectError), errors
     assert "gdb died of signal 9" in str(errors[0])
+    assert "its breakpoint was taken out of the target's code" in str(errors[0])
+    deadline = time.monotonic() + 10
+    while process_state(proc.pid)[0] not in ("S", "R") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.kill(proc.pid, signal.SIGUSR1)
+    assert "alive" in finish(proc)
     assert no_stage_left() == []
+
+
+def _poke(pid: int, addr: int, byte: bytes) -> None:
+    with open(f"/proc/{pid}/mem", "r+b", buffering=0) as mem:
+        mem.seek(addr)
+        mem.write(byte)
+
+
+def _watchdog_of_a_gdb_killed(pid: int, addr: int) -> str:
+    """The watchdog's report when its "gdb" announced a breakpoint at ``addr`` and died of SIGKILL."""
+    fake = f'echo "Breakpoint 1 at {addr:#x}"; sleep 0.3; kill -9 $$'
+    cmd = [sys.executable, "-I", "-S", "-c", gdb_inject.WATCHDOG, str(pid), "30", "0.5"]
+    cmd += [gdb_inject.HIT, gdb_inject.GDB_PID, gdb_inject.GDB_KILLED, "sh", "-c", fake]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout
+
+
+SLEEPER = (
+    "import signal, time\nsignal.signal(signal.SIGUSR1, lambda *a: None)\n"
+    'print("READY", flush=True)\nsignal.pause()\ntime.sleep(0.01)\nprint("alive", flush=True)\n'
+)
+
+
+@gdb_python
+def test_the_watchdog_takes_the_breakpoint_out_of_an_untraced_target_only(spawn: Spawn) -> None:
+    """gdb killed, and a second inject's debugger already attached: the watchdog wrote the original
+    byte over whatever the other debugger had there. It now writes only into an untraced target."""
+    proc = spawn(SLEEPER)
+    ours, func = _save_thread_in(proc.pid)
+    clean = _code_of(os.getpid(), ours, 1)
+    _poke(proc.pid, func, b"\xcc")
+    out = _watchdog_of_a_gdb_killed(proc.pid, func)
+    assert "its breakpoint was taken out of the target's code" in out, out
+    assert _code_of(proc.pid, func, 1) == clean
+    if shutil.which("gdb") is None:
+        return
+    _poke(proc.pid, func, b"\xcc")
+    other = subprocess.Popen(
+        ["gdb", "-q", "-batch", "-nx", "-p", str(proc.pid), "-ex", "shell sleep 3"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while process_state(proc.pid)[1] != other.pid and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert process_state(proc.pid)[1] == other.pid
+        out = _watchdog_of_a_gdb_killed(proc.pid, func)
+        assert f"its breakpoint was left: process {proc.pid} is traced again" in out, out
+        assert _code_of(proc.pid, func, 1) == b"\xcc"
+    finally:
+        other.wait(30)
+    _poke(proc.pid, func, clean)
+    os.kill(proc.pid, signal.SIGUSR1)
+    assert "alive" in finish(proc)
+
+
+@gdb_python
+def test_the_watchdog_leaves_a_target_the_user_stopped_stopped(spawn: Spawn) -> None:
+    """The watchdog sent SIGCONT to any target it found stopped after gdb's death, even one the user
+    had stopped (Ctrl-Z, SIGSTOP) before the load."""
+    proc = spawn(SLEEPER)
+    func = _save_thread_in(proc.pid)[1]
+    os.kill(proc.pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while process_state(proc.pid)[0] != "T" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    _watchdog_of_a_gdb_killed(proc.pid, func)
+    time.sleep(0.2)
+    assert process_state(proc.pid)[0] == "T"
+    os.kill(proc.pid, signal.SIGCONT)
+    os.kill(proc.pid, signal.SIGUSR1)
+    assert "alive" in finish(proc)
 
 
 @needs_gdb
@@ -483,9 +604,8 @@ def _stat(dev: int, ino: int, size: int = 4096, mtime_ns: int = 10**18) -> os.st
     # st_mode, st_ino, st_dev, st_nlink, st_uid, st_gid, st_size, st_atime, st_mtime, st_ctime,
     # then the float times and the *_ns times (st_atime_ns, st_mtime_ns, st_ctime_ns)
     s = mtime_ns // 10**9
-    return os.stat_result(
-        (0o100644, ino, dev, 1, 0, 0, size, s, s, s, float(s), float(s), float(s), mtime_ns, mtime_ns, mtime_ns)
-    )
+    times = (s, s, s, float(s), float(s), float(s), mtime_ns, mtime_ns, mtime_ns)
+    return os.stat_result((0o100644, ino, dev, 1, 0, 0, size, *times))
 
 
 def test_a_library_on_overlayfs_is_not_taken_for_replaced() -> None:

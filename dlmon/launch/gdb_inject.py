@@ -117,10 +117,14 @@ def command(gdb: str, pid: int, script_path: str, libpython: str | None, readnev
 # kill -9). It forwards gdb's output, and before the breakpoint is hit it bounds the wait itself:
 # at the deadline it sends the target SIGURG, again every RESEND_S while gdb is still attached
 # (TracerPid) and the breakpoint not hit; never once it was hit. When gdb dies of a signal (the OOM
-# killer, kill -9) before the hit, its int3 is still in the target's code: the watchdog writes the
-# original byte back through /proc/PID/mem, and resumes the target if it was left stopped.
+# killer, kill -9) before the hit, its int3 is still in the target's code: the watchdog, woken by
+# gdb's exit itself (a pidfd), writes the original byte back through /proc/PID/mem at once, only
+# into an untraced target and over a 0xcc, and resumes the target if gdb's death left it stopped
+# (never one the user had stopped). The original byte comes from the mapped file (map_files, as
+# root), else from its path: a regular file with the mapping's inode (inject refuses a target whose
+# breakpoint's file is "(deleted)", where neither can be read).
 WATCHDOG = r"""
-import os, re, signal, subprocess, sys, threading, time
+import os, re, select, signal, stat, subprocess, sys, threading, time
 pid, timeout, resend = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
 HIT, PIDLINE, KILLED = sys.argv[4:7]
 cmd = sys.argv[7:]
@@ -130,10 +134,30 @@ if os.geteuid() == 0:
             fh.write("-1000")  # inherited by gdb
     except OSError:
         pass
+def state():
+    try:
+        with open("/proc/%d/stat" % pid) as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+stopped_before = state() in ("t", "T")  # the user's stop, not gdb's: never resumed by us
 env = dict(os.environ, LC_ALL="C", LANG="C")
 gdb = subprocess.Popen(
     cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env
 )
+try:
+    exited_fd = os.pidfd_open(gdb.pid)  # readable the moment gdb exits (our child: no pid reuse)
+except (AttributeError, OSError):
+    exited_fd = None
+def gdb_exits(wait):
+    if exited_fd is not None:
+        select.select([exited_fd], [], [], wait)
+    else:
+        try:
+            gdb.wait(wait)
+        except subprocess.TimeoutExpired:
+            pass
+    return gdb.poll() is not None
 hit = threading.Event()
 brk = []  # (address, original byte)
 out = sys.stdout.buffer
@@ -150,8 +174,24 @@ def tracer():
                 if line.startswith("TracerPid:"):
                     return int(line.split()[1])
     except (OSError, ValueError):
-        pass
-    return 0
+        return -1
+    return -1
+def byte_of(path, offset, inode):
+    # the mapped file itself (map_files, root), else its path as the target sees it: a regular
+    # file with the mapping's inode, opened without following a link or blocking on a FIFO
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return b""
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or (inode and st.st_ino != inode):
+            return b""
+        return os.pread(fd, 1, offset)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
 def original(addr):
     try:
         with open("/proc/%d/maps" % pid) as fh:
@@ -159,14 +199,13 @@ def original(addr):
                 f = line.split(None, 5)
                 lo, hi = (int(x, 16) for x in f[0].split("-"))
                 if lo <= addr < hi and len(f) == 6:
-                    image = "/proc/%d/map_files/%s" % (pid, f[0])
-                    for path in (image, "/proc/%d/root%s" % (pid, f[5].strip())):
-                        try:
-                            with open(path, "rb") as img:
-                                img.seek(addr - lo + int(f[2], 16))
-                                return img.read(1)
-                        except OSError:
-                            pass
+                    offset, inode = addr - lo + int(f[2], 16), int(f[4])
+                    name = f[5].strip()
+                    for path in ("/proc/%d/map_files/%s" % (pid, f[0]), "/proc/%d/root%s" % (pid, name)):
+                        byte = byte_of(path, offset, inode)
+                        if len(byte) == 1:
+                            return byte
+                    return b""
     except (OSError, ValueError):
         pass
     return b""
@@ -179,41 +218,49 @@ def read():
             addr = int(m.group(1), 16)
             brk.append((addr, original(addr)))
         say(raw)
+def take_out():
+    # right after gdb's death, while its int3 may still be live: only into an untraced target
+    # (not one a second inject has attached to since) and only over gdb's 0xcc
+    if not brk or len(brk[0][1]) != 1 or brk[0][1] == b"\xcc":
+        return "; its breakpoint's original byte could not be read"
+    addr, byte = brk[0]
+    if tracer() != 0:
+        return "; its breakpoint was left: process %d is traced again" % pid
+    try:
+        with open("/proc/%d/mem" % pid, "r+b", buffering=0) as mem:
+            mem.seek(addr)
+            if mem.read(1) != b"\xcc":
+                return ""
+            mem.seek(addr)
+            mem.write(byte)
+            return "; its breakpoint was taken out of the target's code"
+    except OSError as exc:
+        return "; its breakpoint could not be taken out: %s" % exc
 say(("%s %d\n" % (PIDLINE, gdb.pid)).encode())
 reader = threading.Thread(target=read, daemon=True)
 reader.start()
 deadline = time.monotonic() + timeout
-while gdb.poll() is None:
+while True:
     if not hit.is_set() and time.monotonic() >= deadline and tracer() == gdb.pid:
         try:
             os.kill(pid, signal.SIGURG)
         except ProcessLookupError:
             pass
-        hit.wait(resend)
-    else:
-        hit.wait(0.02)
-        if hit.is_set():
-            gdb.wait()
-reader.join(2.0)
+        if gdb_exits(resend):
+            break
+    elif gdb_exits(None if hit.is_set() else 0.02):
+        break
+what = None
 if gdb.returncode < 0 and not hit.is_set():
     what = "gdb died of signal %d before the breakpoint was hit" % -gdb.returncode
-    if brk and len(brk[0][1]) == 1:
-        addr, byte = brk[0]
+    what += take_out()
+    if not stopped_before and state() in ("t", "T"):
         try:
-            with open("/proc/%d/mem" % pid, "r+b", buffering=0) as mem:
-                mem.seek(addr)
-                if mem.read(1) == b"\xcc" and byte != b"\xcc":
-                    mem.seek(addr)
-                    mem.write(byte)
-                    what += "; its breakpoint was taken out of the target's code"
-        except OSError as exc:
-            what += "; its breakpoint could not be taken out: %s" % exc
-    try:
-        with open("/proc/%d/stat" % pid) as fh:
-            if fh.read().rsplit(")", 1)[1].split()[0] in ("t", "T"):
-                os.kill(pid, signal.SIGCONT)
-    except (OSError, IndexError):
-        pass
+            os.kill(pid, signal.SIGCONT)  # gdb's SIGSTOP of the attach, left behind by its death
+        except OSError:
+            pass
+reader.join(2.0)
+if what is not None and not hit.is_set():  # a hit read only now: gdb died in the call, not before
     say(("%s %s\n" % (KILLED, what)).encode())
 """
 
