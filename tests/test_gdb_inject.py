@@ -745,6 +745,52 @@ def test_a_target_with_a_private_tmp_gets_its_stage_in_its_own_tmp(runtime_dir: 
     assert no_stage_left() == []
 
 
+# A root of its own (bind mounts of ours in a tmpfs) whose /tmp is an absolute symlink to /tmp
+CHROOT_WITH_TMP_LINK = """
+R=$(mktemp -d) && mount -t tmpfs tmpfs "$R" || exit 1
+for d in /*; do
+    n=$(basename "$d")
+    if [ -L "$d" ]; then cp -P "$d" "$R/$n"
+    elif [ "$n" = usr ] || [ "$n" = etc ] || [ "$n" = root ] || [ "$n" = dev ] || [ "$n" = proc ]; then
+        mkdir "$R/$n" && mount --rbind "$d" "$R/$n" || exit 1
+    fi
+done
+ln -s /tmp "$R/tmp"
+exec chroot "$R" "$1" -c "$0"
+"""
+
+
+@needs_gdb
+@gdb_python
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("chroot") is None,
+    reason="needs root, unshare and chroot",
+)
+def test_a_target_whose_tmp_is_a_symlink_is_refused(
+    runtime_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The target's /tmp is an absolute symlink: through /proc/PID/root it resolves against our
+    root, so our stage looked visible to the target (the same inode), which sees another /tmp."""
+    # its maps name its libpython by a path through its tmpfs root, which we cannot stat
+    monkeypatch.setattr("dlmon.launch.inject.replaced_library", lambda pid, path: None)
+    code = "import time\nprint('READY', flush=True)\ntime.sleep(30)\n"
+    proc = subprocess.Popen(
+        ["unshare", "-m", "sh", "-c", CHROOT_WITH_TMP_LINK, code, sys.executable],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "READY"
+        assert os.path.islink(f"/proc/{proc.pid}/root/tmp")
+        with pytest.raises(InjectError, match="its /tmp is not a directory"):
+            inject(proc.pid, timeout=5)
+        assert process_state(proc.pid) == ("S", 0)  # never attached
+    finally:
+        proc.kill()
+        proc.wait()
+    assert no_stage_left() == []
+
+
 @needs_gdb
 @gdb_python
 def test_a_deadline_before_gdb_attached_still_ends_the_wait(spawn: Spawn, runtime_dir: str) -> None:

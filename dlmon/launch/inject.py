@@ -8,6 +8,7 @@ from a private staged copy (dlmon.launch.agent_stage), and the caller must be al
 from __future__ import annotations
 
 import os
+import stat
 import sys
 import time
 
@@ -143,7 +144,7 @@ def _visible_stage(pid: int, target: TargetPython) -> Stage:
         staged = stage(target.uid, target.gid)
     except OSError as exc:
         raise InjectError(f"cannot stage the agent for process {pid}: {exc}") from None
-    if _same_inode(staged.root, f"/proc/{pid}/root{staged.root}"):
+    if _seen_alike(str(staged.root), pid):
         return staged
     staged.remove()
     if os.geteuid() != 0:
@@ -151,20 +152,67 @@ def _visible_stage(pid: int, target: TargetPython) -> Stage:
             f"cannot inject into process {pid}: it does not see {os.path.dirname(staged.root)} (another "
             "mount namespace: a container, or PrivateTmp); run dlmon as root, or inside its namespace"
         )
+    # /proc/PID/root/tmp must be a real directory: an absolute symlink there (/tmp -> /x) resolves
+    # against our root, not the target's, and the stage would land on the host at a path the target
+    # does not see (or one it controls)
     theirs = f"/proc/{pid}/root/tmp"
+    before = _real_directory(theirs)
+    if before is None:
+        raise InjectError(
+            f"cannot inject into process {pid}: its /tmp is not a directory dlmon can stage the agent in "
+            "(a symlink, or missing)"
+        )
     try:
         staged = stage(target.uid, target.gid, parent=theirs, seen_parent="/tmp")
     except OSError as exc:
         raise InjectError(f"cannot stage the agent in process {pid}'s /tmp: {exc}") from None
-    if _same_inode(staged.root, f"/proc/{pid}/root{staged.target_root}"):
+    after = _real_directory(theirs)
+    if after is not None and _same_inode(after, before) and _is_in(staged.root, after):
         return staged
     staged.remove()
     raise InjectError(f"cannot inject into process {pid}: it sees no directory dlmon can stage the agent in")
 
 
-def _same_inode(ours: os.PathLike[str] | str, theirs: str) -> bool:
+def _seen_alike(path: str, pid: int) -> bool:
+    """Whether ``pid`` reaches ``path`` through the same entries as we do, link for link.
+
+    Not a stat through /proc/PID/root alone: a symlink on the target's side resolves there against
+    *our* root (its /tmp -> /tmp reaches our /tmp, while the target itself reaches its own).
+    """
+    parts = os.path.abspath(path).split(os.sep)
+    for i in range(2, len(parts) + 1):
+        prefix = os.sep.join(parts[:i])
+        try:
+            ours, theirs = os.lstat(prefix), os.lstat(f"/proc/{pid}/root{prefix}")
+        except OSError:
+            return False
+        if not _same_inode(ours, theirs):
+            return False
+    return True
+
+
+def _real_directory(path: str) -> os.stat_result | None:
+    """lstat of ``path`` when it is a directory, not a symlink to one."""
     try:
-        a, b = os.stat(ours), os.stat(theirs)
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return st if stat.S_ISDIR(st.st_mode) else None
+
+
+def _is_in(root: os.PathLike[str] | str, parent: os.stat_result) -> bool:
+    """Whether ``root``'s parent directory, entered without following a link, is ``parent``."""
+    try:
+        st = os.lstat(os.path.join(root, os.pardir))
+    except OSError:
+        return False
+    return _same_inode(st, parent)
+
+
+def _same_inode(ours: os.PathLike[str] | str | os.stat_result, theirs: str | os.stat_result) -> bool:
+    try:
+        a = ours if isinstance(ours, os.stat_result) else os.stat(ours)
+        b = theirs if isinstance(theirs, os.stat_result) else os.stat(theirs)
     except OSError:
         return False
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
