@@ -14,6 +14,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -616,6 +617,35 @@ def test_a_library_on_overlayfs_is_not_taken_for_replaced() -> None:
     assert not same_file(lower, _stat(dev=0x2F, ino=5678))  # renamed over: another inode
     assert not same_file(lower, _stat(dev=0x2F, ino=1234, size=8192))
     assert not same_file(lower, _stat(dev=0x2F, ino=1234, mtime_ns=2 * 10**18))
+
+
+@needs_gdb
+@gdb_python
+def test_a_static_pythons_deleted_executable_is_refused(
+    spawn: Spawn, runtime_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A statically linked python holds the breakpoint in its executable: deleted on disk (an
+    upgrade), the watchdog could not read the original byte back (map_files needs root, the path
+    is gone) and would leave the int3 if gdb died. Refused before attaching, like a libpython."""
+    exe = tmp_path / os.path.basename(os.path.realpath(sys.executable))
+    shutil.copy2(os.path.realpath(sys.executable), exe)
+    proc = subprocess.Popen(
+        [str(exe), "-c", 'print("READY", flush=True)\nimport time\nwhile True:\n    time.sleep(0.01)\n'],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "READY"
+        exe.unlink()
+        real = read_target(proc.pid)
+        monkeypatch.setattr("dlmon.launch.inject.read_target", lambda pid: replace(real, libpython=None))
+        with pytest.raises(InjectError, match="deleted or replaced on disk"):
+            inject(proc.pid, timeout=5)
+        assert process_state(proc.pid)[1] == 0  # never attached
+    finally:
+        proc.kill()
+        proc.wait()
+    assert no_stage_left() == []
 
 
 def test_a_quote_in_tmpdir_stages_and_quotes(tmp_path: Path) -> None:

@@ -116,8 +116,11 @@ def inject(pid: int, timeout: float = INJECT_TIMEOUT_S) -> str:
         )
     if tracer:
         raise InjectError(f"cannot inject into process {pid}: process {tracer} (a debugger?) is tracing it")
-    if target.libpython and target.version is not None and target.version < (3, 14):
-        replaced = replaced_library(pid, target.libpython)
+    if target.version is not None and target.version < (3, 14):
+        # the file holding the breakpoint: libpython, or the executable of a static python (whose
+        # original byte the watchdog cannot read back once the file is deleted, as another user)
+        holder = target.libpython or _exe(pid)
+        replaced = replaced_library(pid, holder) if holder else None
         if replaced:  # gdb would put its breakpoint at the new file's address, in other code
             raise InjectError(f"cannot inject into process {pid}: {replaced}; restart it to load the agent")
     staged = _visible_stage(pid, target)
@@ -216,6 +219,13 @@ def _same_inode(ours: os.PathLike[str] | str | os.stat_result, theirs: str | os.
     except OSError:
         return False
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def _exe(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return None
 
 
 def _owner(pid: int) -> int:

@@ -87,6 +87,8 @@ def replaced_library(pid: int, path: str) -> str | None:
     ranges, inode = [], None
     for line in maps.splitlines():
         fields = line.split(None, 5)
+        if len(fields) == 6 and fields[5] == path + " (deleted)":  # an older copy mapped too
+            return f"{path} was deleted or replaced on disk since process {pid} loaded it"
         if len(fields) == 6 and fields[5] == path:
             ranges.append(fields[0])
             inode = int(fields[4])
