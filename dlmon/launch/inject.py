@@ -177,19 +177,23 @@ def _visible_stage(pid: int, target: TargetPython) -> Stage:
 
 
 def _seen_alike(path: str, pid: int) -> bool:
-    """Whether ``pid`` reaches ``path`` through the same entries as we do, link for link.
+    """Whether ``pid`` reaches ``path`` as the same file as we do.
 
-    Not a stat through /proc/PID/root alone: a symlink on the target's side resolves there against
-    *our* root (its /tmp -> /tmp reaches our /tmp, while the target itself reaches its own).
+    A stat through /proc/PID/root alone is not enough in another mount namespace or root: a
+    symlink on the target's side resolves there against *our* root (its /tmp -> /tmp reaches our
+    /tmp, while the target itself reaches its own). There, no component may be a link.
     """
+    if not _same_inode(path, f"/proc/{pid}/root{path}"):
+        return False
+    if _same_inode("/proc/self/ns/mnt", f"/proc/{pid}/ns/mnt") and _same_inode("/", f"/proc/{pid}/root"):
+        return True  # the same view of the file system
     parts = os.path.abspath(path).split(os.sep)
     for i in range(2, len(parts) + 1):
-        prefix = os.sep.join(parts[:i])
         try:
-            ours, theirs = os.lstat(prefix), os.lstat(f"/proc/{pid}/root{prefix}")
+            theirs = os.lstat(f"/proc/{pid}/root{os.sep.join(parts[:i])}")
         except OSError:
             return False
-        if not _same_inode(ours, theirs):
+        if stat.S_ISLNK(theirs.st_mode):
             return False
     return True
 
