@@ -224,7 +224,10 @@ def take_out():
     if not brk or len(brk[0][1]) != 1 or brk[0][1] == b"\xcc":
         return "; its breakpoint's original byte could not be read"
     addr, byte = brk[0]
-    if tracer() != 0:
+    traced = tracer()
+    if traced < 0:
+        return ""  # the target is gone
+    if traced:
         return "; its breakpoint was left: process %d is traced again" % pid
     try:
         with open("/proc/%d/mem" % pid, "r+b", buffering=0) as mem:
