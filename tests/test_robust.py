@@ -339,6 +339,7 @@ class SlowOnOddTicks:
 
     def __init__(self) -> None:
         self.calls = 0
+        self.pace_s = 0.0  # what GpuCollector reports: how long answering took, for the sweep's pacing
 
     def sample(self) -> tuple[object, tuple[()]]:
         from dlmon.model.snapshot import GpuStatus
