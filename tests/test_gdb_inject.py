@@ -511,9 +511,11 @@ def _poke(pid: int, addr: int, byte: bytes) -> None:
         mem.write(byte)
 
 
-def _watchdog_of_a_gdb_killed(pid: int, addr: int) -> str:
-    """The watchdog's report when its "gdb" announced a breakpoint at ``addr`` and died of SIGKILL."""
-    fake = f'echo "Breakpoint 1 at {addr:#x}"; sleep 0.3; kill -9 $$'
+def _watchdog_of_a_gdb_killed(pid: int, addr: int, linger: float = 0.3, chatter: int = 0) -> str:
+    """The watchdog's report when its "gdb" printed ``chatter`` lines, announced a breakpoint at
+    ``addr`` and died of SIGKILL ``linger`` seconds later."""
+    fake = f'yes "Reading symbols" | head -n {chatter}; echo "Breakpoint 1 at {addr:#x}"; '
+    fake += f"sleep {linger}; kill -9 $$"
     cmd = [sys.executable, "-I", "-S", "-c", gdb_inject.WATCHDOG, str(pid), "30", "0.5"]
     cmd += [gdb_inject.HIT, gdb_inject.GDB_PID, gdb_inject.GDB_KILLED, "sh", "-c", fake]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout
@@ -555,6 +557,28 @@ def test_the_watchdog_takes_the_breakpoint_out_of_an_untraced_target_only(spawn:
     finally:
         other.wait(30)
     _poke(proc.pid, func, clean)
+    os.kill(proc.pid, signal.SIGUSR1)
+    assert "alive" in finish(proc)
+
+
+@gdb_python
+def test_a_gdb_killed_right_after_its_breakpoint_line_still_has_it_taken_out(spawn: Spawn) -> None:
+    """The watchdog took the breakpoint out before its reader thread had read gdb's last lines: a
+    gdb killed just after printing "Breakpoint 1 at" left its int3 in ~15% of tries, "original byte
+    could not be read" (CI, stop 27). It now drains gdb's output first. The chatter before the line
+    keeps the reader behind when gdb dies, as a loaded machine did."""
+    proc = spawn(SLEEPER)
+    ours, func = _save_thread_in(proc.pid)
+    clean = _code_of(os.getpid(), ours, 1)
+    outcomes = []
+    for _ in range(3):
+        _poke(proc.pid, func, b"\xcc")
+        outcomes.append(_watchdog_of_a_gdb_killed(proc.pid, func, linger=0, chatter=20000))
+        outcomes[-1] += f"code {_code_of(proc.pid, func, 1)!r}"
+        _poke(proc.pid, func, clean)
+    left = [out for out in outcomes if "taken out of the target's code" not in out]
+    assert left == [], left
+    assert all(out.endswith(f"code {clean!r}") for out in outcomes)
     os.kill(proc.pid, signal.SIGUSR1)
     assert "alive" in finish(proc)
 

@@ -256,6 +256,7 @@ while True:
 what = None
 if gdb.returncode < 0 and not hit.is_set():
     what = "gdb died of signal %d before the breakpoint was hit" % -gdb.returncode
+    reader.join(1.0)  # gdb's last lines (its "Breakpoint 1 at") may still be in the pipe
     what += take_out()
     if not stopped_before and state() in ("t", "T"):
         try:
