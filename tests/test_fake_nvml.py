@@ -171,6 +171,176 @@ def test_free_memory_never_wraps_when_used_exceeds_total(fake_nvml: Path, tmp_pa
     assert result.stdout.split() == ["0", "0"]
 
 
+# -- item 1: MIG ---------------------------------------------------------------------------------
+
+# Card 0 in MIG mode, as in a pod without admin rights (its aggregate figures refused): two 1g
+# slices in slots 0 and 2, the job on slot 2; card 1 a whole card.
+MIG = f"""
+device
+name NVIDIA H200
+uuid GPU-aaaaaaaa-0000-0000-0000-000000000000
+mig 1
+mig_device 0
+uuid MIG-00000000-1111-2222-3333-444444444444
+total {18 * GiB}
+used {1 * GiB}
+mig_device 2
+uuid MIG-22222222-1111-2222-3333-444444444444
+total {18 * GiB}
+used {{slice_used}}
+compute {{pid}} {{job_used}}
+device
+name NVIDIA H200
+uuid GPU-bbbbbbbb-0000-0000-0000-000000000000
+util 12
+"""
+
+
+def _mig_config(tmp_path: Path, pid: int, slice_used: int, job_used: int, extra: str = "") -> Path:
+    text = MIG.format(pid=pid, slice_used=slice_used, job_used=job_used)
+    return _config(tmp_path, text.replace("mig 1\n", f"mig 1\n{extra}"))
+
+
+def _gpu_devices(devices: list[dict[str, Any]]) -> tuple[GpuDevice, ...]:
+    return tuple(
+        GpuDevice(**{**d, "processes": tuple(GpuProcess(**p) for p in d["processes"])}) for d in devices
+    )
+
+
+def test_mig_devices_are_devices_of_their_own_with_memory_processes_and_mig_uuids(
+    fake_nvml: Path, tmp_path: Path
+) -> None:
+    status, raw = _sample(fake_nvml, _mig_config(tmp_path, 4242, 6 * GiB, 5 * GiB))
+    assert status["available"] is True
+    card, first, second, whole = _gpu_devices(raw)
+    # The card: in MIG mode, its refused aggregate memory and unreported utilisation are its
+    # mode, not an error; no process list of its own (its slices have them).
+    assert (card.key, card.mig_mode, card.is_mig_parent) == ("0", True, True)
+    assert (card.memory_used_bytes, card.utilization_percent, card.processes) == (None, None, ())
+    assert card.unavailable_reason is None
+    assert [(d.key, d.uuid) for d in (first, second)] == [
+        ("0:0", "MIG-00000000-1111-2222-3333-444444444444"),
+        ("0:2", "MIG-22222222-1111-2222-3333-444444444444"),
+    ]
+    assert (second.memory_used_bytes, second.memory_total_bytes) == (6 * GiB, 18 * GiB)
+    assert second.processes == (GpuProcess(4242, 5 * GiB),)  # the job's 5 GiB on its slice
+    assert first.processes == () and first.name == "NVIDIA H200 MIG 1g.18gb"
+    assert all(
+        d.mig_mode and d.utilization_percent is None and d.unavailable_reason is None for d in (first, second)
+    )
+    assert (whole.key, whole.mig_mode, whole.utilization_percent) == ("1", None, 12.0)
+
+
+def test_a_privileged_mig_card_shows_its_aggregate_memory_but_lists_no_process_twice(
+    fake_nvml: Path, tmp_path: Path
+) -> None:
+    _, raw = _sample(fake_nvml, _mig_config(tmp_path, 4242, 6 * GiB, 5 * GiB, "mig_privileged\n"))
+    card, _first, second, _whole = _gpu_devices(raw)
+    assert card.memory_used_bytes == 10 * GiB and card.processes == ()
+    assert second.processes == (GpuProcess(4242, 5 * GiB),)
+
+
+def _mig_snapshot(devices: tuple[GpuDevice, ...], t: float = 0.0) -> Any:
+    import dataclasses
+
+    from test_ui_support import T0, make_snapshot
+
+    return dataclasses.replace(make_snapshot(T0 + t, gpus=1), gpus=devices)
+
+
+def test_vram_pressure_judges_the_mig_slice_not_the_card(fake_nvml: Path, tmp_path: Path) -> None:
+    from test_ui_support import MAIN_PID
+
+    from dlmon.analysis import Analyzer
+
+    def alerts(config: Path) -> list[Any]:
+        _, raw = _sample(fake_nvml, config)
+        analyzer = Analyzer(cores=2, strict=True)
+        outs = [analyzer(_mig_snapshot(_gpu_devices(raw), t)) for t in range(8)]
+        return [a for a in outs[-1].alerts if a.kind == "vram_pressure"]
+
+    # The job's slice is 99% full: that is the next step's out-of-memory error, on a card
+    # whose 141 GiB would say "10% used".
+    full = alerts(_mig_config(tmp_path, MAIN_PID, int(17.8 * GiB), 17 * GiB, "mig_privileged\n"))
+    assert [(a.subject, a.severity) for a in full] == [("GPU 0:2", "critical")]
+    assert "GPU 0:2 (NVIDIA H200 MIG 1g.18gb) memory is 99% full" in full[0].message
+    # Healthy: the job's slice is a third full; the card as a whole (other tenants' slices,
+    # read as root) nearly full is not this job's to judge.
+    healthy = _mig_config(tmp_path, MAIN_PID, 6 * GiB, 5 * GiB, "mig_privileged\nused 140000000000\n")
+    assert alerts(healthy) == []
+
+
+def test_torch_memory_on_a_mig_device_is_matched_by_its_mig_uuid(fake_nvml: Path, tmp_path: Path) -> None:
+    from dlmon.collect.agent_client import AgentReading, TorchDeviceMemory, merge_torch_memory
+
+    _, raw = _sample(fake_nvml, _mig_config(tmp_path, 4242, 6 * GiB, 5 * GiB))
+    torch_says = AgentReading(
+        time=0.0,
+        pids=(4242,),
+        # torch calls the slice cuda:0 and gives its MIG UUID
+        devices=(
+            TorchDeviceMemory(
+                4242, 0, "MIG-22222222-1111-2222-3333-444444444444", None, 3 * GiB, 4 * GiB, None
+            ),
+        ),
+    )
+    merged = {d.key: d.torch_reserved_bytes for d in merge_torch_memory(_gpu_devices(raw), torch_says)}
+    assert merged == {"0": None, "0:0": None, "0:2": 4 * GiB, "1": None}
+
+
+def test_the_gpu_panel_shows_the_mig_card_and_its_slices(fake_nvml: Path, tmp_path: Path) -> None:
+    from test_ui_support import MAIN_PID
+
+    from dlmon.ui.state import DashboardState
+    from dlmon.ui.text import text_of
+    from dlmon.ui.views.gpu import gpu_lines
+
+    _, raw = _sample(fake_nvml, _mig_config(tmp_path, MAIN_PID, 6 * GiB, 5 * GiB))
+    state = DashboardState()
+    state.ingest(_mig_snapshot(_gpu_devices(raw)))
+    full = [text_of(line) for line in gpu_lines(state, 200, compact=False, detailed=True)]
+    heads = [line for line in full if line.startswith("GPU")]
+    assert heads[0].startswith("GPU0 MIG mode: memory and processes per MIG device")
+    assert "utilisation not reported in MIG mode" in heads[0] and "n/a" not in heads[0]
+    assert heads[2].startswith("GPU0:2 MIG mem 6.00G/18.0G (33%)"), heads[2]
+    assert "utilisation not reported in MIG mode" in heads[2]
+    assert any(f"pid {MAIN_PID} main 5.00G" in line for line in full), full
+    assert heads[3].startswith("GPU1 mem") and "util 12%" in heads[3]
+    compact = text_of(gpu_lines(state, 200, compact=True)[0])
+    assert "0: MIG mode" in compact and "0:2: 6.00G/18.0G util n/a in MIG" in compact, compact
+
+
+def test_record_of_a_job_on_a_mig_slice_has_the_slice_and_the_jobs_vram(
+    fake_nvml: Path, tmp_path: Path
+) -> None:
+    target = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        config = _mig_config(tmp_path, target.pid, 6 * GiB, 5 * GiB)
+        out = tmp_path / "record.jsonl"
+        result = subprocess.run(
+            [*DLMON_RECORD, str(target.pid), "-o", str(out), "--interval", "0.5", "--duration", "2"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=environment(fake_nvml, config),
+        )
+    finally:
+        target.kill()
+        target.wait()
+    assert result.returncode == 0, result.stderr
+    snapshots = [s for s in map(json.loads, out.read_text().splitlines()) if "gpus" in s]
+    last = snapshots[-1]
+    slices = [(g["index"], g["mig_index"], g["uuid"]) for g in last["gpus"] if g["mig_index"] is not None]
+    assert slices == [
+        (0, 0, "MIG-00000000-1111-2222-3333-444444444444"),
+        (0, 2, "MIG-22222222-1111-2222-3333-444444444444"),
+    ]
+    assert last["gpus"][0]["mig_mode"] is True and last["gpus"][0]["unavailable_reason"] is None
+    assert last["gpus"][2]["processes"] == [{"pid": target.pid, "used_memory_bytes": 5 * GiB}]
+    (main,) = [p for p in last["processes"] if p["pid"] == target.pid]
+    assert main["gpu_memory_bytes"] == 5 * GiB
+
+
 # -- item 2: a hung NVML ----------------------------------------------------------------------
 
 # Both devices answer for 1.5 s, then every call on them blocks 8 s (a GPU off the bus).

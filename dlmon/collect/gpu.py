@@ -73,6 +73,11 @@ def host_pids_visible(proc_root: str = "/proc") -> bool | None:
     return False if depth == 1 else None
 
 
+#: ``NVML_DEVICE_MIG_ENABLE``: nvmlDeviceGetMigMode's current mode when MIG is on.
+MIG_ENABLE: Final = 1
+#: More MIG devices than any card has (A100/H100/H200: 7), should a driver answer nonsense.
+MAX_MIG_SLOTS: Final = 64
+
 #: How long a failed ``nvmlInit`` (or a missing ``pynvml``) is remembered before trying again.
 DEFAULT_RETRY_INTERVAL_S: Final = 60.0
 
@@ -210,8 +215,9 @@ class GpuCollector:
         self._lib: Any = library
         #: A device read slower than this is backed off (None: never).
         self._slow_device_s = slow_device_s
-        # Per device index: (last reading, when it was taken), and (not before, last back-off).
-        self._last_reading: dict[int, tuple[GpuDevice, float]] = {}
+        # Per device index: (last reading: the card, then its MIG devices; when it was taken), and
+        # (not before, last back-off).
+        self._last_reading: dict[int, tuple[tuple[GpuDevice, ...], float]] = {}
         self._backoff: dict[int, tuple[float, float]] = {}
         self._newly_slow_s = 0.0  # of this sample, on devices it backed off
         self._device_start = 0.0  # when the device being read was started on
@@ -234,6 +240,10 @@ class GpuCollector:
         # Per device index: NVML handle, and name/uuid that never change while the handle lives.
         self._handles: dict[int, Any] = {}
         self._static: dict[int, tuple[str | None, str | None]] = {}
+        # Per device index: whether it is in MIG mode (changing it takes a GPU reset).
+        self._mig_mode: dict[int, bool] = {}
+        # MIG cards whose aggregate memory NVML refused (no privileges): not asked again.
+        self._no_aggregate: set[int] = set()
         # Function names found missing (in pynvml or in the driver): not tried again.
         self._missing: set[str] = set()
         self._memory_v2: bool | None = None  # None: not yet known
@@ -278,7 +288,7 @@ class GpuCollector:
                 reason="NVML sees no NVIDIA GPU on this machine.",
                 driver_version=self._driver_version,
             ), ()
-        devices = tuple(self._timed_device(index) for index in range(count))
+        devices = tuple(d for index in range(count) for d in self._timed_device(index))
         if self._host_pids:
             return GpuStatus(available=True, driver_version=self._driver_version), devices
         devices = tuple(dataclasses.replace(d, processes=()) for d in devices)
@@ -296,6 +306,8 @@ class GpuCollector:
             self._next_attempt = float("-inf")
             self._handles.clear()
             self._static.clear()
+            self._mig_mode.clear()
+            self._no_aggregate.clear()
             self._last_reading.clear()
             self._backoff.clear()
 
@@ -425,16 +437,19 @@ class GpuCollector:
     def _forget(self, index: int) -> None:
         self._handles.pop(index, None)
         self._static.pop(index, None)
+        self._mig_mode.pop(index, None)
+        self._no_aggregate.discard(index)
         self._last_reading.pop(index, None)
         self._backoff.pop(index, None)
 
-    def _timed_device(self, index: int) -> GpuDevice:
+    def _timed_device(self, index: int) -> tuple[GpuDevice, ...]:
         """:meth:`_sample_device`, unless the device is backed off: then its last reading, stale."""
         now = self._clock()
         backoff = self._backoff.get(index)
         last = self._last_reading.get(index)
         if backoff is not None and now < backoff[0] and last is not None:
-            return dataclasses.replace(last[0], stale_age_s=round(now - last[1], 3))
+            age = round(now - last[1], 3)
+            return tuple(dataclasses.replace(d, stale_age_s=age) for d in last[0])
         self._device_start = now
         device = self._sample_device(index)
         end = self._clock()
@@ -453,25 +468,64 @@ class GpuCollector:
             self._backoff.pop(index, None)
         return device
 
-    def _sample_device(self, index: int) -> GpuDevice:
+    def _sample_device(self, index: int) -> tuple[GpuDevice, ...]:
+        """The card, then its MIG devices when it is in MIG mode."""
         self._device_errors = []
-        device = self._read_device(index)
-        missing = None in (device.name, device.memory_used_bytes, device.utilization_percent)
-        if missing and self._device_errors:
+        device, *migs = self._read_device(index)
+        return (self._with_reason(device), *migs)
+
+    def _with_reason(self, device: GpuDevice) -> GpuDevice:
+        """``device`` with why a figure it should have is missing, from this read's errors. A
+        card in MIG mode has no utilisation (NVML does not report it) and its memory only for
+        the privileged: those are said by its MIG mode, not as an error."""
+        if device.is_mig_parent:
+            expected: tuple[object, ...] = (device.name,)
+        elif device.mig_index is not None:
+            expected = (device.name, device.memory_used_bytes)
+        else:
+            expected = (device.name, device.memory_used_bytes, device.utilization_percent)
+        if None in expected and self._device_errors:
             return dataclasses.replace(device, unavailable_reason=f"NVML: {self._device_errors[0].value}")
         return device
 
-    def _read_device(self, index: int) -> GpuDevice:
+    def _quiet(self, index: int, name: str, *args: Any) -> Any:
+        """:meth:`_device_query` for an answer that may well be an error (not MIG capable, an
+        empty MIG slot, a MIG card's aggregate figures): the error is not the device's trouble."""
+        errors = len(self._device_errors)
+        result = self._device_query(index, name, *args)
+        del self._device_errors[errors:]
+        return result
+
+    def _in_mig_mode(self, index: int, handle: Any) -> bool:
+        known = self._mig_mode.get(index)
+        if known is not None:
+            return known
+        mode = self._quiet(index, "nvmlDeviceGetMigMode", handle)
+        if mode is NA and self.last_error not in (
+            NVMLErrorKind.NOT_SUPPORTED,
+            NVMLErrorKind.FUNCTION_NOT_FOUND,
+        ):
+            return False  # not known this time: asked again next sweep
+        try:
+            on = mode is not NA and int(mode[0]) == MIG_ENABLE
+        except (TypeError, ValueError, IndexError):
+            on = False
+        self._mig_mode[index] = on
+        return on
+
+    def _read_device(self, index: int) -> tuple[GpuDevice, ...]:
         static: tuple[str | None, str | None] = (None, None)
         used = total = None
         utilization = None
         processes: tuple[GpuProcess, ...] = ()
+        mig: bool | None = None
+        migs: list[GpuDevice] = []
         try:
             handle = self._handles.get(index)
             if handle is None:
                 handle = self._device_query(index, "nvmlDeviceGetHandleByIndex", index)
                 if handle is NA:
-                    return GpuDevice(index, None, None, None, None, None)
+                    return (GpuDevice(index, None, None, None, None, None),)
                 self._handles[index] = handle
                 self._check_slow()
             cached = self._static.get(index)
@@ -486,15 +540,28 @@ class GpuCollector:
                 self._check_slow()
             else:
                 static = cached
-            used, total = self._memory(index, handle)
+            mig = self._in_mig_mode(index, handle) or None
             self._check_slow()
-            utilization = self._utilization(index, handle)
-            self._check_slow()
-            processes = self._processes(index, handle)
+            if mig:
+                # The card's own figures are aggregates only the privileged may read, and its
+                # utilisation is not reported: the MIG devices are read instead, as devices.
+                if index not in self._no_aggregate:
+                    errors = len(self._device_errors)
+                    used, total = self._memory(index, handle)
+                    if self.last_error is NVMLErrorKind.NO_PERMISSION:
+                        self._no_aggregate.add(index)
+                    del self._device_errors[errors:]
+                self._mig_devices(index, handle, migs)
+            else:
+                used, total = self._memory(index, handle)
+                self._check_slow()
+                utilization = self._utilization(index, handle)
+                self._check_slow()
+                processes = self._processes(index, handle)
         except _DeviceLost:
-            return GpuDevice(index, None, None, None, None, None)
+            return (GpuDevice(index, None, None, None, None, None),)
         except _DeviceSlow:  # what it answered so far; the rest is not asked for
-            return GpuDevice(
+            partial = GpuDevice(
                 index,
                 static[0],
                 static[1],
@@ -502,8 +569,10 @@ class GpuCollector:
                 total,
                 utilization,
                 unavailable_reason="NVML: slow to answer",
+                mig_mode=mig,
             )
-        return GpuDevice(
+            return (partial, *migs)
+        card = GpuDevice(
             index=index,
             name=static[0],
             uuid=static[1],
@@ -511,7 +580,33 @@ class GpuCollector:
             memory_total_bytes=total,
             utilization_percent=utilization,
             processes=processes,
+            mig_mode=mig,
         )
+        return (card, *migs)
+
+    def _mig_devices(self, index: int, handle: Any, out: list[GpuDevice]) -> None:
+        """Append each MIG device of card ``index`` to ``out`` (slots may be empty)."""
+        slots = self._quiet(index, "nvmlDeviceGetMaxMigDeviceCount", handle)
+        if slots is NA or isinstance(slots, bool):
+            return
+        for slot in range(max(0, min(int(slots), MAX_MIG_SLOTS))):
+            self._check_slow()
+            mig = self._quiet(index, "nvmlDeviceGetMigDeviceHandleByIndex", handle, slot)
+            if mig is NA:
+                continue  # NVML_ERROR_NOT_FOUND: no MIG device in this slot
+            card_errors, self._device_errors = self._device_errors, []
+            try:
+                name = _str_or_none(self._device_query(index, "nvmlDeviceGetName", mig))
+                uuid = _str_or_none(self._device_query(index, "nvmlDeviceGetUUID", mig))
+                used, total = self._memory(index, mig)
+                self._check_slow()
+                processes = self._processes(index, mig)
+                device = GpuDevice(
+                    index, name, uuid, used, total, None, processes, mig_index=slot, mig_mode=True
+                )
+                out.append(self._with_reason(device))
+            finally:
+                self._device_errors = card_errors
 
     def _memory(self, index: int, handle: Any) -> tuple[int | None, int | None]:
         """(used, total) bytes. The v2 struct's ``used`` leaves out memory the driver reserves,
