@@ -341,6 +341,114 @@ def test_record_of_a_job_on_a_mig_slice_has_the_slice_and_the_jobs_vram(
     assert main["gpu_memory_bytes"] == 5 * GiB
 
 
+# -- item 7: job figures that count the machine ----------------------------------------------
+
+
+def test_export_all_jobs_sweeps_nvml_once_per_tick_however_many_jobs(fake_nvml: Path, tmp_path: Path) -> None:
+    """Three jobs, four ticks: four NVML sweeps (one nvmlDeviceGetCount each), not twelve, and
+    every job's snapshot has the GPUs."""
+    code = f"""
+        import ctypes, json, subprocess, sys, time
+        from dlmon.analysis import Analyzer
+        from dlmon.collect.sampler import Sampler
+        from dlmon.export.jobs import JobsExporter
+
+        jobs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(3)]
+        try:
+            exporter = JobsExporter(
+                Analyzer,
+                lambda pid, gpu: Sampler(pid, gpu_source=gpu),
+                discover=lambda: {{job.pid for job in jobs}},
+            )
+            for _ in range(4):
+                exporter.tick()
+                time.sleep(0.3)  # past the sweep's pace: each tick may start a sweep
+            gpus = [len(published.snapshot.gpus) for _, published in exporter.latest]
+            lib = ctypes.CDLL({str(fake_nvml / "libnvidia-ml.so.1")!r})
+            lib.fakeNvmlCountCalls.restype = ctypes.c_ulong
+            print(json.dumps({{"sweeps": lib.fakeNvmlCountCalls(), "gpus": gpus}}))
+        finally:
+            for job in jobs:
+                job.kill()
+    """
+    result = run_python(code, fake_nvml, _config(tmp_path, TWO_DEVICES))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {"sweeps": 4, "gpus": [2, 2, 2]}
+
+
+# A GPU box the job shares: colleagues' processes on both cards (60 and 30 GiB of 80).
+SHARED_BOX = f"""
+device
+total {80 * GiB}
+used {62 * GiB}
+compute 7 {60 * GiB}
+{{job}}
+device
+total {80 * GiB}
+used {30 * GiB}
+compute 8 {30 * GiB}
+"""
+
+
+def test_the_run_summarys_vram_is_the_jobs_processes_not_every_gpu(fake_nvml: Path, tmp_path: Path) -> None:
+    from dlmon.export.summary import summarize
+    from dlmon.export.text import format_text
+
+    target = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        config = _config(tmp_path, SHARED_BOX.format(job=f"compute {target.pid} {2 * GiB}"))
+        out = tmp_path / "record.jsonl"
+        result = subprocess.run(
+            [*DLMON_RECORD, str(target.pid), "-o", str(out), "--interval", "0.5", "--duration", "2"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=environment(fake_nvml, config),
+        )
+    finally:
+        target.kill()
+        target.wait()
+    assert result.returncode == 0, result.stderr
+    summary = summarize(str(out))
+    assert summary.peaks["vram"].value == 2 * GiB  # not the 92 GiB both cards hold
+    (line,) = [x for x in format_text(summary).splitlines() if "VRAM used" in x]
+    assert "VRAM used (the job's processes)" in line and "2.0 GiB" in line, line
+
+
+def _pin_advice(fake_nvml: Path, tmp_path: Path, job_line: str, pin_memory: bool) -> list[str]:
+    """advise() on a job whose GPUs are the stand-in's reading of SHARED_BOX."""
+    import dataclasses
+
+    from scenarios.synth import MAIN_PID, loader, proc, snap
+
+    from dlmon.analysis import advise
+
+    _, raw = _sample(fake_nvml, _config(tmp_path, SHARED_BOX.format(job=job_line.format(pid=MAIN_PID))))
+    gpus = _gpu_devices(raw)
+    workers = [proc(1001 + i, uss=100 * MiB, pss=150 * MiB, cpu=30.0) for i in range(2)]
+    main = proc(MAIN_PID, "main", uss=800 * MiB, pss=900 * MiB, cpu=60.0)
+    loaders = [loader(num_workers=2, batch_size=64, wait=0.05, pin_memory=pin_memory)]
+    history = [
+        dataclasses.replace(snap(t, [main, *workers], available=64 * GiB, loaders=loaders), gpus=gpus)
+        for t in range(5)
+    ]
+    return [line.text for line in advise(history, cores=8).lines if line.topic == "pin_memory"]
+
+
+def test_a_cpu_only_job_on_a_gpu_box_is_not_told_to_pin_memory(fake_nvml: Path, tmp_path: Path) -> None:
+    assert _pin_advice(fake_nvml, tmp_path, "", pin_memory=False) == []
+    (line,) = _pin_advice(fake_nvml, tmp_path, "", pin_memory=True)
+    assert line.startswith("Set pin_memory=False: the job uses no CUDA device")
+
+
+def test_a_gpu_job_on_a_shared_box_keeps_its_pin_memory_advice(fake_nvml: Path, tmp_path: Path) -> None:
+    """Healthy: the job's trainer is on GPU 0; pin_memory=True draws no "set it False"."""
+    job = f"compute {{pid}} {2 * GiB}"
+    assert not any("pin_memory=False" in x for x in _pin_advice(fake_nvml, tmp_path, job, pin_memory=True))
+    (line,) = _pin_advice(fake_nvml, tmp_path, job, pin_memory=False)
+    assert line.startswith("Set pin_memory=True")
+
+
 # -- item 2: a hung NVML ----------------------------------------------------------------------
 
 # Both devices answer for 1.5 s, then every call on them blocks 8 s (a GPU off the bus).

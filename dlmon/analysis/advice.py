@@ -16,6 +16,7 @@ from dlmon.analysis.analyzer import default_cores, target_cores
 from dlmon.analysis.detectors import Candidate, detect, headroom
 from dlmon.analysis.detectors._base import JobTree, duration, per_min, size
 from dlmon.analysis.digest import Digest, DigestLimits
+from dlmon.analysis.job_gpus import job_gpus
 from dlmon.analysis.startup import startup_of
 from dlmon.analysis.stats import median, theil_sen
 from dlmon.model import LoaderSample, ProcessSample, Snapshot
@@ -252,16 +253,21 @@ def advise(history: Sequence[Snapshot], *, cores: int | None = None) -> Advice:
         )
 
     # -- pin_memory --------------------------------------------------------------------------
-    gpus = [g for g in s.gpus if g.memory_total_bytes]
+    gpus = job_gpus(s)  # not every GPU on the box: a CPU-only job on a GPU machine pins for nothing
     pinned = s.pinned.bytes if s.pinned is not None else None
     if loader is not None and loader.pin_memory is not None:
         if loader.pin_memory and not gpus:
             lines.append(
                 AdviceLine(
                     "pin_memory",
-                    "Set pin_memory=False: there is no CUDA device, so pinning only costs a thread "
-                    "and page-locked memory.",
-                    f"no GPU seen ({s.gpu.reason or 'NVML'}); pinned now {size(pinned)}",
+                    "Set pin_memory=False: the job uses no CUDA device, so pinning only costs a "
+                    "thread and page-locked memory.",
+                    (
+                        f"no GPU seen ({s.gpu.reason or 'NVML'})"
+                        if not s.gpus
+                        else f"none of the {len(s.gpus)} GPU(s) lists the job's processes or torch memory"
+                    )
+                    + f"; pinned now {size(pinned)}",
                 )
             )
         elif not loader.pin_memory and gpus:

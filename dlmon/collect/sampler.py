@@ -11,7 +11,7 @@ from dlmon.collect.agent_client import AgentClient, AgentReading, merge_torch_me
 from dlmon.collect.cgroup import CgroupMemoryReader, UsableCores
 from dlmon.collect.disks import DiskStatsReader
 from dlmon.collect.gpu import GpuCollector
-from dlmon.collect.gpu_sweep import DEFAULT_DEADLINE_S, FIRST_DEADLINE_S, GpuSweep
+from dlmon.collect.gpu_sweep import DEFAULT_DEADLINE_S, FIRST_DEADLINE_S, GpuSource, GpuSweep
 from dlmon.collect.kernel import KernelLog
 from dlmon.collect.processes import ProcessTracker
 from dlmon.collect.procfs import CLOCK_TICKS, boot_time, read_cmdline
@@ -71,6 +71,7 @@ class Sampler:
         policy: BudgetPolicy | None = None,
         unlimited_smaps: bool = False,
         gpu: GpuCollector | None = None,
+        gpu_source: GpuSource | None = None,
         gpu_first_deadline_s: float = FIRST_DEADLINE_S,
         exit_code: ExitCodeProvider | None = None,
         agent: AgentClient | None = None,
@@ -98,8 +99,11 @@ class Sampler:
         self._cgroup = CgroupMemoryReader(pid, proc_root=proc_root)
         self._cores = UsableCores(pid, proc_root=proc_root)
         self._disks = DiskStatsReader(proc_root=proc_root, sys_root=sys_root)
-        collector = gpu if gpu is not None else GpuCollector(slow_device_s=DEFAULT_DEADLINE_S)
-        self._gpu = GpuSweep(collector, first_deadline_s=gpu_first_deadline_s)
+        if gpu_source is not None:  # shared with other jobs' samplers (export --all-jobs)
+            self._gpu: GpuSource = gpu_source
+        else:
+            collector = gpu if gpu is not None else GpuCollector(slow_device_s=DEFAULT_DEADLINE_S)
+            self._gpu = GpuSweep(collector, first_deadline_s=gpu_first_deadline_s)
         self._agent = agent if agent is not None else AgentClient()
         self._exit_code = exit_code
         self._exit_retried = False

@@ -364,7 +364,10 @@ nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
     return copy_string(driver, version, length);
 }
 
+static unsigned long count_calls; /* one per sweep: how many sweeps a test's process made */
+
 nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
+    __atomic_add_fetch(&count_calls, 1, __ATOMIC_SEQ_CST);
     if (!initialized()) return NVML_ERROR_UNINITIALIZED;
     if (count == NULL) return NVML_ERROR_INVALID_ARGUMENT;
     *count = n_devices;
@@ -540,6 +543,9 @@ nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t d, unsigned int *id) {
     *id = d->mig_slot;
     return NVML_SUCCESS;
 }
+
+/* Not NVML: how many times nvmlDeviceGetCount was called (each dlmon sweep calls it once). */
+unsigned long fakeNvmlCountCalls(void) { return __atomic_load_n(&count_calls, __ATOMIC_SEQ_CST); }
 
 /* Not NVML: the driver's struct sizes, for the tests to hold the bindings' ctypes against. */
 unsigned int fakeNvmlSizeofProcessInfo(void) { return (unsigned int)sizeof(nvmlProcessInfo_t); }

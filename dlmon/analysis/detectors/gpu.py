@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dlmon.analysis.detectors._base import Candidate, Context, size
+from dlmon.analysis.job_gpus import job_gpus
 from dlmon.analysis.kinds import CRITICAL, VRAM_PRESSURE, WARNING
 from dlmon.model import Snapshot
-from dlmon.model.format import DEAD_STATES
 
 
 def _jobs_gpus(s: Snapshot) -> set[str]:
@@ -15,11 +15,8 @@ def _jobs_gpus(s: Snapshot) -> set[str]:
     where NVML lists nobody are judged: the container's own, which a colleague's listed process
     would not be. A card in MIG mode is never judged: its MIG devices are, each against its own
     memory (a 1g.18gb slice full is an out-of-memory error whatever the card's total)."""
-    pids = {p.pid for p in s.processes if p.state not in DEAD_STATES}
-    gpus = [g for g in s.gpus if not g.is_mig_parent]
-    used = {g.key for g in gpus if any(gp.pid in pids for gp in g.processes)}
-    used |= {g.key for g in gpus if g.torch_reserved_bytes or g.torch_allocated_bytes}
-    return used or {g.key for g in gpus if not g.processes}
+    used = {g.key for g in job_gpus(s)}
+    return used or {g.key for g in s.gpus if not g.processes and not g.is_mig_parent}
 
 
 def detect_vram_pressure(ctx: Context) -> list[Candidate]:
