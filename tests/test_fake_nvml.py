@@ -7,6 +7,7 @@ LD_LIBRARY_PATH points at the stand-in (see tests/nvml_support.py)."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import threading
@@ -35,26 +36,43 @@ def fake_nvml(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return built
 
 
+@pytest.fixture
+def host_namespace() -> None:
+    """For a test that runs ``dlmon record`` on a target and lists the target's pid (as seen here)
+    in the stand-in: that models dlmon on the host, where NVML's pids are its own. On a test
+    machine that is itself in a container's pid namespace it would model NVML handing out
+    container pids, which it never does; there it is skipped, and the container case is
+    ``test_record_in_a_containers_pid_namespace_gives_nvmls_pids_to_no_process``."""
+    from dlmon.collect.gpu import host_pids_visible
+
+    if host_pids_visible() is not True:
+        pytest.skip("this test machine is not in the host's pid namespace")
+
+
 def _config(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "nvml.conf"
     path.write_text(text)
     return path
 
 
-# One reading, as JSON on stdout: what GpuCollector makes of the stand-in through pynvml.
+# One reading, as JSON on stdout: what GpuCollector makes of the stand-in through pynvml. The pid
+# namespace is given, never taken from the test machine's: NVML's pids are host pids, and whether
+# dlmon's are too decides what it does with them.
 SAMPLE = """
-    import json
+    import json, sys
     from dlmon.collect.gpu import GpuCollector
     from dlmon.model.serialize import to_dict
-    collector = GpuCollector(host_pids=True)
+    collector = GpuCollector(host_pids=sys.argv[1] == "host")
     status, devices = collector.sample()
     print(json.dumps({"status": to_dict(status), "devices": [to_dict(d) for d in devices]}))
     collector.close()
 """
 
 
-def _sample(fake_nvml: Path, config: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    result = run_python(SAMPLE, fake_nvml, config)
+def _sample(
+    fake_nvml: Path, config: Path, namespace: str = "host"
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    result = run_python(SAMPLE, fake_nvml, config, args=(namespace,))
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     return data["status"], data["devices"]
@@ -311,7 +329,7 @@ def test_the_gpu_panel_shows_the_mig_card_and_its_slices(fake_nvml: Path, tmp_pa
 
 
 def test_record_of_a_job_on_a_mig_slice_has_the_slice_and_the_jobs_vram(
-    fake_nvml: Path, tmp_path: Path
+    fake_nvml: Path, tmp_path: Path, host_namespace: None
 ) -> None:
     target = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
@@ -390,7 +408,9 @@ compute 8 {30 * GiB}
 """
 
 
-def test_the_run_summarys_vram_is_the_jobs_processes_not_every_gpu(fake_nvml: Path, tmp_path: Path) -> None:
+def test_the_run_summarys_vram_is_the_jobs_processes_not_every_gpu(
+    fake_nvml: Path, tmp_path: Path, host_namespace: None
+) -> None:
     from dlmon.export.summary import summarize
     from dlmon.export.text import format_text
 
@@ -449,6 +469,94 @@ def test_a_gpu_job_on_a_shared_box_keeps_its_pin_memory_advice(fake_nvml: Path, 
     assert line.startswith("Set pin_memory=True")
 
 
+# -- item 9: a driver reload, the real reason, the pid namespace --------------------------------
+
+RELOAD = """
+    import json, sys, time
+    from dlmon.collect.gpu import GpuCollector
+    from dlmon.model.serialize import to_dict
+    collector = GpuCollector(host_pids=True)
+    readings = [collector.sample()]
+    time.sleep(1.5)  # the stand-in's driver is reloaded 1 s after the first init
+    readings += [collector.sample(), collector.sample()]
+    print(json.dumps([[to_dict(status), [to_dict(d) for d in devices]] for status, devices in readings]))
+"""
+
+
+def test_nvml_is_started_again_after_a_driver_reload(fake_nvml: Path, tmp_path: Path) -> None:
+    """After a reload every call of the old NVML answers NVML_ERROR_UNINITIALIZED: the sweep
+    that meets it starts NVML again and reads the GPUs in the same sweep."""
+    result = run_python(RELOAD, fake_nvml, _config(tmp_path, "reload_after_ms 1000\n" + TWO_DEVICES))
+    assert result.returncode == 0, result.stderr
+    readings = json.loads(result.stdout)
+    for status, devices in readings:
+        assert status["available"] is True, status
+        assert [d["memory_used_bytes"] for d in devices] == [20 * GiB, 3 * GiB]
+        assert [d["unavailable_reason"] for d in devices] == [None, None]
+        assert devices[0]["processes"][0] == {"pid": 4242, "used_memory_bytes": 18 * GiB}
+
+
+def test_the_reason_is_the_missing_figures_not_the_first_error_of_the_read(
+    fake_nvml: Path, tmp_path: Path
+) -> None:
+    """memory_v2 is not supported (v1 answers: no figure is missing for it); utilisation times
+    out: the device says why utilisation is missing, in NVML's words, not "not supported"."""
+    config = TWO_DEVICES.replace(
+        "util 91\n",
+        "util 91\nfail nvmlDeviceGetMemoryInfo_v2 3\nfail nvmlDeviceGetUtilizationRates 10\n",
+    )
+    _, devices = _sample(fake_nvml, _config(tmp_path, config))
+    first = devices[0]
+    assert first["memory_used_bytes"] == 20 * GiB + 512 * MiB  # v1's, with the driver's reserve
+    assert first["utilization_percent"] is None
+    assert first["unavailable_reason"] == "NVML: Timeout"
+
+
+def test_in_a_containers_pid_namespace_nvmls_host_pids_are_given_to_no_process(
+    fake_nvml: Path, tmp_path: Path
+) -> None:
+    """The same stand-in read in both namespaces, each named explicitly."""
+    _, host = _sample(fake_nvml, _config(tmp_path, TWO_DEVICES), "host")
+    status, container = _sample(fake_nvml, _config(tmp_path, TWO_DEVICES), "container")
+    assert [p["pid"] for p in host[0]["processes"]] == [4242, 4243, 4300]
+    assert [d["processes"] for d in container] == [[], []]
+    assert status["process_memory_note"] is not None and "container" in status["process_memory_note"]
+    assert [d["memory_used_bytes"] for d in container] == [d["memory_used_bytes"] for d in host]
+
+
+def test_record_in_a_containers_pid_namespace_gives_nvmls_pids_to_no_process(
+    fake_nvml: Path, tmp_path: Path
+) -> None:
+    """``dlmon record`` and its target in a pid namespace of their own (a container): NVML lists
+    host pid 2 with 5 GiB, which inside is the target's pid; dlmon gives it to no process and
+    says why, and the devices' figures stay."""
+    unshare = shutil.which("unshare")
+    probe = subprocess.run([unshare or "unshare", "-Urpf", "--mount-proc", "true"], capture_output=True)
+    if unshare is None or probe.returncode != 0:
+        pytest.skip("cannot make a pid namespace here (unshare -Urpf)")
+    config = _config(tmp_path, f"device\ncompute 2 {5 * GiB}\n")
+    out = tmp_path / "record.jsonl"
+    script = (
+        f"{sys.executable} -c 'import time; time.sleep(30)' & echo target $!; "
+        f"exec {' '.join(DLMON_RECORD)} $! -o {out} --interval 0.5 --duration 2"
+    )
+    result = subprocess.run(
+        [unshare, "-Urpf", "--mount-proc", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=environment(fake_nvml, config),
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[:2] == ["target", "2"]
+    snapshots = [s for s in map(json.loads, out.read_text().splitlines()) if "gpus" in s]
+    last = snapshots[-1]
+    assert last["gpu"]["process_memory_note"] is not None
+    assert last["gpus"][0]["processes"] == [] and last["gpus"][0]["memory_used_bytes"] == 10 * GiB
+    (target,) = [p for p in last["processes"] if p["pid"] == 2]
+    assert target["gpu_memory_bytes"] is None
+
+
 # -- item 2: a hung NVML ----------------------------------------------------------------------
 
 # Both devices answer for 1.5 s, then every call on them blocks 8 s (a GPU off the bus).
@@ -467,7 +575,7 @@ DLMON_RECORD = (sys.executable, "-m", "dlmon", "record")
 
 
 def test_record_keeps_producing_snapshots_while_nvml_hangs_and_marks_the_gpu_figures_stale(
-    fake_nvml: Path, tmp_path: Path
+    fake_nvml: Path, tmp_path: Path, host_namespace: None
 ) -> None:
     """The one end-to-end run against a hanging stand-in: ``dlmon record`` goes on recording
     while every NVML call blocks 8 s, the last answer standing in, marked stale with its age.

@@ -113,6 +113,7 @@ class NVMLErrorKind(enum.Enum):
     FUNCTION_NOT_FOUND = "function not found"  # in the driver, or in an old pynvml
     LIBRARY_NOT_FOUND = "NVML library not found"
     DRIVER_NOT_LOADED = "driver not loaded"
+    UNINITIALIZED = "NVML not initialised"  # the driver was reloaded under a running NVML
     OTHER = "other NVML error"
 
 
@@ -126,7 +127,12 @@ _ERROR_CLASSES: Final = (
     ("NVMLError_FunctionNotFound", NVMLErrorKind.FUNCTION_NOT_FOUND),
     ("NVMLError_LibraryNotFound", NVMLErrorKind.LIBRARY_NOT_FOUND),
     ("NVMLError_DriverNotLoaded", NVMLErrorKind.DRIVER_NOT_LOADED),
+    ("NVMLError_Uninitialized", NVMLErrorKind.UNINITIALIZED),
 )
+
+#: Errors of a running NVML that mean it must be started again: the driver was reloaded (NVML's
+#: state went with it: every call answers UNINITIALIZED), or unloaded.
+_RESTART_KINDS: Final = (NVMLErrorKind.UNINITIALIZED, NVMLErrorKind.DRIVER_NOT_LOADED)
 
 # Process listings, newest variant first. The plain name is v1 in old pynvml releases and a
 # dispatcher to the newest in recent ones (which raises NVMLLibraryMismatchError, not an
@@ -152,6 +158,10 @@ _PROCESS_LISTS: Final = (
 
 class _DeviceLost(Exception):
     """Internal: a query on this device said NVML_ERROR_GPU_IS_LOST; stop reading it."""
+
+
+class _Restart(Exception):
+    """Internal: NVML answered as if not started (a driver reload): start it again."""
 
 
 class _DeviceSlow(Exception):
@@ -247,7 +257,9 @@ class GpuCollector:
         # Function names found missing (in pynvml or in the driver): not tried again.
         self._missing: set[str] = set()
         self._memory_v2: bool | None = None  # None: not yet known
-        self._device_errors: list[NVMLErrorKind] = []  # NVML errors while reading one device
+        # NVML errors while reading one device: (figure being read, kind, NVML's words).
+        self._device_errors: list[tuple[str, NVMLErrorKind, str]] = []
+        self._figure = "name"  # the figure the device's queries are for, for its errors
         #: Why the last query returned NA (None after a successful one). For diagnostics.
         self.last_error: NVMLErrorKind | None = None
         #: The exception behind :attr:`last_error`, if any.
@@ -265,13 +277,44 @@ class GpuCollector:
             begin = self._clock()
             self._newly_slow_s = 0.0
             try:
-                return self._sample_devices()
+                try:
+                    return self._sample_devices()
+                except _Restart:
+                    pass
+                # The driver was reloaded under us: start NVML again, and read once more.
+                kind = self.last_error
+                self._restart()
+                failure = self._ensure_initialized()
+                if failure is not None:
+                    return failure, ()
+                try:
+                    return self._sample_devices()
+                except _Restart:
+                    self._restart()
+                    what = (self.last_error or kind or NVMLErrorKind.UNINITIALIZED).value
+                    return GpuStatus(
+                        available=False,
+                        reason=f"NVML answered '{what}' again right after restarting; retrying next sweep.",
+                        driver_version=self._driver_version,
+                    ), ()
             finally:
                 self.pace_s = max(0.0, self._clock() - begin - self._newly_slow_s)
+
+    def _restart(self) -> None:
+        """Forget NVML's state (handles die with a driver reload): the next sweep starts it."""
+        self._initialized = False
+        self._failure = None
+        self._next_attempt = float("-inf")
+        self._handles.clear()
+        self._static.clear()
+        self._mig_mode.clear()
+        self._no_aggregate.clear()
 
     def _sample_devices(self) -> tuple[GpuStatus, tuple[GpuDevice, ...]]:
         """Every device's reading (NVML is up)."""
         count = self._query("nvmlDeviceGetCount")
+        if self.last_error in _RESTART_KINDS:
+            raise _Restart
         if count is NA:
             kind = self.last_error.value if self.last_error else "unknown error"
             return GpuStatus(
@@ -419,12 +462,23 @@ class GpuCollector:
     def _device_query(self, index: int, name: str, *args: Any, **kwargs: Any) -> Any:
         """:meth:`_query` for one device: a lost GPU ends that device's reading."""
         result = self._query(name, *args, **kwargs)
+        if self.last_error in _RESTART_KINDS:
+            raise _Restart
         if self.last_error is not None and self.last_error is not NVMLErrorKind.FUNCTION_NOT_FOUND:
-            self._device_errors.append(self.last_error)  # a fallback may still answer
+            # a fallback may still answer: the error then explains nothing (see _with_reason)
+            self._device_errors.append((self._figure, self.last_error, self._error_words()))
         if self.last_error is NVMLErrorKind.GPU_IS_LOST:
             self._forget(index)
             raise _DeviceLost
         return result
+
+    def _error_words(self) -> str:
+        """What to say of the last error: its kind, or NVML's own words for one without a kind of
+        its own (``Timeout``, ``Insufficient Resources``, ...), rather than "other NVML error"."""
+        kind = self.last_error
+        if kind is NVMLErrorKind.OTHER and self.last_exception is not None:
+            return str(self.last_exception).strip() or kind.value
+        return kind.value if kind is not None else ""
 
     def _check_slow(self) -> None:
         """Raise :class:`_DeviceSlow` once the device being read has taken ``slow_device_s``:
@@ -471,22 +525,28 @@ class GpuCollector:
     def _sample_device(self, index: int) -> tuple[GpuDevice, ...]:
         """The card, then its MIG devices when it is in MIG mode."""
         self._device_errors = []
+        self._figure = "name"
         device, *migs = self._read_device(index)
         return (self._with_reason(device), *migs)
 
     def _with_reason(self, device: GpuDevice) -> GpuDevice:
-        """``device`` with why a figure it should have is missing, from this read's errors. A
-        card in MIG mode has no utilisation (NVML does not report it) and its memory only for
-        the privileged: those are said by its MIG mode, not as an error."""
-        if device.is_mig_parent:
-            expected: tuple[object, ...] = (device.name,)
-        elif device.mig_index is not None:
-            expected = (device.name, device.memory_used_bytes)
-        else:
-            expected = (device.name, device.memory_used_bytes, device.utilization_percent)
-        if None in expected and self._device_errors:
-            return dataclasses.replace(device, unavailable_reason=f"NVML: {self._device_errors[0].value}")
-        return device
+        """``device`` with why the figures it should have and lacks are missing: the errors of
+        those figures' queries, not the first error of the read (a call whose fallback answered
+        explains nothing). A card in MIG mode has no utilisation (NVML does not report it) and
+        its memory only for the privileged: those are said by its MIG mode, not as an error."""
+        expected: dict[str, object] = {"name": device.name}
+        if not device.is_mig_parent:
+            expected["memory"] = device.memory_used_bytes
+        if device.mig_mode is None:
+            expected["utilisation"] = device.utilization_percent
+        missing = {figure for figure, value in expected.items() if value is None}
+        if not missing:
+            return device
+        lost = [words for _, kind, words in self._device_errors if kind is NVMLErrorKind.GPU_IS_LOST]
+        said = lost or [words for figure, _, words in self._device_errors if figure in missing]
+        if not said:
+            return device
+        return dataclasses.replace(device, unavailable_reason="NVML: " + "; ".join(dict.fromkeys(said)))
 
     def _quiet(self, index: int, name: str, *args: Any) -> Any:
         """:meth:`_device_query` for an answer that may well be an error (not MIG capable, an
@@ -542,6 +602,7 @@ class GpuCollector:
                 static = cached
             mig = self._in_mig_mode(index, handle) or None
             self._check_slow()
+            self._figure = "memory"
             if mig:
                 # The card's own figures are aggregates only the privileged may read, and its
                 # utilisation is not reported: the MIG devices are read instead, as devices.
@@ -555,8 +616,10 @@ class GpuCollector:
             else:
                 used, total = self._memory(index, handle)
                 self._check_slow()
+                self._figure = "utilisation"
                 utilization = self._utilization(index, handle)
                 self._check_slow()
+                self._figure = "processes"
                 processes = self._processes(index, handle)
         except _DeviceLost:
             return (GpuDevice(index, None, None, None, None, None),)
@@ -596,10 +659,13 @@ class GpuCollector:
                 continue  # NVML_ERROR_NOT_FOUND: no MIG device in this slot
             card_errors, self._device_errors = self._device_errors, []
             try:
+                self._figure = "name"
                 name = _str_or_none(self._device_query(index, "nvmlDeviceGetName", mig))
                 uuid = _str_or_none(self._device_query(index, "nvmlDeviceGetUUID", mig))
+                self._figure = "memory"
                 used, total = self._memory(index, mig)
                 self._check_slow()
+                self._figure = "processes"
                 processes = self._processes(index, mig)
                 device = GpuDevice(
                     index, name, uuid, used, total, None, processes, mig_index=slot, mig_mode=True
