@@ -10,6 +10,7 @@ import json
 import shutil
 import subprocess
 import sys
+import textwrap
 import threading
 from pathlib import Path
 from typing import Any, cast
@@ -555,6 +556,102 @@ def test_record_in_a_containers_pid_namespace_gives_nvmls_pids_to_no_process(
     assert last["gpus"][0]["processes"] == [] and last["gpus"][0]["memory_used_bytes"] == 10 * GiB
     (target,) = [p for p in last["processes"] if p["pid"] == 2]
     assert target["gpu_memory_bytes"] is None
+
+
+# -- item 5: containers ------------------------------------------------------------------------
+
+# Run inside a pid namespace of its own (a container): a job holding /dev/nvidia0 open (a stand-in
+# node under DEV), sampled and analysed by dlmon, which finds out for itself that NVML's pids are
+# not its own.
+IN_CONTAINER = """
+    import json, os, subprocess, sys, time
+    from pathlib import Path
+    from dlmon.analysis import Analyzer
+    from dlmon.collect.sampler import Sampler
+    from dlmon.model.serialize import snapshot_to_dict
+    dev = Path(sys.argv[1])
+    for n in (0, 1):
+        (dev / f"nvidia{n}").touch()
+    hold = "import sys, time; node = open(sys.argv[1]); time.sleep(60)"
+    job = subprocess.Popen([sys.executable, "-c", hold, str(dev / "nvidia0")])
+    try:
+        while not any(os.readlink(f"/proc/{job.pid}/fd/{fd}").endswith("nvidia0")
+                      for fd in os.listdir(f"/proc/{job.pid}/fd")):
+            time.sleep(0.05)
+        sampler = Sampler(job.pid, dev_root=str(dev))
+        analyzer = Analyzer(cores=2)
+        for _ in range(9):
+            snapshot = analyzer(sampler.sample())
+            time.sleep(0.6)
+        print(json.dumps(snapshot_to_dict(snapshot)))
+    finally:
+        job.kill()
+"""
+
+# GPU 0 (the job's, by its node) lists one process by host pid; GPU 1, two colleagues' at 95%.
+CONTAINER_BOX = f"""
+device
+total {80 * GiB}
+used {{used}}
+compute 91234 {3 * GiB}
+device
+total {80 * GiB}
+used {76 * GiB}
+compute 95001 {40 * GiB}
+compute 95002 {36 * GiB}
+"""
+
+
+def _in_container(fake_nvml: Path, tmp_path: Path, used: int) -> dict[str, Any]:
+    unshare = shutil.which("unshare")
+    probe = subprocess.run([unshare or "unshare", "-Urpf", "--mount-proc", "true"], capture_output=True)
+    if unshare is None or probe.returncode != 0:
+        pytest.skip("cannot make a pid namespace here (unshare -Urpf)")
+    config = _config(tmp_path, CONTAINER_BOX.format(used=used))
+    dev = tmp_path / "dev"
+    dev.mkdir(exist_ok=True)
+    code = textwrap.dedent(IN_CONTAINER)
+    result = subprocess.run(
+        [unshare, "-Urpf", "--mount-proc", sys.executable, "-c", code, str(dev)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=environment(fake_nvml, config),
+    )
+    assert result.returncode == 0, result.stderr
+    return cast(dict[str, Any], json.loads(result.stdout))
+
+
+def test_in_a_container_colleagues_full_gpu_is_counted_not_judged(fake_nvml: Path, tmp_path: Path) -> None:
+    """The issue's case: a --gpus all container on a shared box; a colleague's GPU 1 is 95% full.
+    Its processes are counted (none the job's: no process of the job holds /dev/nvidia1), and
+    vram_pressure stays quiet; the job's own GPU 0 is counted as maybe the job's."""
+    snapshot = _in_container(fake_nvml, tmp_path, used=4 * GiB)
+    job_gpu, colleagues = snapshot["gpus"]
+    assert (job_gpu["unattributed_processes"], job_gpu["other_processes"]) == (1, 0)
+    assert job_gpu["unattributed_memory_bytes"] == 3 * GiB and job_gpu["processes"] == []
+    assert (colleagues["unattributed_processes"], colleagues["other_processes"]) == (2, 2)
+    assert colleagues["unattributed_memory_bytes"] == 76 * GiB
+    assert [a for a in snapshot["alerts"] if a["kind"] == "vram_pressure"] == []
+
+    from dlmon.model.serialize import snapshot_from_dict
+    from dlmon.ui.state import DashboardState
+    from dlmon.ui.text import text_of
+    from dlmon.ui.views.gpu import gpu_lines
+
+    state = DashboardState()
+    state.ingest(snapshot_from_dict(snapshot))
+    text = [text_of(line) for line in gpu_lines(state, 200, compact=False, detailed=True)]
+    assert any("1 process by host pid 3.00G (maybe the job's)" in line for line in text), text
+    assert any("2 processes by host pid 76.0G (none the job's)" in line for line in text), text
+
+
+def test_in_a_container_the_jobs_own_full_gpu_still_raises_vram_pressure(
+    fake_nvml: Path, tmp_path: Path
+) -> None:
+    snapshot = _in_container(fake_nvml, tmp_path, used=79 * GiB)
+    alerts = [(a["subject"], a["severity"]) for a in snapshot["alerts"] if a["kind"] == "vram_pressure"]
+    assert alerts == [("GPU 0", "critical")]
 
 
 # -- item 2: a hung NVML ----------------------------------------------------------------------

@@ -34,7 +34,8 @@ PROC_PID_INIT_INO: Final = 0xEFFFFFFC
 
 CONTAINER_PIDS_NOTE: Final = (
     "per-process VRAM unavailable: dlmon runs in a container's pid namespace and NVML lists host "
-    "pids, which cannot be matched to the pids seen here (run dlmon on the host, or with --pid=host)"
+    "pids, which cannot be matched to the pids seen here (run dlmon on the host, or with --pid=host); "
+    "each GPU counts the processes NVML lists instead"
 )
 
 
@@ -191,6 +192,22 @@ def _str_or_none(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
+def _unattributed(device: GpuDevice) -> GpuDevice:
+    """``device`` in a container's pid namespace: its processes' host pids match none here, so
+    they are counted, with their VRAM, rather than listed (where a local process sharing the
+    number would be given a stranger's VRAM, or every GPU would look like the job's)."""
+    if device.is_mig_parent:
+        return device
+    listed = [p.used_memory_bytes for p in device.processes]
+    known = [m for m in listed if m is not None]
+    return dataclasses.replace(
+        device,
+        processes=(),
+        unattributed_processes=len(listed),
+        unattributed_memory_bytes=sum(known) if known else (0 if not listed else None),
+    )
+
+
 def _init_failure_reason(kind: NVMLErrorKind, error: BaseException) -> str:
     if kind is NVMLErrorKind.LIBRARY_NOT_FOUND:
         return "NVML library not found: the NVIDIA driver is not installed or not visible here."
@@ -250,6 +267,8 @@ class GpuCollector:
         # Per device index: NVML handle, and name/uuid that never change while the handle lives.
         self._handles: dict[int, Any] = {}
         self._static: dict[int, tuple[str | None, str | None]] = {}
+        # Per device index: N of its /dev/nvidiaN (None: NVML does not say).
+        self._minor: dict[int, int | None] = {}
         # Per device index: whether it is in MIG mode (changing it takes a GPU reset).
         self._mig_mode: dict[int, bool] = {}
         # MIG cards whose aggregate memory NVML refused (no privileges): not asked again.
@@ -308,6 +327,7 @@ class GpuCollector:
         self._handles.clear()
         self._static.clear()
         self._mig_mode.clear()
+        self._minor.clear()
         self._no_aggregate.clear()
 
     def _sample_devices(self) -> tuple[GpuStatus, tuple[GpuDevice, ...]]:
@@ -334,7 +354,7 @@ class GpuCollector:
         devices = tuple(d for index in range(count) for d in self._timed_device(index))
         if self._host_pids:
             return GpuStatus(available=True, driver_version=self._driver_version), devices
-        devices = tuple(dataclasses.replace(d, processes=()) for d in devices)
+        devices = tuple(_unattributed(d) for d in devices)
         return GpuStatus(
             available=True, driver_version=self._driver_version, process_memory_note=CONTAINER_PIDS_NOTE
         ), devices
@@ -350,6 +370,7 @@ class GpuCollector:
             self._handles.clear()
             self._static.clear()
             self._mig_mode.clear()
+            self._minor.clear()
             self._no_aggregate.clear()
             self._last_reading.clear()
             self._backoff.clear()
@@ -492,6 +513,7 @@ class GpuCollector:
         self._handles.pop(index, None)
         self._static.pop(index, None)
         self._mig_mode.pop(index, None)
+        self._minor.pop(index, None)
         self._no_aggregate.discard(index)
         self._last_reading.pop(index, None)
         self._backoff.pop(index, None)
@@ -600,6 +622,10 @@ class GpuCollector:
                 self._check_slow()
             else:
                 static = cached
+            if index not in self._minor:
+                minor = self._quiet(index, "nvmlDeviceGetMinorNumber", handle)
+                ok = minor is not NA and not isinstance(minor, bool) and isinstance(minor, int)
+                self._minor[index] = minor if ok else None
             mig = self._in_mig_mode(index, handle) or None
             self._check_slow()
             self._figure = "memory"
@@ -633,6 +659,7 @@ class GpuCollector:
                 utilization,
                 unavailable_reason="NVML: slow to answer",
                 mig_mode=mig,
+                minor_number=self._minor.get(index),
             )
             return (partial, *migs)
         card = GpuDevice(
@@ -644,6 +671,7 @@ class GpuCollector:
             utilization_percent=utilization,
             processes=processes,
             mig_mode=mig,
+            minor_number=self._minor.get(index),
         )
         return (card, *migs)
 

@@ -203,6 +203,14 @@ class GpuDevice:
     # (the card's utilisation is then not reported, and its memory and processes are the slices').
     mig_index: int | None = None
     mig_mode: bool | None = None
+    # In a container's pid namespace NVML's pids are the host's and match no pid dlmon sees: the
+    # processes NVML lists here are counted instead of listed, with their VRAM (None on the host,
+    # where ``processes`` has them). ``other_processes``: how many of those are certainly not
+    # the job's (more than the job's processes holding /dev/nvidiaN open); None: not known.
+    unattributed_processes: int | None = None
+    unattributed_memory_bytes: int | None = None
+    other_processes: int | None = None
+    minor_number: int | None = None  # N of /dev/nvidiaN (None: a MIG device, or not known)
 
     @property
     def key(self) -> str:

@@ -34,6 +34,7 @@
  *   hang_after_ms 1500        ... and only from this long after the first nvmlInit on
  *                             (a GPU that falls off the bus mid-run)
  *   fail nvmlDeviceGetUtilizationRates 3  this call on this device returns this code
+ *   minor 3                   its /dev/nvidiaN number (nvmlDeviceGetMinorNumber; default: index)
  *   mig 1                     the device is MIG capable, MIG mode on (0: capable, mode off).
  *                             In MIG mode, as NVML documents and as in a pod without admin
  *                             rights: the parent handle's memory and process lists answer
@@ -132,6 +133,7 @@ typedef struct fake_device {
     fail_t fails[MAX_FAILS];
     unsigned int n_fails;
     int mig_capable, mig_mode, mig_privileged;
+    unsigned int minor;
     struct fake_device *parent; /* set on a MIG device */
     unsigned int mig_slot;
 } fake_device;
@@ -175,6 +177,7 @@ static fake_device *new_device(void) {
     fake_device *d = &devices[n_devices];
     memset(d, 0, sizeof *d);
     d->index = n_devices;
+    d->minor = n_devices;
     snprintf(d->name, sizeof d->name, "NVIDIA H200");
     snprintf(d->uuid, sizeof d->uuid, "GPU-fake-%u", n_devices);
     d->total = 150754820096ULL;
@@ -256,6 +259,8 @@ static void configure(void) {
             d->hang_after_ms = atol(rest);
         } else if (strcmp(line, "delay_fn") == 0) {
             snprintf(d->delay_fn, sizeof d->delay_fn, "%s", rest);
+        } else if (strcmp(line, "minor") == 0) {
+            d->minor = (unsigned int)atoi(rest);
         } else if (strcmp(line, "mig") == 0) {
             d->mig_capable = 1;
             d->mig_mode = atoi(rest) == 1;
@@ -485,6 +490,15 @@ nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v2(nvmlDevice_t d, unsigned
 }
 nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses(nvmlDevice_t d, unsigned int *c, nvmlProcessInfo_v1_t *p) {
     return list(d, "nvmlDeviceGetMPSComputeRunningProcesses", no_procs, 0, c, p, 1);
+}
+
+nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t d, unsigned int *minor) {
+    nvmlReturn_t ret = enter(d, "nvmlDeviceGetMinorNumber");
+    if (ret != NVML_SUCCESS) return ret;
+    if (minor == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    if (d->parent != NULL) return NVML_ERROR_NOT_SUPPORTED; /* a MIG device has no /dev/nvidiaN */
+    *minor = d->minor;
+    return NVML_SUCCESS;
 }
 
 /* MIG. A device without the mig directive is not MIG capable (NVML_ERROR_NOT_SUPPORTED). */

@@ -5,18 +5,25 @@ from __future__ import annotations
 from dlmon.analysis.detectors._base import Candidate, Context, size
 from dlmon.analysis.job_gpus import job_gpus
 from dlmon.analysis.kinds import CRITICAL, VRAM_PRESSURE, WARNING
-from dlmon.model import Snapshot
+from dlmon.model import GpuDevice, Snapshot
 
 
 def _jobs_gpus(s: Snapshot) -> set[str]:
     """The GPUs this job uses (by ``GpuDevice.key``): NVML lists one of its processes there, or
     its torch has memory there (the agent's figures are matched to devices by UUID). When neither
-    tells (in a container NVML's pids are the host's and dlmon drops them; no agent), the GPUs
-    where NVML lists nobody are judged: the container's own, which a colleague's listed process
-    would not be. A card in MIG mode is never judged: its MIG devices are, each against its own
-    memory (a 1g.18gb slice full is an out-of-memory error whatever the card's total)."""
+    tells (in a container NVML's pids are the host's and dlmon counts them instead; no agent),
+    the GPUs are judged except those whose every listed process is certainly a colleague's (none
+    of the job's processes holds the GPU's device node). A card in MIG mode is never judged: its
+    MIG devices are, each against its own memory (a 1g.18gb slice full is an out-of-memory error
+    whatever the card's total)."""
     used = {g.key for g in job_gpus(s)}
-    return used or {g.key for g in s.gpus if not g.processes and not g.is_mig_parent}
+    return used or {g.key for g in s.gpus if not g.processes and not g.is_mig_parent and not _others_only(g)}
+
+
+def _others_only(g: GpuDevice) -> bool:
+    """In a container: every process NVML lists on ``g`` is certainly not the job's (none of
+    the job's processes holds its device node open): a colleague's GPU."""
+    return bool(g.unattributed_processes) and g.other_processes == g.unattributed_processes
 
 
 def detect_vram_pressure(ctx: Context) -> list[Candidate]:

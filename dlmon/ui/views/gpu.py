@@ -77,6 +77,8 @@ def gpu_lines(
             p = roles.get(gp.pid)
             who = _who(p) if p is not None else "other"
             procs.append([(f"pid {gp.pid} ", "dim"), (f"{who} ", ""), (cbytes(gp.used_memory_bytes, NA), "")])
+        if g.unattributed_processes:
+            procs.append(_unattributed(g))
         out.extend(flow(procs, width, SEP, lead=[("  ", "")]))
     if detailed and s.gpu.process_memory_note:
         out.extend(wrap(s.gpu.process_memory_note, width, "dim"))
@@ -111,6 +113,25 @@ def _gpu_head(g: GpuDevice, width: int, detailed: bool) -> Line:
         head.append([("torch ", "dim"), (used_of(g.torch_allocated_bytes, g.torch_reserved_bytes, True), "")])
     head.append([(g.name or "unknown device", "dim")])
     return fit(head, width, SEP)
+
+
+def _unattributed(g: GpuDevice) -> list[Span]:
+    """A container: NVML's processes on ``g`` by host pid, counted; how many are not the job's."""
+    n = g.unattributed_processes or 0
+    spans: list[Span] = [
+        (f"{n} process{'' if n == 1 else 'es'} by host pid ", "dim"),
+        (cbytes(g.unattributed_memory_bytes, NA), ""),
+    ]
+    others = g.other_processes
+    if others is not None:
+        spans.append(
+            (" (none the job's)", "dim")
+            if others == n
+            else (f" ({others} not the job's)", "dim")
+            if others
+            else (" (maybe the job's)", "dim")
+        )
+    return spans
 
 
 def _stale(g: GpuDevice) -> str:
