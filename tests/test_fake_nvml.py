@@ -654,6 +654,43 @@ def test_in_a_container_the_jobs_own_full_gpu_still_raises_vram_pressure(
     assert alerts == [("GPU 0", "critical")]
 
 
+def test_device_holders_are_read_again_after_their_refresh_and_at_once_for_a_new_process(
+    tmp_path: Path,
+) -> None:
+    """Real processes holding stand-in nodes; a fake clock, no waiting."""
+    from dlmon.collect.gpu_holders import DeviceHolders
+
+    for n in (0, 3):
+        (tmp_path / f"nvidia{n}").touch()
+    (tmp_path / "nvidiactl").touch()  # not a GPU's node
+    hold = "import sys, time; nodes = [open(a) for a in sys.argv[1:]]; print(flush=True); time.sleep(60)"
+
+    def holding(*names: str) -> subprocess.Popen[str]:
+        nodes = [str(tmp_path / n) for n in names]
+        job = subprocess.Popen([sys.executable, "-c", hold, *nodes], stdout=subprocess.PIPE, text=True)
+        assert job.stdout is not None and job.stdout.readline() == "\n"
+        return job
+
+    now = [0.0]
+    holders = DeviceHolders(dev_root=str(tmp_path), refresh_s=10.0, clock=lambda: now[0])
+    first = holding("nvidia0", "nvidiactl")
+    second = holding("nvidia0", "nvidia3")
+    try:
+        assert holders.read([first.pid]) == {0: {first.pid}}
+        assert holders.read([first.pid, second.pid]) == {0: {first.pid, second.pid}, 3: {second.pid}}
+        second.kill()
+        second.wait()
+        now[0] = 5.0  # within the refresh: what was read stands
+        assert holders.read([first.pid, second.pid]) == {0: {first.pid, second.pid}, 3: {second.pid}}
+        now[0] = 10.0
+        assert holders.read([first.pid, second.pid]) == {0: {first.pid}}
+        assert holders.read([first.pid]) == {0: {first.pid}}  # a process no longer asked for is dropped
+    finally:
+        for job in (first, second):
+            job.kill()
+            job.wait()
+
+
 # -- item 2: a hung NVML ----------------------------------------------------------------------
 
 # Both devices answer for 1.5 s, then every call on them blocks 8 s (a GPU off the bus).

@@ -11,7 +11,7 @@ from dlmon.collect.agent_client import AgentClient, AgentReading, merge_torch_me
 from dlmon.collect.cgroup import CgroupMemoryReader, UsableCores
 from dlmon.collect.disks import DiskStatsReader
 from dlmon.collect.gpu import GpuCollector
-from dlmon.collect.gpu_holders import device_holders, with_other_processes
+from dlmon.collect.gpu_holders import DeviceHolders, with_other_processes
 from dlmon.collect.gpu_sweep import DEFAULT_DEADLINE_S, FIRST_DEADLINE_S, GpuSource, GpuSweep
 from dlmon.collect.kernel import KernelLog
 from dlmon.collect.processes import ProcessTracker
@@ -90,7 +90,7 @@ class Sampler:
             raise NoSuchProcess(f"no such process: {pid}") from exc
         self.pid = pid
         self.proc_root = proc_root
-        self._dev_root = dev_root
+        self._holders = DeviceHolders(proc_root, dev_root)
         self.cmdline = read_cmdline(pid, proc_root)
         self.host = socket.gethostname()
         try:
@@ -145,7 +145,7 @@ class Sampler:
         gpu_status, gpus = gpu.status, gpu.devices
         if any(g.unattributed_processes for g in gpus):  # a container: NVML's pids are the host's
             live_pids = [p.pid for p in processes if p.state not in ("Z", "X")]
-            gpus = with_other_processes(gpus, device_holders(live_pids, self.proc_root, self._dev_root))
+            gpus = with_other_processes(gpus, self._holders.read(live_pids))
         processes = _with_gpu_memory(processes, gpus)
         t_agent = time.thread_time()
         # Agents serve in the trainer and its Python children (ranks), never in workers.
