@@ -329,6 +329,46 @@ def test_the_gpu_panel_shows_the_mig_card_and_its_slices(fake_nvml: Path, tmp_pa
     assert "0: MIG mode" in compact and "0:2: 6.00G/18.0G util n/a in MIG" in compact, compact
 
 
+SLOW_SLICE = """
+    import json, sys, time
+    from dlmon.collect.gpu import GpuCollector
+    from dlmon.model.serialize import to_dict
+    collector = GpuCollector(host_pids=True, slow_device_s=0.2)
+    collector.sample()  # quick: the slice is slow from 0.3 s after NVML's start
+    time.sleep(0.5)
+    readings = [collector.sample(), collector.sample()]  # slow, then backed off
+    print(json.dumps([[to_dict(d) for d in devices] for _, devices in readings]))
+    collector.close()
+"""
+
+
+def test_a_mig_slice_slow_to_answer_is_shown_n_a_not_dropped_with_the_slices_after_it(
+    fake_nvml: Path, tmp_path: Path
+) -> None:
+    """Slice 0's memory call takes 0.4 s (the device's limit is 0.2 s): the card's read stops
+    there, as for a whole card; slice 0 and slice 2 (not asked) must still be there, n/a and
+    saying why, in this reading and in the backed-off one after it, rather than vanish from the
+    panel, Prometheus and vram_pressure. The first sweep reads the slices quickly."""
+    config = _mig_config(tmp_path, 4242, 6 * GiB, 5 * GiB)
+    slow = config.read_text().replace(
+        "mig_device 0\n",
+        "mig_device 0\ndelay_ms 400\ndelay_fn nvmlDeviceGetMemoryInfo_v2\nhang_after_ms 300\n",
+    )
+    config.write_text(slow)
+    result = run_python(SLOW_SLICE, fake_nvml, config)
+    assert result.returncode == 0, result.stderr
+    slowed, backed_off = json.loads(result.stdout)
+    for devices in (slowed, backed_off):
+        slices = {(d["index"], d["mig_index"]): d for d in devices if d["mig_index"] is not None}
+        assert sorted(slices) == [(0, 0), (0, 2)], devices
+        assert all(d["unavailable_reason"] == "NVML: slow to answer" for d in slices.values()), slices
+        assert slices[(0, 0)]["memory_used_bytes"] == 1 * GiB  # the slow call did answer
+        assert slices[(0, 2)]["memory_used_bytes"] is None  # not asked
+        assert slices[(0, 2)]["uuid"] == "MIG-22222222-1111-2222-3333-444444444444"
+    # card 0 and its slices backed off (the last reading, stale); card 1 read afresh
+    assert [d["stale_age_s"] is not None for d in backed_off] == [True, True, True, False]
+
+
 def test_record_of_a_job_on_a_mig_slice_has_the_slice_and_the_jobs_vram(
     fake_nvml: Path, tmp_path: Path, host_namespace: None
 ) -> None:

@@ -74,6 +74,9 @@ def host_pids_visible(proc_root: str = "/proc") -> bool | None:
     return False if depth == 1 else None
 
 
+#: A device (or MIG device) whose read was cut short: it took longer than ``slow_device_s``.
+SLOW_REASON: Final = "NVML: slow to answer"
+
 #: ``NVML_DEVICE_MIG_ENABLE``: nvmlDeviceGetMigMode's current mode when MIG is on.
 MIG_ENABLE: Final = 1
 #: More MIG devices than any card has (A100/H100/H200: 7), should a driver answer nonsense.
@@ -279,6 +282,7 @@ class GpuCollector:
         # NVML errors while reading one device: (figure being read, kind, NVML's words).
         self._device_errors: list[tuple[str, NVMLErrorKind, str]] = []
         self._figure = "name"  # the figure the device's queries are for, for its errors
+        self._partial_mig: GpuDevice | None = None  # a MIG device whose read was cut short
         #: Why the last query returned NA (None after a successful one). For diagnostics.
         self.last_error: NVMLErrorKind | None = None
         #: The exception behind :attr:`last_error`, if any.
@@ -657,7 +661,7 @@ class GpuCollector:
                 used,
                 total,
                 utilization,
-                unavailable_reason="NVML: slow to answer",
+                unavailable_reason=SLOW_REASON,
                 mig_mode=mig,
                 minor_number=self._minor.get(index),
             )
@@ -680,27 +684,77 @@ class GpuCollector:
         slots = self._quiet(index, "nvmlDeviceGetMaxMigDeviceCount", handle)
         if slots is NA or isinstance(slots, bool):
             return
-        for slot in range(max(0, min(int(slots), MAX_MIG_SLOTS))):
-            self._check_slow()
-            mig = self._quiet(index, "nvmlDeviceGetMigDeviceHandleByIndex", handle, slot)
-            if mig is NA:
-                continue  # NVML_ERROR_NOT_FOUND: no MIG device in this slot
-            card_errors, self._device_errors = self._device_errors, []
-            try:
-                self._figure = "name"
-                name = _str_or_none(self._device_query(index, "nvmlDeviceGetName", mig))
-                uuid = _str_or_none(self._device_query(index, "nvmlDeviceGetUUID", mig))
-                self._figure = "memory"
-                used, total = self._memory(index, mig)
+        slot = -1
+        try:
+            for slot in range(max(0, min(int(slots), MAX_MIG_SLOTS))):
                 self._check_slow()
-                self._figure = "processes"
-                processes = self._processes(index, mig)
-                device = GpuDevice(
-                    index, name, uuid, used, total, None, processes, mig_index=slot, mig_mode=True
+                mig = self._quiet(index, "nvmlDeviceGetMigDeviceHandleByIndex", handle, slot)
+                if mig is NA:
+                    continue  # NVML_ERROR_NOT_FOUND: no MIG device in this slot
+                out.append(self._mig_device(index, mig, slot))
+        except _DeviceSlow:
+            # The card's read stops here, as a whole card's does; its MIG devices not read stay
+            # on the panel, n/a and saying why, rather than vanish (with their alerts and series).
+            out.extend(self._unread_migs(index, slot, {d.mig_index for d in out}))
+            raise
+
+    def _mig_device(self, index: int, mig: Any, slot: int) -> GpuDevice:
+        """One MIG device of card ``index``; on :class:`_DeviceSlow`, what it answered so far is
+        left in ``_partial_mig`` for :meth:`_unread_migs`."""
+        card_errors, self._device_errors = self._device_errors, []
+        name = uuid = used = total = None
+        try:
+            self._figure = "name"
+            name = _str_or_none(self._device_query(index, "nvmlDeviceGetName", mig))
+            uuid = _str_or_none(self._device_query(index, "nvmlDeviceGetUUID", mig))
+            self._figure = "memory"
+            used, total = self._memory(index, mig)
+            self._check_slow()
+            self._figure = "processes"
+            processes = self._processes(index, mig)
+            device = GpuDevice(index, name, uuid, used, total, None, processes, mig_index=slot, mig_mode=True)
+            return self._with_reason(device)
+        except _DeviceSlow:
+            self._partial_mig = GpuDevice(
+                index,
+                name,
+                uuid,
+                used,
+                total,
+                None,
+                mig_index=slot,
+                mig_mode=True,
+                unavailable_reason=SLOW_REASON,
+            )
+            raise
+        finally:
+            self._device_errors = card_errors
+
+    def _unread_migs(self, index: int, slot: int, read: set[int | None]) -> list[GpuDevice]:
+        """Card ``index``'s MIG devices from ``slot`` on, its read cut short there: the one being
+        read with what it answered, the others as the last reading knew them, figures n/a."""
+        out: list[GpuDevice] = []
+        partial, self._partial_mig = self._partial_mig, None
+        if partial is not None and partial.mig_index == slot:
+            out.append(partial)
+            read = read | {slot}
+        last = self._last_reading.get(index)
+        for d in last[0] if last is not None else ():
+            if d.mig_index is not None and d.mig_index >= slot and d.mig_index not in read:
+                out.append(
+                    GpuDevice(
+                        index,
+                        d.name,
+                        d.uuid,
+                        None,
+                        None,
+                        None,
+                        mig_index=d.mig_index,
+                        mig_mode=True,
+                        unavailable_reason=SLOW_REASON,
+                    )
                 )
-                out.append(self._with_reason(device))
-            finally:
-                self._device_errors = card_errors
+        return out
 
     def _memory(self, index: int, handle: Any) -> tuple[int | None, int | None]:
         """(used, total) bytes. The v2 struct's ``used`` leaves out memory the driver reserves,
