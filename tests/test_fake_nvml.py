@@ -476,16 +476,23 @@ def test_the_run_summarys_vram_is_the_jobs_processes_not_every_gpu(
     assert "VRAM used (the job's processes)" in line and "2.0 GiB" in line, line
 
 
-def _pin_advice(fake_nvml: Path, tmp_path: Path, job_line: str, pin_memory: bool) -> list[str]:
-    """advise() on a job whose GPUs are the stand-in's reading of SHARED_BOX."""
+def _pin_advice(
+    fake_nvml: Path, tmp_path: Path, job_line: str, pin_memory: bool, torch_reserved: int | None = None
+) -> list[str]:
+    """advise() on a job whose GPUs are the stand-in's reading of SHARED_BOX; with
+    ``torch_reserved``, the trainer's agent says torch holds that much on GPU 0."""
     import dataclasses
 
     from scenarios.synth import MAIN_PID, loader, proc, snap
 
     from dlmon.analysis import advise
+    from dlmon.collect.agent_client import AgentReading, TorchDeviceMemory, merge_torch_memory
 
     _, raw = _sample(fake_nvml, _config(tmp_path, SHARED_BOX.format(job=job_line.format(pid=MAIN_PID))))
     gpus = _gpu_devices(raw)
+    if torch_reserved is not None:
+        memory = TorchDeviceMemory(MAIN_PID, 0, "GPU-fake-0", None, 0, torch_reserved, 0)
+        gpus = merge_torch_memory(gpus, AgentReading(time=0.0, pids=(MAIN_PID,), devices=(memory,)))
     workers = [proc(1001 + i, uss=100 * MiB, pss=150 * MiB, cpu=30.0) for i in range(2)]
     main = proc(MAIN_PID, "main", uss=800 * MiB, pss=900 * MiB, cpu=60.0)
     loaders = [loader(num_workers=2, batch_size=64, wait=0.05, pin_memory=pin_memory)]
@@ -493,13 +500,29 @@ def _pin_advice(fake_nvml: Path, tmp_path: Path, job_line: str, pin_memory: bool
         dataclasses.replace(snap(t, [main, *workers], available=64 * GiB, loaders=loaders), gpus=gpus)
         for t in range(5)
     ]
-    return [line.text for line in advise(history, cores=8).lines if line.topic == "pin_memory"]
+    return [
+        f"{x.text} because {x.because}" for x in advise(history, cores=8).lines if x.topic == "pin_memory"
+    ]
 
 
 def test_a_cpu_only_job_on_a_gpu_box_is_not_told_to_pin_memory(fake_nvml: Path, tmp_path: Path) -> None:
     assert _pin_advice(fake_nvml, tmp_path, "", pin_memory=False) == []
     (line,) = _pin_advice(fake_nvml, tmp_path, "", pin_memory=True)
     assert line.startswith("Set pin_memory=False: the job uses no CUDA device")
+
+
+def test_a_cpu_only_job_pinning_on_a_real_driver_is_told_to_stop(fake_nvml: Path, tmp_path: Path) -> None:
+    """What a real driver shows of a CPU-only job with pin_memory=True: the pinning thread's
+    cudaHostAlloc makes a CUDA context on the current device, so NVML lists the trainer there
+    (~500 MiB of context), while torch holds no device memory. That is still a job that uses no
+    CUDA device for its tensors: pinning costs it a thread and page-locked memory for nothing."""
+    context = f"compute {{pid}} {500 * MiB}"
+    (line,) = _pin_advice(fake_nvml, tmp_path, context, pin_memory=True, torch_reserved=0)
+    assert line.startswith("Set pin_memory=False: the job uses no CUDA device"), line
+    assert "torch holds no memory on any GPU" in line
+    # Healthy: the same context, torch's tensors on it: no "set it False".
+    busy = _pin_advice(fake_nvml, tmp_path, context, pin_memory=True, torch_reserved=2 * GiB)
+    assert not any("pin_memory=False" in x for x in busy), busy
 
 
 def test_a_gpu_job_on_a_shared_box_keeps_its_pin_memory_advice(fake_nvml: Path, tmp_path: Path) -> None:

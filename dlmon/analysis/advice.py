@@ -16,7 +16,7 @@ from dlmon.analysis.analyzer import default_cores, target_cores
 from dlmon.analysis.detectors import Candidate, detect, headroom
 from dlmon.analysis.detectors._base import JobTree, duration, per_min, size
 from dlmon.analysis.digest import Digest, DigestLimits
-from dlmon.analysis.job_gpus import job_gpus
+from dlmon.analysis.job_gpus import job_tensor_gpus
 from dlmon.analysis.startup import startup_of
 from dlmon.analysis.stats import median, theil_sen
 from dlmon.model import LoaderSample, ProcessSample, Snapshot
@@ -253,7 +253,9 @@ def advise(history: Sequence[Snapshot], *, cores: int | None = None) -> Advice:
         )
 
     # -- pin_memory --------------------------------------------------------------------------
-    gpus = job_gpus(s)  # not every GPU on the box: a CPU-only job on a GPU machine pins for nothing
+    # Not every GPU on the box, nor one where the job has only the CUDA context its pinning
+    # made: a CPU-only job on a GPU machine pins for nothing.
+    gpus = job_tensor_gpus(s)
     pinned = s.pinned.bytes if s.pinned is not None else None
     if loader is not None and loader.pin_memory is not None:
         if loader.pin_memory and not gpus:
@@ -265,6 +267,8 @@ def advise(history: Sequence[Snapshot], *, cores: int | None = None) -> Advice:
                     (
                         f"no GPU seen ({s.gpu.reason or 'NVML'})"
                         if not s.gpus
+                        else f"torch holds no memory on any GPU ({len(s.gpus)} seen)"
+                        if any(g.torch_reserved_bytes is not None for g in s.gpus)
                         else f"none of the {len(s.gpus)} GPU(s) lists the job's processes or torch memory"
                     )
                     + f"; pinned now {size(pinned)}",
@@ -422,7 +426,7 @@ def advise(history: Sequence[Snapshot], *, cores: int | None = None) -> Advice:
                     f"Use gradient accumulation{half}: activations scale with the batch, so halving it "
                     "frees most of their memory for the same effective batch (the write-up: ResNet50 "
                     "18 -> 5 GB at 4 steps, ~15% slower).",
-                    f"GPU {g.index} {frac:.0%} full ({size(g.memory_used_bytes)} of "
+                    f"GPU {g.key} {frac:.0%} full ({size(g.memory_used_bytes)} of "
                     f"{size(g.memory_total_bytes)})",
                 )
             )

@@ -33,3 +33,14 @@ def job_vram_bytes(s: Snapshot) -> int | None:
         return sum(known)
     reserved = [g.torch_reserved_bytes for g in job_gpus(s) if g.torch_reserved_bytes is not None]
     return sum(reserved) if reserved else None
+
+
+def job_tensor_gpus(s: Snapshot) -> list[GpuDevice]:
+    """The job's GPUs that hold its tensors. Where the agent gives torch's figures, those where
+    torch holds memory: a process NVML lists on a GPU where torch holds nothing has only a CUDA
+    context there, such as the one DataLoader's pinning thread makes on the current device of a
+    CPU-only job (cudaHostAlloc needs a context). Without torch's figures, :func:`job_gpus`."""
+    gpus = job_gpus(s)
+    if not any(g.torch_reserved_bytes is not None or g.torch_allocated_bytes is not None for g in s.gpus):
+        return gpus
+    return [g for g in gpus if g.torch_reserved_bytes or g.torch_allocated_bytes]
