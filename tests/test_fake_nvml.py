@@ -754,6 +754,62 @@ def test_device_holders_are_read_again_after_their_refresh_and_at_once_for_a_new
             job.wait()
 
 
+NOT_DUMPABLE = (
+    "import ctypes, sys, time; node = open(sys.argv[1]); ctypes.CDLL(None).prctl(4, 0, 0, 0, 0); "
+    "print(flush=True); time.sleep(60)"
+)
+
+
+def test_a_job_process_whose_fds_cannot_all_be_read_leaves_no_gpu_certainly_a_colleagues(
+    tmp_path: Path,
+) -> None:
+    """A job's process holding /dev/nvidia0 whose fds dlmon cannot read (not dumpable, read from
+    a user namespace without CAP_SYS_PTRACE over it), or reads only in part (more fds than the
+    limit): it may hold any node, so the holders are not known, rather than "none": else
+    GPU 0 would be called certainly a colleague's and its vram_pressure never judged."""
+    unshare = shutil.which("unshare")
+    probe = subprocess.run([unshare or "unshare", "-Ur", "true"], capture_output=True)
+    if unshare is None or probe.returncode != 0:
+        pytest.skip("cannot make a user namespace here (unshare -Ur)")
+    node = tmp_path / "nvidia0"
+    node.touch()
+    job = subprocess.Popen([sys.executable, "-c", NOT_DUMPABLE, str(node)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert job.stdout is not None and job.stdout.readline() == "\n"
+        code = (
+            "import json, sys; from dlmon.collect.gpu_holders import DeviceHolders; "
+            "print(json.dumps(DeviceHolders(dev_root=sys.argv[1]).read([int(sys.argv[2])])))"
+        )
+        result = subprocess.run(
+            [unshare, "-Ur", sys.executable, "-c", code, str(tmp_path), str(job.pid)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 0, result.stderr
+        assert json.loads(result.stdout) is None
+    finally:
+        job.kill()
+        job.wait()
+
+    from dlmon.collect.gpu_holders import DeviceHolders
+
+    # fds 0-2, five others, then the node: a limit of 4 reads it in part
+    hold = "import os, sys, time; [os.open(os.devnull, 0) for _ in range(5)]; n = open(sys.argv[1]); "
+    many = subprocess.Popen(
+        [sys.executable, "-c", hold + "print(flush=True); time.sleep(60)", str(node)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert many.stdout is not None and many.stdout.readline() == "\n"
+        assert DeviceHolders(dev_root=str(tmp_path), max_fds=4).read([many.pid]) is None
+        assert DeviceHolders(dev_root=str(tmp_path)).read([many.pid]) == {0: {many.pid}}
+    finally:
+        many.kill()
+        many.wait()
+
+
 # -- item 2: a hung NVML ----------------------------------------------------------------------
 
 # Both devices answer for 1.5 s, then every call on them blocks 8 s (a GPU off the bus).

@@ -145,7 +145,9 @@ class Sampler:
         gpu_status, gpus = gpu.status, gpu.devices
         if any(g.unattributed_processes for g in gpus):  # a container: NVML's pids are the host's
             live_pids = [p.pid for p in processes if p.state not in ("Z", "X")]
-            gpus = with_other_processes(gpus, self._holders.read(live_pids))
+            holders = self._holders.read(live_pids)
+            if holders is not None:  # else no GPU's processes are certainly not the job's
+                gpus = with_other_processes(gpus, holders)
         processes = _with_gpu_memory(processes, gpus)
         t_agent = time.thread_time()
         # Agents serve in the trainer and its Python children (ranks), never in workers.
