@@ -415,8 +415,8 @@ def advise(history: Sequence[Snapshot], *, cores: int | None = None) -> Advice:
 
     # -- VRAM: gradient accumulation ---------------------------------------------------------
     for g in gpus:
-        if g.memory_used_bytes is None or not g.memory_total_bytes:
-            continue
+        if g.memory_used_bytes is None or not g.memory_total_bytes or g.is_mig_parent:
+            continue  # a MIG card's memory is its slices', not the job's
         frac = g.memory_used_bytes / g.memory_total_bytes
         if frac >= 0.9:
             half = f" ({batch} -> {batch // 2} x 2 steps)" if batch and batch >= 2 else ""

@@ -36,11 +36,12 @@ def job_vram_bytes(s: Snapshot) -> int | None:
 
 
 def job_tensor_gpus(s: Snapshot) -> list[GpuDevice]:
-    """The job's GPUs that hold its tensors. Where the agent gives torch's figures, those where
+    """The GPUs that hold the job's tensors. Where the agent gives torch's figures, those where
     torch holds memory: a process NVML lists on a GPU where torch holds nothing has only a CUDA
     context there, such as the one DataLoader's pinning thread makes on the current device of a
-    CPU-only job (cudaHostAlloc needs a context). Without torch's figures, :func:`job_gpus`."""
-    gpus = job_gpus(s)
+    CPU-only job (cudaHostAlloc needs a context). A card in MIG mode counts here when torch's
+    UUID named the card rather than a slice: it still says the job uses CUDA. Without torch's
+    figures, :func:`job_gpus`."""
     if not any(g.torch_reserved_bytes is not None or g.torch_allocated_bytes is not None for g in s.gpus):
-        return gpus
-    return [g for g in gpus if g.torch_reserved_bytes or g.torch_allocated_bytes]
+        return job_gpus(s)
+    return [g for g in s.gpus if g.torch_reserved_bytes or g.torch_allocated_bytes]
