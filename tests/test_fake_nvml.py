@@ -432,7 +432,10 @@ def test_export_all_jobs_sweeps_nvml_once_per_tick_however_many_jobs(fake_nvml: 
     """
     result = run_python(code, fake_nvml, _config(tmp_path, TWO_DEVICES))
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout) == {"sweeps": 4, "gpus": [2, 2, 2]}
+    data = json.loads(result.stdout)
+    assert data["gpus"] == [2, 2, 2]
+    # At most one sweep a tick (12 before); fewer where a loaded machine leaves one in flight.
+    assert 1 <= data["sweeps"] <= 4, data
 
 
 # A GPU box the job shares: colleagues' processes on both cards (60 and 30 GiB of 80).
