@@ -289,6 +289,34 @@ def test_vram_pressure_judges_the_mig_slice_not_the_card(fake_nvml: Path, tmp_pa
     assert alerts(healthy) == []
 
 
+def test_vram_pressure_leaves_a_gpu_where_the_job_has_only_its_pinning_context(
+    fake_nvml: Path, tmp_path: Path
+) -> None:
+    """A CPU-only job with pin_memory=True on a shared box: the pinning thread's context puts the
+    trainer in NVML's list on GPU 0 (500 MiB), which a colleague has filled to 96%. torch (the
+    agent) holds nothing there: the job cannot run out of memory on it, so no vram_pressure.
+    The same GPU with the job's tensors on it (torch holds 2 GiB) still raises it."""
+    from test_ui_support import MAIN_PID
+
+    from dlmon.analysis import Analyzer
+    from dlmon.collect.agent_client import AgentReading, TorchDeviceMemory, merge_torch_memory
+
+    box = f"device\ntotal {80 * GiB}\nused {77 * GiB}\ncompute 7 {int(76.5 * GiB)}\n"
+    box += f"compute {MAIN_PID} {500 * MiB}\ndevice\ntotal {80 * GiB}\nused {1 * GiB}\n"
+    _, raw = _sample(fake_nvml, _config(tmp_path, box))
+
+    def alerts(torch_bytes: int) -> list[tuple[str, str]]:
+        memory = TorchDeviceMemory(MAIN_PID, 0, "GPU-fake-0", None, torch_bytes, torch_bytes, torch_bytes)
+        reading = AgentReading(time=0.0, pids=(MAIN_PID,), devices=(memory,))
+        gpus = merge_torch_memory(_gpu_devices(raw), reading)
+        analyzer = Analyzer(cores=2, strict=True)
+        outs = [analyzer(_mig_snapshot(gpus, t)) for t in range(8)]
+        return [(a.subject, a.kind) for a in outs[-1].alerts if a.kind == "vram_pressure"]
+
+    assert alerts(0) == []
+    assert alerts(2 * GiB) == [("GPU 0", "vram_pressure")]
+
+
 def test_torch_memory_on_a_mig_device_is_matched_by_its_mig_uuid(fake_nvml: Path, tmp_path: Path) -> None:
     from dlmon.collect.agent_client import AgentReading, TorchDeviceMemory, merge_torch_memory
 

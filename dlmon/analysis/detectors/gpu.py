@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 from dlmon.analysis.detectors._base import Candidate, Context, size
-from dlmon.analysis.job_gpus import job_gpus
+from dlmon.analysis.job_gpus import job_tensor_gpus
 from dlmon.analysis.kinds import CRITICAL, VRAM_PRESSURE, WARNING
 from dlmon.model import GpuDevice, Snapshot
 
 
 def _jobs_gpus(s: Snapshot) -> set[str]:
     """The GPUs this job uses (by ``GpuDevice.key``): NVML lists one of its processes there, or
-    its torch has memory there (the agent's figures are matched to devices by UUID). When neither
+    its torch has memory there (the agent's figures are matched to devices by UUID); where the
+    agent gives torch's figures, only the GPUs where torch holds memory (a listed process with
+    nothing of torch's there has only a CUDA context, such as DataLoader's pinning thread makes
+    in a CPU-only job: it cannot run out of memory on that GPU). When neither
     tells (in a container NVML's pids are the host's and dlmon counts them instead; no agent),
     the GPUs are judged except those whose every listed process is certainly a colleague's (none
     of the job's processes holds the GPU's device node). A card in MIG mode is never judged: its
     MIG devices are, each against its own memory (a 1g.18gb slice full is an out-of-memory error
     whatever the card's total)."""
-    used = {g.key for g in job_gpus(s)}
+    used = {g.key for g in job_tensor_gpus(s) if not g.is_mig_parent}
     return used or {g.key for g in s.gpus if not g.processes and not g.is_mig_parent and not _others_only(g)}
 
 
