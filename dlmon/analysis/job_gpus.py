@@ -37,11 +37,19 @@ def job_vram_bytes(s: Snapshot) -> int | None:
 
 def job_tensor_gpus(s: Snapshot) -> list[GpuDevice]:
     """The GPUs that hold the job's tensors. Where the agent gives torch's figures, those where
-    torch holds memory: a process NVML lists on a GPU where torch holds nothing has only a CUDA
-    context there, such as the one DataLoader's pinning thread makes on the current device of a
-    CPU-only job (cudaHostAlloc needs a context). A card in MIG mode counts here when torch's
-    UUID named the card rather than a slice: it still says the job uses CUDA. Without torch's
-    figures, :func:`job_gpus`."""
+    torch holds memory, and those where NVML lists one of the job's processes without an agent
+    (a worker, a non-Python child: torch's figures do not cover it). A process with an agent
+    that NVML lists where torch holds nothing has only a CUDA context there, such as the one
+    DataLoader's pinning thread makes on the current device of a CPU-only job (cudaHostAlloc
+    needs a context). A card in MIG mode counts when torch's UUID named the card rather than a
+    slice: it still says the job uses CUDA. Without torch's figures, :func:`job_gpus`."""
     if not any(g.torch_reserved_bytes is not None or g.torch_allocated_bytes is not None for g in s.gpus):
         return job_gpus(s)
-    return [g for g in s.gpus if g.torch_reserved_bytes or g.torch_allocated_bytes]
+    unaccounted = {p.pid for p in s.processes if p.state not in DEAD_STATES and p.torch_threads is None}
+    return [
+        g
+        for g in s.gpus
+        if g.torch_reserved_bytes
+        or g.torch_allocated_bytes
+        or (not g.is_mig_parent and any(gp.pid in unaccounted for gp in g.processes))
+    ]
