@@ -593,7 +593,7 @@ def _export_all_jobs(prometheus: str, seconds: float) -> None:
         where = parse_address(prometheus)
     except AddressError as exc:
         fail(str(exc))
-    jobs = JobsExporter(Analyzer, Sampler)
+    jobs = JobsExporter(Analyzer, lambda pid, gpu: Sampler(pid, gpu_source=gpu))
     try:
         server = serve(jobs, where)
     except OSError as exc:

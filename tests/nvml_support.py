@@ -47,10 +47,10 @@ def environment(library_dir: Path, config: Path) -> dict[str, str]:
 
 
 def run_python(
-    code: str, library_dir: Path, config: Path, *, timeout: float = 60.0
+    code: str, library_dir: Path, config: Path, *, timeout: float = 60.0, args: tuple[str, ...] = ()
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
+        [sys.executable, "-c", textwrap.dedent(code), *args],
         capture_output=True,
         text=True,
         timeout=timeout,

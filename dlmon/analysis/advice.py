@@ -16,6 +16,7 @@ from dlmon.analysis.analyzer import default_cores, target_cores
 from dlmon.analysis.detectors import Candidate, detect, headroom
 from dlmon.analysis.detectors._base import JobTree, duration, per_min, size
 from dlmon.analysis.digest import Digest, DigestLimits
+from dlmon.analysis.job_gpus import job_tensor_gpus
 from dlmon.analysis.startup import startup_of
 from dlmon.analysis.stats import median, theil_sen
 from dlmon.model import LoaderSample, ProcessSample, Snapshot
@@ -252,16 +253,25 @@ def advise(history: Sequence[Snapshot], *, cores: int | None = None) -> Advice:
         )
 
     # -- pin_memory --------------------------------------------------------------------------
-    gpus = [g for g in s.gpus if g.memory_total_bytes]
+    # Not every GPU on the box, nor one where the job has only the CUDA context its pinning
+    # made: a CPU-only job on a GPU machine pins for nothing.
+    gpus = job_tensor_gpus(s)
     pinned = s.pinned.bytes if s.pinned is not None else None
     if loader is not None and loader.pin_memory is not None:
         if loader.pin_memory and not gpus:
             lines.append(
                 AdviceLine(
                     "pin_memory",
-                    "Set pin_memory=False: there is no CUDA device, so pinning only costs a thread "
-                    "and page-locked memory.",
-                    f"no GPU seen ({s.gpu.reason or 'NVML'}); pinned now {size(pinned)}",
+                    "Set pin_memory=False: the job uses no CUDA device, so pinning only costs a "
+                    "thread and page-locked memory.",
+                    (
+                        f"no GPU seen ({s.gpu.reason or 'NVML'})"
+                        if not s.gpus
+                        else f"torch holds no memory on any GPU ({len(s.gpus)} seen)"
+                        if any(g.torch_reserved_bytes is not None for g in s.gpus)
+                        else f"none of the {len(s.gpus)} GPU(s) lists the job's processes or torch memory"
+                    )
+                    + f"; pinned now {size(pinned)}",
                 )
             )
         elif not loader.pin_memory and gpus:
@@ -405,8 +415,8 @@ def advise(history: Sequence[Snapshot], *, cores: int | None = None) -> Advice:
 
     # -- VRAM: gradient accumulation ---------------------------------------------------------
     for g in gpus:
-        if g.memory_used_bytes is None or not g.memory_total_bytes:
-            continue
+        if g.memory_used_bytes is None or not g.memory_total_bytes or g.is_mig_parent:
+            continue  # a MIG card's memory is its slices', not the job's
         frac = g.memory_used_bytes / g.memory_total_bytes
         if frac >= 0.9:
             half = f" ({batch} -> {batch // 2} x 2 steps)" if batch and batch >= 2 else ""
@@ -416,7 +426,7 @@ def advise(history: Sequence[Snapshot], *, cores: int | None = None) -> Advice:
                     f"Use gradient accumulation{half}: activations scale with the batch, so halving it "
                     "frees most of their memory for the same effective batch (the write-up: ResNet50 "
                     "18 -> 5 GB at 4 steps, ~15% slower).",
-                    f"GPU {g.index} {frac:.0%} full ({size(g.memory_used_bytes)} of "
+                    f"GPU {g.key} {frac:.0%} full ({size(g.memory_used_bytes)} of "
                     f"{size(g.memory_total_bytes)})",
                 )
             )

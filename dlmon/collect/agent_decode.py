@@ -510,37 +510,41 @@ def _startup_s(wl: Mapping[str, Any]) -> float | None:
 
 
 def _norm_uuid(u: str | None) -> str | None:
+    """A UUID without its "GPU-" (a card) or "MIG-" (a MIG device) prefix: torch may give the
+    bare hex, NVML always the prefix."""
     if not u:
         return None
     u = u.strip().lower()
-    return u[4:] if u.startswith("gpu-") else u
+    return u[4:] if u.startswith(("gpu-", "mig-")) else u
 
 
 def merge_torch_memory(gpus: tuple[GpuDevice, ...], reading: AgentReading | None) -> tuple[GpuDevice, ...]:
     """Fill ``GpuDevice.torch_*`` from the agents' figures, summed over processes.
 
     Devices are matched by UUID when torch reports one (torch's indices are relative to each
-    process's CUDA_VISIBLE_DEVICES); by index only when no UUID is known on either side.
+    process's CUDA_VISIBLE_DEVICES; on a MIG device torch's UUID is the MIG device's, "MIG-…",
+    which matches that MIG device, never its card); by index only when no UUID is known on
+    either side.
     """
     if reading is None or not reading.devices:
         return gpus
-    by_uuid = {_norm_uuid(g.uuid): g.index for g in gpus if _norm_uuid(g.uuid)}
-    sums: dict[int, list[int | None]] = {}
+    by_uuid = {_norm_uuid(g.uuid): g.key for g in gpus if _norm_uuid(g.uuid)}
+    sums: dict[str, list[int | None]] = {}
     for d in reading.devices:
         u = _norm_uuid(d.uuid)
         if u is not None and by_uuid:
             if u not in by_uuid:
                 continue
-            idx = by_uuid[u]
+            key = by_uuid[u]
         else:
-            idx = d.device
-        acc = sums.setdefault(idx, [None, None, None])
+            key = str(d.device)
+        acc = sums.setdefault(key, [None, None, None])
         for i, v in enumerate((d.allocated_bytes, d.reserved_bytes, d.peak_allocated_bytes)):
             if v is not None:
                 acc[i] = (acc[i] or 0) + v
     out: list[GpuDevice] = []
     for g in gpus:
-        got = sums.get(g.index)
+        got = sums.get(g.key)
         if got is None:
             out.append(g)
         else:

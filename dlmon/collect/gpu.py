@@ -34,7 +34,8 @@ PROC_PID_INIT_INO: Final = 0xEFFFFFFC
 
 CONTAINER_PIDS_NOTE: Final = (
     "per-process VRAM unavailable: dlmon runs in a container's pid namespace and NVML lists host "
-    "pids, which cannot be matched to the pids seen here (run dlmon on the host, or with --pid=host)"
+    "pids, which cannot be matched to the pids seen here (run dlmon on the host, or with --pid=host); "
+    "each GPU counts the processes NVML lists instead"
 )
 
 
@@ -73,6 +74,14 @@ def host_pids_visible(proc_root: str = "/proc") -> bool | None:
     return False if depth == 1 else None
 
 
+#: A device (or MIG device) whose read was cut short: it took longer than ``slow_device_s``.
+SLOW_REASON: Final = "NVML: slow to answer"
+
+#: ``NVML_DEVICE_MIG_ENABLE``: nvmlDeviceGetMigMode's current mode when MIG is on.
+MIG_ENABLE: Final = 1
+#: More MIG devices than any card has (A100/H100/H200: 7), should a driver answer nonsense.
+MAX_MIG_SLOTS: Final = 64
+
 #: How long a failed ``nvmlInit`` (or a missing ``pynvml``) is remembered before trying again.
 DEFAULT_RETRY_INTERVAL_S: Final = 60.0
 
@@ -108,6 +117,7 @@ class NVMLErrorKind(enum.Enum):
     FUNCTION_NOT_FOUND = "function not found"  # in the driver, or in an old pynvml
     LIBRARY_NOT_FOUND = "NVML library not found"
     DRIVER_NOT_LOADED = "driver not loaded"
+    UNINITIALIZED = "NVML not initialised"  # the driver was reloaded under a running NVML
     OTHER = "other NVML error"
 
 
@@ -121,7 +131,12 @@ _ERROR_CLASSES: Final = (
     ("NVMLError_FunctionNotFound", NVMLErrorKind.FUNCTION_NOT_FOUND),
     ("NVMLError_LibraryNotFound", NVMLErrorKind.LIBRARY_NOT_FOUND),
     ("NVMLError_DriverNotLoaded", NVMLErrorKind.DRIVER_NOT_LOADED),
+    ("NVMLError_Uninitialized", NVMLErrorKind.UNINITIALIZED),
 )
+
+#: Errors of a running NVML that mean it must be started again: the driver was reloaded (NVML's
+#: state went with it: every call answers UNINITIALIZED), or unloaded.
+_RESTART_KINDS: Final = (NVMLErrorKind.UNINITIALIZED, NVMLErrorKind.DRIVER_NOT_LOADED)
 
 # Process listings, newest variant first. The plain name is v1 in old pynvml releases and a
 # dispatcher to the newest in recent ones (which raises NVMLLibraryMismatchError, not an
@@ -149,6 +164,10 @@ class _DeviceLost(Exception):
     """Internal: a query on this device said NVML_ERROR_GPU_IS_LOST; stop reading it."""
 
 
+class _Restart(Exception):
+    """Internal: NVML answered as if not started (a driver reload): start it again."""
+
+
 class _DeviceSlow(Exception):
     """Internal: reading this device has taken longer than ``slow_device_s``; stop reading it."""
 
@@ -174,6 +193,22 @@ def _bytes_or_none(value: Any) -> int | None:
 def _str_or_none(value: Any) -> str | None:
     value = _decode(value)
     return value if isinstance(value, str) and value else None
+
+
+def _unattributed(device: GpuDevice) -> GpuDevice:
+    """``device`` in a container's pid namespace: its processes' host pids match none here, so
+    they are counted, with their VRAM, rather than listed (where a local process sharing the
+    number would be given a stranger's VRAM, or every GPU would look like the job's)."""
+    if device.is_mig_parent:
+        return device
+    listed = [p.used_memory_bytes for p in device.processes]
+    known = [m for m in listed if m is not None]
+    return dataclasses.replace(
+        device,
+        processes=(),
+        unattributed_processes=len(listed),
+        unattributed_memory_bytes=sum(known) if known else (0 if not listed else None),
+    )
 
 
 def _init_failure_reason(kind: NVMLErrorKind, error: BaseException) -> str:
@@ -210,8 +245,9 @@ class GpuCollector:
         self._lib: Any = library
         #: A device read slower than this is backed off (None: never).
         self._slow_device_s = slow_device_s
-        # Per device index: (last reading, when it was taken), and (not before, last back-off).
-        self._last_reading: dict[int, tuple[GpuDevice, float]] = {}
+        # Per device index: (last reading: the card, then its MIG devices; when it was taken), and
+        # (not before, last back-off).
+        self._last_reading: dict[int, tuple[tuple[GpuDevice, ...], float]] = {}
         self._backoff: dict[int, tuple[float, float]] = {}
         self._newly_slow_s = 0.0  # of this sample, on devices it backed off
         self._device_start = 0.0  # when the device being read was started on
@@ -234,10 +270,19 @@ class GpuCollector:
         # Per device index: NVML handle, and name/uuid that never change while the handle lives.
         self._handles: dict[int, Any] = {}
         self._static: dict[int, tuple[str | None, str | None]] = {}
+        # Per device index: N of its /dev/nvidiaN (None: NVML does not say).
+        self._minor: dict[int, int | None] = {}
+        # Per device index: whether it is in MIG mode (changing it takes a GPU reset).
+        self._mig_mode: dict[int, bool] = {}
+        # MIG cards whose aggregate memory NVML refused (no privileges): not asked again.
+        self._no_aggregate: set[int] = set()
         # Function names found missing (in pynvml or in the driver): not tried again.
         self._missing: set[str] = set()
         self._memory_v2: bool | None = None  # None: not yet known
-        self._device_errors: list[NVMLErrorKind] = []  # NVML errors while reading one device
+        # NVML errors while reading one device: (figure being read, kind, NVML's words).
+        self._device_errors: list[tuple[str, NVMLErrorKind, str]] = []
+        self._figure = "name"  # the figure the device's queries are for, for its errors
+        self._partial_mig: GpuDevice | None = None  # a MIG device whose read was cut short
         #: Why the last query returned NA (None after a successful one). For diagnostics.
         self.last_error: NVMLErrorKind | None = None
         #: The exception behind :attr:`last_error`, if any.
@@ -255,13 +300,45 @@ class GpuCollector:
             begin = self._clock()
             self._newly_slow_s = 0.0
             try:
-                return self._sample_devices()
+                try:
+                    return self._sample_devices()
+                except _Restart:
+                    pass
+                # The driver was reloaded under us: start NVML again, and read once more.
+                kind = self.last_error
+                self._restart()
+                failure = self._ensure_initialized()
+                if failure is not None:
+                    return failure, ()
+                try:
+                    return self._sample_devices()
+                except _Restart:
+                    self._restart()
+                    what = (self.last_error or kind or NVMLErrorKind.UNINITIALIZED).value
+                    return GpuStatus(
+                        available=False,
+                        reason=f"NVML answered '{what}' again right after restarting; retrying next sweep.",
+                        driver_version=self._driver_version,
+                    ), ()
             finally:
                 self.pace_s = max(0.0, self._clock() - begin - self._newly_slow_s)
+
+    def _restart(self) -> None:
+        """Forget NVML's state (handles die with a driver reload): the next sweep starts it."""
+        self._initialized = False
+        self._failure = None
+        self._next_attempt = float("-inf")
+        self._handles.clear()
+        self._static.clear()
+        self._mig_mode.clear()
+        self._minor.clear()
+        self._no_aggregate.clear()
 
     def _sample_devices(self) -> tuple[GpuStatus, tuple[GpuDevice, ...]]:
         """Every device's reading (NVML is up)."""
         count = self._query("nvmlDeviceGetCount")
+        if self.last_error in _RESTART_KINDS:
+            raise _Restart
         if count is NA:
             kind = self.last_error.value if self.last_error else "unknown error"
             return GpuStatus(
@@ -278,10 +355,10 @@ class GpuCollector:
                 reason="NVML sees no NVIDIA GPU on this machine.",
                 driver_version=self._driver_version,
             ), ()
-        devices = tuple(self._timed_device(index) for index in range(count))
+        devices = tuple(d for index in range(count) for d in self._timed_device(index))
         if self._host_pids:
             return GpuStatus(available=True, driver_version=self._driver_version), devices
-        devices = tuple(dataclasses.replace(d, processes=()) for d in devices)
+        devices = tuple(_unattributed(d) for d in devices)
         return GpuStatus(
             available=True, driver_version=self._driver_version, process_memory_note=CONTAINER_PIDS_NOTE
         ), devices
@@ -296,6 +373,9 @@ class GpuCollector:
             self._next_attempt = float("-inf")
             self._handles.clear()
             self._static.clear()
+            self._mig_mode.clear()
+            self._minor.clear()
+            self._no_aggregate.clear()
             self._last_reading.clear()
             self._backoff.clear()
 
@@ -407,12 +487,23 @@ class GpuCollector:
     def _device_query(self, index: int, name: str, *args: Any, **kwargs: Any) -> Any:
         """:meth:`_query` for one device: a lost GPU ends that device's reading."""
         result = self._query(name, *args, **kwargs)
+        if self.last_error in _RESTART_KINDS:
+            raise _Restart
         if self.last_error is not None and self.last_error is not NVMLErrorKind.FUNCTION_NOT_FOUND:
-            self._device_errors.append(self.last_error)  # a fallback may still answer
+            # a fallback may still answer: the error then explains nothing (see _with_reason)
+            self._device_errors.append((self._figure, self.last_error, self._error_words()))
         if self.last_error is NVMLErrorKind.GPU_IS_LOST:
             self._forget(index)
             raise _DeviceLost
         return result
+
+    def _error_words(self) -> str:
+        """What to say of the last error: its kind, or NVML's own words for one without a kind of
+        its own (``Timeout``, ``Insufficient Resources``, ...), rather than "other NVML error"."""
+        kind = self.last_error
+        if kind is NVMLErrorKind.OTHER and self.last_exception is not None:
+            return str(self.last_exception).strip() or kind.value
+        return kind.value if kind is not None else ""
 
     def _check_slow(self) -> None:
         """Raise :class:`_DeviceSlow` once the device being read has taken ``slow_device_s``:
@@ -425,16 +516,20 @@ class GpuCollector:
     def _forget(self, index: int) -> None:
         self._handles.pop(index, None)
         self._static.pop(index, None)
+        self._mig_mode.pop(index, None)
+        self._minor.pop(index, None)
+        self._no_aggregate.discard(index)
         self._last_reading.pop(index, None)
         self._backoff.pop(index, None)
 
-    def _timed_device(self, index: int) -> GpuDevice:
+    def _timed_device(self, index: int) -> tuple[GpuDevice, ...]:
         """:meth:`_sample_device`, unless the device is backed off: then its last reading, stale."""
         now = self._clock()
         backoff = self._backoff.get(index)
         last = self._last_reading.get(index)
         if backoff is not None and now < backoff[0] and last is not None:
-            return dataclasses.replace(last[0], stale_age_s=round(now - last[1], 3))
+            age = round(now - last[1], 3)
+            return tuple(dataclasses.replace(d, stale_age_s=age) for d in last[0])
         self._device_start = now
         device = self._sample_device(index)
         end = self._clock()
@@ -453,25 +548,70 @@ class GpuCollector:
             self._backoff.pop(index, None)
         return device
 
-    def _sample_device(self, index: int) -> GpuDevice:
+    def _sample_device(self, index: int) -> tuple[GpuDevice, ...]:
+        """The card, then its MIG devices when it is in MIG mode."""
         self._device_errors = []
-        device = self._read_device(index)
-        missing = None in (device.name, device.memory_used_bytes, device.utilization_percent)
-        if missing and self._device_errors:
-            return dataclasses.replace(device, unavailable_reason=f"NVML: {self._device_errors[0].value}")
-        return device
+        self._figure = "name"
+        device, *migs = self._read_device(index)
+        return (self._with_reason(device), *migs)
 
-    def _read_device(self, index: int) -> GpuDevice:
+    def _with_reason(self, device: GpuDevice) -> GpuDevice:
+        """``device`` with why the figures it should have and lacks are missing: the errors of
+        those figures' queries, not the first error of the read (a call whose fallback answered
+        explains nothing). A card in MIG mode has no utilisation (NVML does not report it) and
+        its memory only for the privileged: those are said by its MIG mode, not as an error."""
+        expected: dict[str, object] = {"name": device.name}
+        if not device.is_mig_parent:
+            expected["memory"] = device.memory_used_bytes
+        if device.mig_mode is None:
+            expected["utilisation"] = device.utilization_percent
+        missing = {figure for figure, value in expected.items() if value is None}
+        if not missing:
+            return device
+        lost = [words for _, kind, words in self._device_errors if kind is NVMLErrorKind.GPU_IS_LOST]
+        said = lost or [words for figure, _, words in self._device_errors if figure in missing]
+        if not said:
+            return device
+        return dataclasses.replace(device, unavailable_reason="NVML: " + "; ".join(dict.fromkeys(said)))
+
+    def _quiet(self, index: int, name: str, *args: Any) -> Any:
+        """:meth:`_device_query` for an answer that may well be an error (not MIG capable, an
+        empty MIG slot, a MIG card's aggregate figures): the error is not the device's trouble."""
+        errors = len(self._device_errors)
+        result = self._device_query(index, name, *args)
+        del self._device_errors[errors:]
+        return result
+
+    def _in_mig_mode(self, index: int, handle: Any) -> bool:
+        known = self._mig_mode.get(index)
+        if known is not None:
+            return known
+        mode = self._quiet(index, "nvmlDeviceGetMigMode", handle)
+        if mode is NA and self.last_error not in (
+            NVMLErrorKind.NOT_SUPPORTED,
+            NVMLErrorKind.FUNCTION_NOT_FOUND,
+        ):
+            return False  # not known this time: asked again next sweep
+        try:
+            on = mode is not NA and int(mode[0]) == MIG_ENABLE
+        except (TypeError, ValueError, IndexError):
+            on = False
+        self._mig_mode[index] = on
+        return on
+
+    def _read_device(self, index: int) -> tuple[GpuDevice, ...]:
         static: tuple[str | None, str | None] = (None, None)
         used = total = None
         utilization = None
         processes: tuple[GpuProcess, ...] = ()
+        mig: bool | None = None
+        migs: list[GpuDevice] = []
         try:
             handle = self._handles.get(index)
             if handle is None:
                 handle = self._device_query(index, "nvmlDeviceGetHandleByIndex", index)
                 if handle is NA:
-                    return GpuDevice(index, None, None, None, None, None)
+                    return (GpuDevice(index, None, None, None, None, None),)
                 self._handles[index] = handle
                 self._check_slow()
             cached = self._static.get(index)
@@ -486,24 +626,47 @@ class GpuCollector:
                 self._check_slow()
             else:
                 static = cached
-            used, total = self._memory(index, handle)
+            if index not in self._minor:
+                minor = self._quiet(index, "nvmlDeviceGetMinorNumber", handle)
+                ok = minor is not NA and not isinstance(minor, bool) and isinstance(minor, int)
+                self._minor[index] = minor if ok else None
+            mig = self._in_mig_mode(index, handle) or None
             self._check_slow()
-            utilization = self._utilization(index, handle)
-            self._check_slow()
-            processes = self._processes(index, handle)
+            self._figure = "memory"
+            if mig:
+                # The card's own figures are aggregates only the privileged may read, and its
+                # utilisation is not reported: the MIG devices are read instead, as devices.
+                if index not in self._no_aggregate:
+                    errors = len(self._device_errors)
+                    used, total = self._memory(index, handle)
+                    if self.last_error is NVMLErrorKind.NO_PERMISSION:
+                        self._no_aggregate.add(index)
+                    del self._device_errors[errors:]
+                self._mig_devices(index, handle, migs)
+            else:
+                used, total = self._memory(index, handle)
+                self._check_slow()
+                self._figure = "utilisation"
+                utilization = self._utilization(index, handle)
+                self._check_slow()
+                self._figure = "processes"
+                processes = self._processes(index, handle)
         except _DeviceLost:
-            return GpuDevice(index, None, None, None, None, None)
+            return (GpuDevice(index, None, None, None, None, None),)
         except _DeviceSlow:  # what it answered so far; the rest is not asked for
-            return GpuDevice(
+            partial = GpuDevice(
                 index,
                 static[0],
                 static[1],
                 used,
                 total,
                 utilization,
-                unavailable_reason="NVML: slow to answer",
+                unavailable_reason=SLOW_REASON,
+                mig_mode=mig,
+                minor_number=self._minor.get(index),
             )
-        return GpuDevice(
+            return (partial, *migs)
+        card = GpuDevice(
             index=index,
             name=static[0],
             uuid=static[1],
@@ -511,7 +674,87 @@ class GpuCollector:
             memory_total_bytes=total,
             utilization_percent=utilization,
             processes=processes,
+            mig_mode=mig,
+            minor_number=self._minor.get(index),
         )
+        return (card, *migs)
+
+    def _mig_devices(self, index: int, handle: Any, out: list[GpuDevice]) -> None:
+        """Append each MIG device of card ``index`` to ``out`` (slots may be empty)."""
+        slots = self._quiet(index, "nvmlDeviceGetMaxMigDeviceCount", handle)
+        if slots is NA or isinstance(slots, bool):
+            return
+        slot = -1
+        try:
+            for slot in range(max(0, min(int(slots), MAX_MIG_SLOTS))):
+                self._check_slow()
+                mig = self._quiet(index, "nvmlDeviceGetMigDeviceHandleByIndex", handle, slot)
+                if mig is NA:
+                    continue  # NVML_ERROR_NOT_FOUND: no MIG device in this slot
+                out.append(self._mig_device(index, mig, slot))
+        except _DeviceSlow:
+            # The card's read stops here, as a whole card's does; its MIG devices not read stay
+            # on the panel, n/a and saying why, rather than vanish (with their alerts and series).
+            out.extend(self._unread_migs(index, slot, {d.mig_index for d in out}))
+            raise
+
+    def _mig_device(self, index: int, mig: Any, slot: int) -> GpuDevice:
+        """One MIG device of card ``index``; on :class:`_DeviceSlow`, what it answered so far is
+        left in ``_partial_mig`` for :meth:`_unread_migs`."""
+        card_errors, self._device_errors = self._device_errors, []
+        name = uuid = used = total = None
+        try:
+            self._figure = "name"
+            name = _str_or_none(self._device_query(index, "nvmlDeviceGetName", mig))
+            uuid = _str_or_none(self._device_query(index, "nvmlDeviceGetUUID", mig))
+            self._figure = "memory"
+            used, total = self._memory(index, mig)
+            self._check_slow()
+            self._figure = "processes"
+            processes = self._processes(index, mig)
+            device = GpuDevice(index, name, uuid, used, total, None, processes, mig_index=slot, mig_mode=True)
+            return self._with_reason(device)
+        except _DeviceSlow:
+            self._partial_mig = GpuDevice(
+                index,
+                name,
+                uuid,
+                used,
+                total,
+                None,
+                mig_index=slot,
+                mig_mode=True,
+                unavailable_reason=SLOW_REASON,
+            )
+            raise
+        finally:
+            self._device_errors = card_errors
+
+    def _unread_migs(self, index: int, slot: int, read: set[int | None]) -> list[GpuDevice]:
+        """Card ``index``'s MIG devices from ``slot`` on, its read cut short there: the one being
+        read with what it answered, the others as the last reading knew them, figures n/a."""
+        out: list[GpuDevice] = []
+        partial, self._partial_mig = self._partial_mig, None
+        if partial is not None and partial.mig_index == slot:
+            out.append(partial)
+            read = read | {slot}
+        last = self._last_reading.get(index)
+        for d in last[0] if last is not None else ():
+            if d.mig_index is not None and d.mig_index >= slot and d.mig_index not in read:
+                out.append(
+                    GpuDevice(
+                        index,
+                        d.name,
+                        d.uuid,
+                        None,
+                        None,
+                        None,
+                        mig_index=d.mig_index,
+                        mig_mode=True,
+                        unavailable_reason=SLOW_REASON,
+                    )
+                )
+        return out
 
     def _memory(self, index: int, handle: Any) -> tuple[int | None, int | None]:
         """(used, total) bytes. The v2 struct's ``used`` leaves out memory the driver reserves,

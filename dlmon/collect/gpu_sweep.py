@@ -18,12 +18,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Protocol
 
 from dlmon.collect.gpu import FIRST_BACKOFF_S, GpuCollector
 from dlmon.model.snapshot import GpuDevice, GpuStatus
 
-__all__ = ["DEFAULT_DEADLINE_S", "FIRST_DEADLINE_S", "GpuReading", "GpuSweep"]
+__all__ = ["DEFAULT_DEADLINE_S", "FIRST_DEADLINE_S", "GpuReading", "GpuSource", "GpuSweep", "SharedGpuSweep"]
 
 #: How long a tick waits for its GPU sweep (NVML answers a device in ~1 ms when healthy).
 DEFAULT_DEADLINE_S: Final = 0.25
@@ -39,6 +39,14 @@ class GpuReading:
     devices: tuple[GpuDevice, ...]
     wall_s: float  # how long the sampler waited
     cpu_s: float  # CPU seconds of the sweep that finished for this tick (0.0: none did)
+
+
+class GpuSource(Protocol):
+    """What a Sampler reads its GPUs from: its own :class:`GpuSweep`, or a shared one."""
+
+    def sample(self) -> GpuReading: ...
+
+    def close(self) -> None: ...
 
 
 def _stale(devices: tuple[GpuDevice, ...], age: float) -> tuple[GpuDevice, ...]:
@@ -189,3 +197,31 @@ class GpuSweep:
                 self._not_before = end + min(self._collector.pace_s, FIRST_BACKOFF_S)
                 self._cond.notify_all()
         self._collector.close()
+
+
+class SharedGpuSweep:
+    """One :class:`GpuSweep` for the samplers of several jobs (``export --all-jobs``): the first
+    sampler to ask in a tick gets a reading, the others that same reading at no cost, so NVML is
+    swept once per tick however many jobs there are. The owner calls :meth:`next_tick` before
+    each tick and :meth:`close_shared` at the end; a sampler's :meth:`close` leaves it open."""
+
+    def __init__(self, sweep: GpuSweep) -> None:
+        self._sweep = sweep
+        self._reading: GpuReading | None = None
+        self.sweeps = 0  # readings taken from the sweep
+
+    def next_tick(self) -> None:
+        self._reading = None
+
+    def sample(self) -> GpuReading:
+        if self._reading is None:
+            self._reading = self._sweep.sample()
+            self.sweeps += 1
+            return self._reading
+        return dataclasses.replace(self._reading, wall_s=0.0, cpu_s=0.0)  # counted once, by the first
+
+    def close(self) -> None:
+        """A job's sampler is done with it: the other jobs are not."""
+
+    def close_shared(self) -> None:
+        self._sweep.close()

@@ -11,7 +11,8 @@ from dlmon.collect.agent_client import AgentClient, AgentReading, merge_torch_me
 from dlmon.collect.cgroup import CgroupMemoryReader, UsableCores
 from dlmon.collect.disks import DiskStatsReader
 from dlmon.collect.gpu import GpuCollector
-from dlmon.collect.gpu_sweep import DEFAULT_DEADLINE_S, FIRST_DEADLINE_S, GpuSweep
+from dlmon.collect.gpu_holders import DeviceHolders, with_other_processes
+from dlmon.collect.gpu_sweep import DEFAULT_DEADLINE_S, FIRST_DEADLINE_S, GpuSource, GpuSweep
 from dlmon.collect.kernel import KernelLog
 from dlmon.collect.processes import ProcessTracker
 from dlmon.collect.procfs import CLOCK_TICKS, boot_time, read_cmdline
@@ -71,11 +72,13 @@ class Sampler:
         policy: BudgetPolicy | None = None,
         unlimited_smaps: bool = False,
         gpu: GpuCollector | None = None,
+        gpu_source: GpuSource | None = None,
         gpu_first_deadline_s: float = FIRST_DEADLINE_S,
         exit_code: ExitCodeProvider | None = None,
         agent: AgentClient | None = None,
         proc_root: str = "/proc",
         sys_root: str = "/sys",
+        dev_root: str = "/dev",
     ) -> None:
         from dlmon.collect.procfs import ProcessGone
 
@@ -87,6 +90,7 @@ class Sampler:
             raise NoSuchProcess(f"no such process: {pid}") from exc
         self.pid = pid
         self.proc_root = proc_root
+        self._holders = DeviceHolders(proc_root, dev_root)
         self.cmdline = read_cmdline(pid, proc_root)
         self.host = socket.gethostname()
         try:
@@ -98,8 +102,11 @@ class Sampler:
         self._cgroup = CgroupMemoryReader(pid, proc_root=proc_root)
         self._cores = UsableCores(pid, proc_root=proc_root)
         self._disks = DiskStatsReader(proc_root=proc_root, sys_root=sys_root)
-        collector = gpu if gpu is not None else GpuCollector(slow_device_s=DEFAULT_DEADLINE_S)
-        self._gpu = GpuSweep(collector, first_deadline_s=gpu_first_deadline_s)
+        if gpu_source is not None:  # shared with other jobs' samplers (export --all-jobs)
+            self._gpu: GpuSource = gpu_source
+        else:
+            collector = gpu if gpu is not None else GpuCollector(slow_device_s=DEFAULT_DEADLINE_S)
+            self._gpu = GpuSweep(collector, first_deadline_s=gpu_first_deadline_s)
         self._agent = agent if agent is not None else AgentClient()
         self._exit_code = exit_code
         self._exit_retried = False
@@ -136,6 +143,11 @@ class Sampler:
         t_gpu = time.thread_time()
         gpu = self._gpu.sample()  # on the GPU thread; CPU counted from its sweep
         gpu_status, gpus = gpu.status, gpu.devices
+        if any(g.unattributed_processes for g in gpus):  # a container: NVML's pids are the host's
+            live_pids = [p.pid for p in processes if p.state not in ("Z", "X")]
+            holders = self._holders.read(live_pids)
+            if holders is not None:  # else no GPU's processes are certainly not the job's
+                gpus = with_other_processes(gpus, holders)
         processes = _with_gpu_memory(processes, gpus)
         t_agent = time.thread_time()
         # Agents serve in the trainer and its Python children (ranks), never in workers.

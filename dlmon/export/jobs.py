@@ -2,7 +2,8 @@
 
 A job is a process of this user whose agent serves a socket in the user's dlmon runtime directory,
 or one that has DataLoader workers (children named ``pt_data_worker``) without being a worker
-itself. Each job gets its own Sampler and Exporter; jobs are found again every ``REDISCOVER_S``
+itself. Each job gets its own Sampler and Exporter, all reading one NVML sweep per tick (a
+:class:`SharedGpuSweep`: NVML's cost does not grow with the jobs); jobs are found again every ``REDISCOVER_S``
 seconds and a job that exited is dropped with its series. Scrapes render the published tuple of
 (job pid, Published): each series gets a ``job`` label, each metric family one HELP/TYPE.
 """
@@ -17,6 +18,8 @@ from collections.abc import Callable
 
 from dlmon.agent._paths import short_socket_dirs, socket_dir
 from dlmon.collect.agent_client import AgentClient
+from dlmon.collect.gpu import GpuCollector
+from dlmon.collect.gpu_sweep import DEFAULT_DEADLINE_S, GpuSweep, SharedGpuSweep
 from dlmon.collect.processes import WORKER_COMMS
 from dlmon.collect.procfs import all_pids, exe_path, read_stat, real_uid
 from dlmon.collect.sampler import Sampler
@@ -64,10 +67,15 @@ class JobsExporter:
     def __init__(
         self,
         analyzer: Callable[[], SnapshotStep],
-        open_sampler: Callable[[int], Sampler],
+        open_sampler: Callable[[int, SharedGpuSweep], Sampler],
         discover: Callable[[], set[int]] = discover_jobs,
         rediscover_s: float = REDISCOVER_S,
+        gpu: GpuCollector | None = None,
     ) -> None:
+        """``open_sampler(pid, gpu)`` opens a job's Sampler reading ``gpu``, the sweep shared by
+        all jobs (of ``gpu``, a collector of its own when None)."""
+        collector = gpu if gpu is not None else GpuCollector(slow_device_s=DEFAULT_DEADLINE_S)
+        self.gpu = SharedGpuSweep(GpuSweep(collector))
         self._new_analyzer = analyzer
         self._open = open_sampler
         self._discover = discover
@@ -82,7 +90,7 @@ class JobsExporter:
             self._drop(pid)
         for pid in sorted(found - self._jobs.keys()):
             try:
-                sampler = self._open(pid)
+                sampler = self._open(pid, self.gpu)
             except Exception:  # gone or unreadable since discovery: found again next time
                 continue
             self._jobs[pid] = (sampler, self._new_analyzer(), Exporter())
@@ -93,6 +101,7 @@ class JobsExporter:
             sampler.close()
 
     def tick(self) -> None:
+        self.gpu.next_tick()
         now = time.monotonic()
         if now >= self._next_discovery:
             self._rediscover()
@@ -120,3 +129,4 @@ class JobsExporter:
             stop.wait(interval)
         for pid in list(self._jobs):
             self._drop(pid)
+        self.gpu.close_shared()

@@ -427,7 +427,7 @@ DISK: Group[DiskSample] = Group(
 
 
 def gpu_series(published: Published) -> list[tuple[tuple[str, ...], GpuDevice]]:
-    return [((str(g.index),), g) for g in published.snapshot.gpus]
+    return [((g.key,), g) for g in published.snapshot.gpus]  # a MIG device: "0:1"
 
 
 GPU: Group[GpuDevice] = Group(

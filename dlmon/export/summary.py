@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from math import inf
 
+from dlmon.analysis.job_gpus import job_vram_bytes
 from dlmon.analysis.kinds import SEVERITY_RANK
 from dlmon.analysis.startup import Startup, startup_of
 from dlmon.analysis.verdict import exit_verdict
@@ -61,8 +62,9 @@ def data_wait(s: Snapshot) -> float | None:
 
 
 def vram(s: Snapshot) -> float | None:
-    used = _sum(g.memory_used_bytes for g in s.gpus)
-    return used if used is not None else _sum(p.gpu_memory_bytes for p in s.processes)
+    """The job's VRAM (:func:`job_vram_bytes`), never every GPU's use on the machine."""
+    used = job_vram_bytes(s)
+    return None if used is None else float(used)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +89,7 @@ PEAKS: tuple[Figure, ...] = (
     Figure("shm_used", "/dev/shm used", "bytes", lambda s: s.shm.used_bytes if s.shm else None),
     Figure("pinned", "pinned memory", "bytes", lambda s: s.pinned.bytes if s.pinned else None),
     Figure("cgroup", "memory cgroup usage", "bytes", lambda s: s.cgroup.current_bytes if s.cgroup else None),
-    Figure("vram", "VRAM used", "bytes", vram),
+    Figure("vram", "VRAM used (the job's processes)", "bytes", vram),
     Figure("fds", "open fds (sum)", "count", lambda s: _sum(p.num_fds for p in s.processes)),
 )
 

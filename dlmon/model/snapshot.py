@@ -198,6 +198,29 @@ class GpuDevice:
     # None: read in this tick. Else how old (s) the figures are: NVML did not answer by the tick's
     # deadline (a hung call, a device backed off after one) and the last reading stands in.
     stale_age_s: float | None = None
+    # MIG: on a MIG device (a slice of the card ``index``), its index among that card's MIG
+    # devices; None on a whole card. ``mig_mode`` is True on a card in MIG mode and on its slices
+    # (the card's utilisation is then not reported, and its memory and processes are the slices').
+    mig_index: int | None = None
+    mig_mode: bool | None = None
+    # In a container's pid namespace NVML's pids are the host's and match no pid dlmon sees: the
+    # processes NVML lists here are counted instead of listed, with their VRAM (None on the host,
+    # where ``processes`` has them). ``other_processes``: how many of those are certainly not
+    # the job's (more than the job's processes holding /dev/nvidiaN open); None: not known.
+    unattributed_processes: int | None = None
+    unattributed_memory_bytes: int | None = None
+    other_processes: int | None = None
+    minor_number: int | None = None  # N of /dev/nvidiaN (None: a MIG device, or not known)
+
+    @property
+    def key(self) -> str:
+        """Unique among a snapshot's devices: "3" for GPU 3, "3:1" for MIG device 1 on it."""
+        return str(self.index) if self.mig_index is None else f"{self.index}:{self.mig_index}"
+
+    @property
+    def is_mig_parent(self) -> bool:
+        """A card in MIG mode: its work runs on its MIG devices, which are judged instead."""
+        return bool(self.mig_mode) and self.mig_index is None
 
 
 @dataclass(frozen=True, slots=True)

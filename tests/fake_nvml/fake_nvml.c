@@ -34,6 +34,20 @@
  *   hang_after_ms 1500        ... and only from this long after the first nvmlInit on
  *                             (a GPU that falls off the bus mid-run)
  *   fail nvmlDeviceGetUtilizationRates 3  this call on this device returns this code
+ *   minor 3                   its /dev/nvidiaN number (nvmlDeviceGetMinorNumber; default: index)
+ *   mig 1                     the device is MIG capable, MIG mode on (0: capable, mode off).
+ *                             In MIG mode, as NVML documents and as in a pod without admin
+ *                             rights: the parent handle's memory and process lists answer
+ *                             NVML_ERROR_NO_PERMISSION (aggregate figures need privileges),
+ *                             its utilisation NVML_ERROR_NOT_SUPPORTED; MIG handles answer
+ *                             memory and processes, and utilisation NOT_SUPPORTED too
+ *   mig_privileged            ... unless this: the parent answers the aggregate figures (root)
+ *   mig_device 2              a MIG device in slot 2 (of nvmlDeviceGetMaxMigDeviceCount's 7) of
+ *                             the device above; name, uuid, total, used, compute, fail lines
+ *                             below describe it, up to the next device or mig_device
+ *   reload_after_ms 1500      (global) the driver is reloaded this long after the first init:
+ *                             every call answers NVML_ERROR_UNINITIALIZED until nvmlInit* is
+ *                             called again
  * Without $DLMON_FAKE_NVML: one device, no processes.
  *
  * Build: gcc -shared -fPIC -O1 -o libnvidia-ml.so.1 fake_nvml.c
@@ -67,6 +81,9 @@ enum {
 #define MAX_DEVICES 16
 #define MAX_PROCS 64
 #define MAX_FAILS 8
+#define MAX_MIGS 32
+#define MAX_MIG_SLOTS 7 /* H100/H200: seven 1g slices */
+#define NVML_DEVICE_MIG_ENABLE 1
 
 typedef struct {
     unsigned long long total, free, used;
@@ -115,6 +132,10 @@ typedef struct fake_device {
     char delay_fn[96];
     fail_t fails[MAX_FAILS];
     unsigned int n_fails;
+    int mig_capable, mig_mode, mig_privileged;
+    unsigned int minor;
+    struct fake_device *parent; /* set on a MIG device */
+    unsigned int mig_slot;
 } fake_device;
 
 typedef fake_device *nvmlDevice_t;
@@ -126,6 +147,10 @@ static int init_error;
 static char driver[80] = "550.54.15";
 static fake_device devices[MAX_DEVICES];
 static unsigned int n_devices;
+static fake_device migs[MAX_MIGS];
+static unsigned int n_migs;
+static long reload_after_ms;
+static int reloaded;
 static struct timespec init_time;
 
 static long ms_since_init(void) {
@@ -152,6 +177,7 @@ static fake_device *new_device(void) {
     fake_device *d = &devices[n_devices];
     memset(d, 0, sizeof *d);
     d->index = n_devices;
+    d->minor = n_devices;
     snprintf(d->name, sizeof d->name, "NVIDIA H200");
     snprintf(d->uuid, sizeof d->uuid, "GPU-fake-%u", n_devices);
     d->total = 150754820096ULL;
@@ -162,11 +188,26 @@ static fake_device *new_device(void) {
     return d;
 }
 
+static fake_device *new_mig(fake_device *parent, const char *rest) {
+    if (parent == NULL || n_migs >= MAX_MIGS) return NULL;
+    fake_device *m = &migs[n_migs];
+    memset(m, 0, sizeof *m);
+    m->parent = parent;
+    m->mig_slot = (unsigned int)atoi(rest);
+    m->index = parent->index;
+    snprintf(m->name, sizeof m->name, "%.80s MIG 1g.18gb", parent->name);
+    snprintf(m->uuid, sizeof m->uuid, "MIG-fake-%u-%u", parent->index, m->mig_slot);
+    m->total = 16ULL << 30;
+    m->used = 0;
+    n_migs++;
+    return m;
+}
+
 static void configure(void) {
     const char *path = getenv("DLMON_FAKE_NVML");
     FILE *fh = path ? fopen(path, "r") : NULL;
     char line[512];
-    fake_device *d = NULL;
+    fake_device *d = NULL, *physical = NULL;
     configured = 1;
     if (fh == NULL && path != NULL) {
         /* A mistyped config path must not pass for the one-device default. */
@@ -185,7 +226,11 @@ static void configure(void) {
         char *rest = strchr(line, ' ');
         if (rest) *rest++ = 0; else rest = line + strlen(line);
         if (strcmp(line, "device") == 0) {
-            d = n_devices < MAX_DEVICES ? new_device() : NULL;
+            d = physical = n_devices < MAX_DEVICES ? new_device() : NULL;
+        } else if (strcmp(line, "mig_device") == 0) {
+            d = new_mig(physical, rest);
+        } else if (strcmp(line, "reload_after_ms") == 0) {
+            reload_after_ms = atol(rest);
         } else if (strcmp(line, "driver") == 0) {
             snprintf(driver, sizeof driver, "%s", rest);
         } else if (strcmp(line, "init_error") == 0) {
@@ -214,6 +259,13 @@ static void configure(void) {
             d->hang_after_ms = atol(rest);
         } else if (strcmp(line, "delay_fn") == 0) {
             snprintf(d->delay_fn, sizeof d->delay_fn, "%s", rest);
+        } else if (strcmp(line, "minor") == 0) {
+            d->minor = (unsigned int)atoi(rest);
+        } else if (strcmp(line, "mig") == 0) {
+            d->mig_capable = 1;
+            d->mig_mode = atoi(rest) == 1;
+        } else if (strcmp(line, "mig_privileged") == 0) {
+            d->mig_privileged = 1;
         } else if (strcmp(line, "fail") == 0 && d->n_fails < MAX_FAILS) {
             fail_t *f = &d->fails[d->n_fails];
             if (sscanf(rest, "%95s %d", f->fn, &f->code) == 2) d->n_fails++;
@@ -224,13 +276,28 @@ static void configure(void) {
 
 static int initialized(void) {
     pthread_mutex_lock(&lock);
+    if (reload_after_ms > 0 && !reloaded && refcount > 0 && ms_since_init() >= reload_after_ms) {
+        reloaded = 1; /* the driver went away and came back: every client must init again */
+        refcount = 0;
+    }
     int up = refcount > 0;
     pthread_mutex_unlock(&lock);
     return up;
 }
 
 static int valid(nvmlDevice_t d) {
-    return d >= devices && d < devices + n_devices;
+    return (d >= devices && d < devices + n_devices) || (d >= migs && d < migs + n_migs);
+}
+
+static int in_mig_mode(nvmlDevice_t d) {
+    return d->parent == NULL && d->mig_mode;
+}
+
+/* The parent of a MIG-mode device answers aggregate memory and process figures only to the
+   privileged (nvml.h: "In MIG mode, if device handle is provided, the API returns aggregate
+   information, only if the caller has appropriate privileges"). */
+static nvmlReturn_t aggregate(nvmlDevice_t d) {
+    return in_mig_mode(d) && !d->mig_privileged ? NVML_ERROR_NO_PERMISSION : NVML_SUCCESS;
 }
 
 /* The common start of a device call: init, handle, the configured hang and failure. */
@@ -302,7 +369,10 @@ nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
     return copy_string(driver, version, length);
 }
 
+static unsigned long count_calls; /* one per sweep: how many sweeps a test's process made */
+
 nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
+    __atomic_add_fetch(&count_calls, 1, __ATOMIC_SEQ_CST);
     if (!initialized()) return NVML_ERROR_UNINITIALIZED;
     if (count == NULL) return NVML_ERROR_INVALID_ARGUMENT;
     *count = n_devices;
@@ -330,6 +400,7 @@ nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *uuid, unsigned int length) 
 
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *memory) {
     nvmlReturn_t ret = enter(d, "nvmlDeviceGetMemoryInfo");
+    if (ret == NVML_SUCCESS) ret = aggregate(d);
     if (ret != NVML_SUCCESS) return ret;
     if (memory == NULL) return NVML_ERROR_INVALID_ARGUMENT;
     memory->total = d->total;
@@ -340,6 +411,7 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *memory) {
 
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *memory) {
     nvmlReturn_t ret = enter(d, "nvmlDeviceGetMemoryInfo_v2");
+    if (ret == NVML_SUCCESS) ret = aggregate(d);
     if (ret != NVML_SUCCESS) return ret;
     if (memory == NULL) return NVML_ERROR_INVALID_ARGUMENT;
     if (memory->version != NVML_MEMORY_V2) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
@@ -353,6 +425,8 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *memory)
 nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *utilization) {
     nvmlReturn_t ret = enter(d, "nvmlDeviceGetUtilizationRates");
     if (ret != NVML_SUCCESS) return ret;
+    /* "On MIG-enabled GPUs, querying device utilization rates is not currently supported." */
+    if (d->parent != NULL || in_mig_mode(d)) return NVML_ERROR_NOT_SUPPORTED;
     if (utilization == NULL) return NVML_ERROR_INVALID_ARGUMENT;
     utilization->gpu = d->util;
     utilization->memory = d->util / 2;
@@ -365,6 +439,7 @@ static const proc_t no_procs[1];
 static nvmlReturn_t list(nvmlDevice_t d, const char *fn, const proc_t *procs, unsigned int n,
                          unsigned int *count, void *infos, int v1) {
     nvmlReturn_t ret = enter(d, fn);
+    if (ret == NVML_SUCCESS) ret = aggregate(d);
     if (ret != NVML_SUCCESS) return ret;
     if (count == NULL) return NVML_ERROR_INVALID_ARGUMENT;
     if (*count < n || (infos == NULL && n > 0)) {
@@ -380,8 +455,9 @@ static nvmlReturn_t list(nvmlDevice_t d, const char *fn, const proc_t *procs, un
             nvmlProcessInfo_t *out = (nvmlProcessInfo_t *)infos + i;
             out->pid = procs[i].pid;
             out->usedGpuMemory = procs[i].used;
-            out->gpuInstanceId = 0xFFFFFFFFu; /* not in a MIG instance */
-            out->computeInstanceId = 0xFFFFFFFFu;
+            /* a MIG device's processes carry its instance ids; else "not in a MIG instance" */
+            out->gpuInstanceId = d->parent != NULL ? d->mig_slot : 0xFFFFFFFFu;
+            out->computeInstanceId = d->parent != NULL ? 0 : 0xFFFFFFFFu;
         }
     }
     *count = n;
@@ -415,6 +491,75 @@ nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v2(nvmlDevice_t d, unsigned
 nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses(nvmlDevice_t d, unsigned int *c, nvmlProcessInfo_v1_t *p) {
     return list(d, "nvmlDeviceGetMPSComputeRunningProcesses", no_procs, 0, c, p, 1);
 }
+
+nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t d, unsigned int *minor) {
+    nvmlReturn_t ret = enter(d, "nvmlDeviceGetMinorNumber");
+    if (ret != NVML_SUCCESS) return ret;
+    if (minor == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    if (d->parent != NULL) return NVML_ERROR_NOT_SUPPORTED; /* a MIG device has no /dev/nvidiaN */
+    *minor = d->minor;
+    return NVML_SUCCESS;
+}
+
+/* MIG. A device without the mig directive is not MIG capable (NVML_ERROR_NOT_SUPPORTED). */
+nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t d, unsigned int *current, unsigned int *pending) {
+    nvmlReturn_t ret = enter(d, "nvmlDeviceGetMigMode");
+    if (ret != NVML_SUCCESS) return ret;
+    if (current == NULL || pending == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    if (d->parent != NULL || !d->mig_capable) return NVML_ERROR_NOT_SUPPORTED;
+    *current = *pending = d->mig_mode ? NVML_DEVICE_MIG_ENABLE : 0;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t d, unsigned int *count) {
+    nvmlReturn_t ret = enter(d, "nvmlDeviceGetMaxMigDeviceCount");
+    if (ret != NVML_SUCCESS) return ret;
+    if (count == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    if (d->parent != NULL || !d->mig_capable) return NVML_ERROR_NOT_SUPPORTED;
+    *count = MAX_MIG_SLOTS;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t d, unsigned int index, nvmlDevice_t *mig) {
+    nvmlReturn_t ret = enter(d, "nvmlDeviceGetMigDeviceHandleByIndex");
+    if (ret != NVML_SUCCESS) return ret;
+    if (mig == NULL || d->parent != NULL || !d->mig_capable || index >= MAX_MIG_SLOTS)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!d->mig_mode) return NVML_ERROR_NOT_FOUND;
+    for (unsigned int i = 0; i < n_migs; i++) {
+        if (migs[i].parent == d && migs[i].mig_slot == index) {
+            *mig = &migs[i];
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_NOT_FOUND; /* an empty slot */
+}
+
+nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t d, unsigned int *is_mig) {
+    if (!initialized()) return NVML_ERROR_UNINITIALIZED;
+    if (!valid(d) || is_mig == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *is_mig = d->parent != NULL;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t d, nvmlDevice_t *parent) {
+    if (!initialized()) return NVML_ERROR_UNINITIALIZED;
+    if (!valid(d) || parent == NULL || d->parent == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *parent = d->parent;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t d, unsigned int *id) {
+    nvmlReturn_t ret = enter(d, "nvmlDeviceGetGpuInstanceId");
+    if (ret != NVML_SUCCESS) return ret;
+    if (id == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    if (d->parent == NULL) return NVML_ERROR_NOT_SUPPORTED;
+    *id = d->mig_slot;
+    return NVML_SUCCESS;
+}
+
+/* Not NVML: how many times nvmlDeviceGetCount was called (each dlmon sweep calls it once). */
+unsigned long fakeNvmlCountCalls(void) { return __atomic_load_n(&count_calls, __ATOMIC_SEQ_CST); }
 
 /* Not NVML: the driver's struct sizes, for the tests to hold the bindings' ctypes against. */
 unsigned int fakeNvmlSizeofProcessInfo(void) { return (unsigned int)sizeof(nvmlProcessInfo_t); }

@@ -385,11 +385,15 @@ def _cuda(
     window: Sequence[Snapshot], head: str, evidence: dict[str, float | int | str | None]
 ) -> tuple[str, str]:
     snap = window[-1]
-    gpus = [g for g in snap.gpus if g.memory_used_bytes is not None and g.memory_total_bytes]
+    gpus = [
+        g
+        for g in snap.gpus
+        if g.memory_used_bytes is not None and g.memory_total_bytes and not g.is_mig_parent
+    ]
     if gpus:
         parts = []
         for g in gpus[:4]:
-            part = f"GPU {g.index} {size(g.memory_used_bytes)} of {size(g.memory_total_bytes)} used"
+            part = f"GPU {g.key} {size(g.memory_used_bytes)} of {size(g.memory_total_bytes)} used"
             if g.torch_reserved_bytes is not None:
                 alloc, reserved = size(g.torch_allocated_bytes), size(g.torch_reserved_bytes)
                 part += f" (torch: {alloc} allocated, {reserved} reserved)"

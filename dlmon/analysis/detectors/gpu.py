@@ -3,20 +3,30 @@
 from __future__ import annotations
 
 from dlmon.analysis.detectors._base import Candidate, Context, size
+from dlmon.analysis.job_gpus import job_tensor_gpus
 from dlmon.analysis.kinds import CRITICAL, VRAM_PRESSURE, WARNING
-from dlmon.model import Snapshot
-from dlmon.model.format import DEAD_STATES
+from dlmon.model import GpuDevice, Snapshot
 
 
-def _jobs_gpus(s: Snapshot) -> set[int]:
-    """The GPUs this job uses: NVML lists one of its processes there, or its torch has memory
-    there (the agent's figures are matched to devices by UUID). When neither tells (in a container
-    NVML's pids are the host's and dlmon drops them; no agent), the GPUs where NVML lists nobody
-    are judged: the container's own, which a colleague's listed process would not be."""
-    pids = {p.pid for p in s.processes if p.state not in DEAD_STATES}
-    used = {g.index for g in s.gpus if any(gp.pid in pids for gp in g.processes)}
-    used |= {g.index for g in s.gpus if g.torch_reserved_bytes or g.torch_allocated_bytes}
-    return used or {g.index for g in s.gpus if not g.processes}
+def _jobs_gpus(s: Snapshot) -> set[str]:
+    """The GPUs this job uses (by ``GpuDevice.key``): NVML lists one of its processes there, or
+    its torch has memory there (the agent's figures are matched to devices by UUID); where the
+    agent gives torch's figures, only the GPUs where torch holds memory (a listed process with
+    nothing of torch's there has only a CUDA context, such as DataLoader's pinning thread makes
+    in a CPU-only job: it cannot run out of memory on that GPU). When neither
+    tells (in a container NVML's pids are the host's and dlmon counts them instead; no agent),
+    the GPUs are judged except those whose every listed process is certainly a colleague's (none
+    of the job's processes holds the GPU's device node). A card in MIG mode is never judged: its
+    MIG devices are, each against its own memory (a 1g.18gb slice full is an out-of-memory error
+    whatever the card's total)."""
+    used = {g.key for g in job_tensor_gpus(s) if not g.is_mig_parent}
+    return used or {g.key for g in s.gpus if not g.processes and not g.is_mig_parent and not _others_only(g)}
+
+
+def _others_only(g: GpuDevice) -> bool:
+    """In a container: every process NVML lists on ``g`` is certainly not the job's (none of
+    the job's processes holds its device node open): a colleague's GPU."""
+    return bool(g.unattributed_processes) and g.other_processes == g.unattributed_processes
 
 
 def detect_vram_pressure(ctx: Context) -> list[Candidate]:
@@ -26,12 +36,12 @@ def detect_vram_pressure(ctx: Context) -> list[Candidate]:
     out: list[Candidate] = []
     mine = _jobs_gpus(ctx.latest)
     for gpu in ctx.latest.gpus:
-        if gpu.index not in mine or gpu.stale_age_s is not None:  # NVML did not answer: no new figure
+        if gpu.key not in mine or gpu.stale_age_s is not None:  # NVML did not answer: no new figure
             continue
-        name = f"GPU {gpu.index}" + (f" ({gpu.name})" if gpu.name else "")
+        name = f"GPU {gpu.key}" + (f" ({gpu.name})" if gpu.name else "")
         used, total = gpu.memory_used_bytes, gpu.memory_total_bytes
         if used is not None and total:
-            key = f"gpu:{gpu.index}"
+            key = f"gpu:{gpu.key}"
             fraction = used / total
             threshold = (
                 cfg.vram_hold_used_fraction if ctx.is_active(VRAM_PRESSURE, key) else cfg.vram_used_fraction
@@ -42,7 +52,7 @@ def detect_vram_pressure(ctx: Context) -> list[Candidate]:
                         VRAM_PRESSURE,
                         key,
                         CRITICAL if fraction >= cfg.vram_critical_used_fraction else WARNING,
-                        f"GPU {gpu.index}",
+                        f"GPU {gpu.key}",
                         f"{name} memory is {fraction:.0%} full ({size(used)} of {size(total)}); the next "
                         "larger batch or activation spike is a CUDA out-of-memory error.",
                         "Use gradient accumulation (batch 32 x 4 steps trains like batch 128; the seed "
@@ -64,7 +74,7 @@ def detect_vram_pressure(ctx: Context) -> list[Candidate]:
         reserved = gpu.torch_reserved_bytes
         allocated = gpu.torch_peak_allocated_bytes or gpu.torch_allocated_bytes
         if reserved is not None and allocated is not None:
-            key = f"gpu:{gpu.index}:allocator"
+            key = f"gpu:{gpu.key}:allocator"
             held = ctx.is_active(VRAM_PRESSURE, key)
             factor = 0.8 if held else 1.0
             slack = reserved - allocated
@@ -77,7 +87,7 @@ def detect_vram_pressure(ctx: Context) -> list[Candidate]:
                         VRAM_PRESSURE,
                         key,
                         WARNING,
-                        f"GPU {gpu.index} allocator",
+                        f"GPU {gpu.key} allocator",
                         f"torch on {name} has reserved {size(reserved)} but uses at most {size(allocated)}: "
                         f"{size(slack)} sits in the caching allocator's free blocks (fragmentation).",
                         "Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, avoid varying tensor "

@@ -29,11 +29,19 @@ def gpu_lines(
         for g in s.gpus:
             used = ratio(g.memory_used_bytes, g.memory_total_bytes)
             parts.append(
-                [
-                    (f"{g.index}: ", "dim"),
-                    (used_of(g.memory_used_bytes, g.memory_total_bytes, True), _level(used)),
-                    (f" {_util(g.utilization_percent)}", ""),
-                ]
+                [(f"{g.key}: ", "dim")]
+                + (
+                    [("MIG mode", "dim")]
+                    if g.is_mig_parent and g.memory_used_bytes is None
+                    else [(used_of(g.memory_used_bytes, g.memory_total_bytes, True), _level(used))]
+                )
+                + (
+                    [(" util n/a in MIG", "dim")]
+                    if g.mig_mode and g.utilization_percent is None and not g.is_mig_parent
+                    else []
+                    if g.is_mig_parent
+                    else [(f" {_util(g.utilization_percent)}", "")]
+                )
                 + ([(f" n/a: {g.unavailable_reason}", "warn")] if g.unavailable_reason else [])
                 + ([(f" {_stale(g)}", "warn")] if g.stale_age_s is not None else [])
             )
@@ -43,7 +51,7 @@ def gpu_lines(
             [_gpu_head(g, width, detailed) for g in s.gpus],
             rows,
             [
-                [(f"{g.index} ", "b"), (_util(u), _util_style(u))]
+                [(f"{g.key} ", "b"), (_util(u), _util_style(u))]
                 for g, u in ((g, g.utilization_percent) for g in s.gpus)
             ],
             width,
@@ -69,23 +77,34 @@ def gpu_lines(
             p = roles.get(gp.pid)
             who = _who(p) if p is not None else "other"
             procs.append([(f"pid {gp.pid} ", "dim"), (f"{who} ", ""), (cbytes(gp.used_memory_bytes, NA), "")])
+        if g.unattributed_processes:
+            procs.append(_unattributed(g))
         out.extend(flow(procs, width, SEP, lead=[("  ", "")]))
     if detailed and s.gpu.process_memory_note:
         out.extend(wrap(s.gpu.process_memory_note, width, "dim"))
     return tuple(out)
 
 
+#: Said instead of a bare n/a: NVML does not report utilisation on a MIG card or its slices.
+MIG_UTIL = "utilisation not reported in MIG mode"
+
+
 def _gpu_head(g: GpuDevice, width: int, detailed: bool) -> Line:
     used = ratio(g.memory_used_bytes, g.memory_total_bytes)
-    head: list[list[Span]] = [
-        [
-            (f"GPU{g.index} ", "b"),
+    name = f"GPU{g.key} " if g.mig_index is None else f"GPU{g.key} MIG "
+    if g.is_mig_parent and g.memory_used_bytes is None:
+        memory: list[Span] = [(name, "b"), ("MIG mode: memory and processes per MIG device", "dim")]
+    else:
+        memory = [
+            (name, "b"),
             ("mem ", "dim"),
             (used_of(g.memory_used_bytes, g.memory_total_bytes, True), _level(used)),
-        ]
-        + ([(f" ({used * 100:.0f}%)", _level(used))] if used is not None else []),
-        [("util ", "dim"), (_util(g.utilization_percent), _util_style(g.utilization_percent))],
-    ]
+        ] + ([(f" ({used * 100:.0f}%)", _level(used))] if used is not None else [])
+    if g.mig_mode and g.utilization_percent is None:
+        util: list[Span] = [(MIG_UTIL, "dim")]
+    else:
+        util = [("util ", "dim"), (_util(g.utilization_percent), _util_style(g.utilization_percent))]
+    head: list[list[Span]] = [memory, util]
     if g.unavailable_reason:
         head.append([("n/a: ", "warn"), (g.unavailable_reason, "warn")])
     if g.stale_age_s is not None:
@@ -94,6 +113,25 @@ def _gpu_head(g: GpuDevice, width: int, detailed: bool) -> Line:
         head.append([("torch ", "dim"), (used_of(g.torch_allocated_bytes, g.torch_reserved_bytes, True), "")])
     head.append([(g.name or "unknown device", "dim")])
     return fit(head, width, SEP)
+
+
+def _unattributed(g: GpuDevice) -> list[Span]:
+    """A container: NVML's processes on ``g`` by host pid, counted; how many are not the job's."""
+    n = g.unattributed_processes or 0
+    spans: list[Span] = [
+        (f"{n} process{'' if n == 1 else 'es'} by host pid ", "dim"),
+        (cbytes(g.unattributed_memory_bytes, NA), ""),
+    ]
+    others = g.other_processes
+    if others is not None:
+        spans.append(
+            (" (none the job's)", "dim")
+            if others == n
+            else (f" ({others} not the job's)", "dim")
+            if others
+            else (" (maybe the job's)", "dim")
+        )
+    return spans
 
 
 def _stale(g: GpuDevice) -> str:

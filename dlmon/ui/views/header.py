@@ -60,7 +60,7 @@ def header_line(state: DashboardState, info: HeaderInfo, width: int) -> Line:
         right.append([(f"ended: {state.end_reason}", "warn")])
     elif info.stale_after is not None and t.alive and info.now - s.time > info.stale_after:
         right.append([(f"no data for {duration(info.now - s.time)}", "warn")])
-    gpus = len(s.gpus)
+    gpus = sum(1 for g in s.gpus if g.mig_index is None)  # cards: MIG devices are slices of one
     right.append([(f"{gpus} GPU" + ("" if gpus == 1 else "s"), "" if gpus else "dim")])
     right.append([(s.host, "")])
     right.append([(time.strftime("%H:%M:%S", time.localtime(s.time)), "dim")])
