@@ -33,6 +33,8 @@ Plan = Callable[[tuple[Any, ...]], bool]
 # Value-type combinations remembered per dataclass: a real recording meets a handful (a field
 # null or not); a hostile file cannot grow this without bound.
 MAX_PLANS = 256
+# Bounds at least this wide (bytes, counts, rates: serialize._bounds) are checked together against
+# it first: a value under it is under each of them.
 WIDE = 1e12
 _NONE = type(None)
 
@@ -141,8 +143,8 @@ def _checker(cls: Any, leading: tuple[str, ...] = ()) -> Check:
         # every bound starts at 0 (serialize._bounds): one min over all, then one max per bound
         bounded = _getter(sorted(i for at in groups.values() for i in at)) if groups else None
         lows = {low for low, _ in groups}
-        # the wide bounds (bytes, counts, rates) share one max against the narrowest of them, which
-        # real values stay far below; only past it is each one's own bound asked
+        # the wide bounds share one max against WIDE, which real values stay far below; only past
+        # it is each one's own bound asked
         wide = sorted(i for (_, high), at in groups.items() if high >= WIDE for i in at)
         wide_get = _getter(wide) if wide else None
         wide_tops = [(high, _getter(at)) for (_, high), at in groups.items() if high >= WIDE]
