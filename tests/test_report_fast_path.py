@@ -28,7 +28,9 @@ from dlmon.model.serialize import MAX_BYTES, snapshot_to_dict
 from dlmon.model.snapshot import Snapshot
 from export_support import LOADER_JOB, dlmon_cmd
 
-DEATH_JOB = str(Path(LOADER_JOB).parent / "worker_death_job.py")
+pytestmark = pytest.mark.slow
+
+DEATH_JOB = str(Path(LOADER_JOB).parent / "worker_death_job.py")  # worker 1 SIGKILLs itself
 
 
 def typed_figures(s: Snapshot) -> dict[str, float | None]:
@@ -145,7 +147,7 @@ def real(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        for name, argv in (("healthy", [*job, "--seconds", "8"]), ("death", [DEATH_JOB, "12"]))
+        for name, argv in (("healthy", [*job, "--seconds", "8"]), ("death", [DEATH_JOB, "16"]))
     ]
     for run in runs:
         assert run.wait(timeout=240) == 0
