@@ -10,16 +10,20 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Iterator
+import types
+import typing
+from collections.abc import Iterator, Mapping
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 from test_fuzz import mutated_snapshot_lines
 from test_ui_support import MAIN_PID, T0, WORKER_PIDS, make_snapshot
 
 from dlmon.flow.records import CheckedSnapshot, parse_line, parse_line_checked
-from dlmon.model.serialize import MAX_BYTES, MAX_COUNT, MAX_RATE, MAX_SECONDS, snapshot_to_dict
+from dlmon.model.serialize import MAX_BYTES, MAX_COUNT, MAX_RATE, MAX_SECONDS, _hints, snapshot_to_dict
 from dlmon.model.snapshot import (
+    SCHEMA_VERSION,
     KernelEvent,
     PinnedMemory,
     Pressure,
@@ -152,3 +156,51 @@ def test_a_missing_or_unknown_key_or_another_order_takes_the_full_reader() -> No
 @given(mutated_snapshot_lines())
 def test_fast_and_full_reader_agree_on_any_damage(raw: bytes) -> None:
     assert_agree(raw)
+
+
+# --- snapshots drawn from the model's type hints -------------------------------------------------
+# The tests above change one value of one snapshot at a time, so each dataclass is met in the few
+# null patterns make_snapshot has. The check is compiled per combination of value types, so here
+# every object of every dataclass gets its own (each optional field null or not, each list 0 to 2
+# long), and then up to four values anywhere are set to an edge at once (a figure past its bound
+# among others of its group, a bool for an int, ...).
+
+TIME_NAMES = frozenset({"time", "since", "start_unix_time"})
+
+
+def values_of(hint: Any, name: str = "") -> st.SearchStrategy[Any]:
+    """JSON values for a field of type ``hint`` named ``name``, as dlmon writes them."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        inner = [a for a in typing.get_args(hint) if a is not type(None)]
+        options = st.one_of(*(values_of(a, name) for a in inner))
+        return st.one_of(st.none(), options) if len(inner) < len(typing.get_args(hint)) else options
+    if dataclasses.is_dataclass(hint):
+        hints, names = _hints(hint), [f.name for f in dataclasses.fields(hint)]
+        objects = st.fixed_dictionaries({name: values_of(hints[name], name) for name in names})
+        return objects.map(lambda drawn: {name: drawn[name] for name in names})  # in field order
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is tuple:
+        return st.lists(values_of(args[0]), max_size=2)
+    if origin is not None and isinstance(origin, type) and issubclass(origin, Mapping):
+        return st.dictionaries(st.sampled_from(["cause", "io", "a"]), values_of(args[1]), max_size=2)
+    if hint is float:
+        return st.floats(0.0, 1e10) if name in TIME_NAMES else st.floats(0.0, 1.0)
+    if name == "schema":
+        return st.integers(0, SCHEMA_VERSION)
+    kinds: dict[Any, st.SearchStrategy[Any]] = {bool: st.booleans(), str: st.text(max_size=3)}
+    return kinds.get(hint, st.integers(0, 3000))
+
+
+@st.composite
+def snapshot_lines_from_hints(draw: st.DrawFn) -> bytes:
+    data = {"type": "snapshot", **draw(values_of(Snapshot))}
+    paths = list(scalar_paths(data))[1:]  # not the type
+    for _ in range(draw(st.integers(0, 4))):
+        data = replaced(data, draw(st.sampled_from(paths)), draw(st.sampled_from(EDGES)))
+    return json.dumps(data, allow_nan=True).encode()
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(snapshot_lines_from_hints())
+def test_fast_and_full_reader_agree_on_snapshots_drawn_from_the_type_hints(raw: bytes) -> None:
+    event("vouched" if assert_agree(raw) else "full reader")  # --hypothesis-show-statistics: both occur
