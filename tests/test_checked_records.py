@@ -200,7 +200,7 @@ def snapshot_lines_from_hints(draw: st.DrawFn) -> bytes:
     return json.dumps(data, allow_nan=True).encode()
 
 
-@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(snapshot_lines_from_hints())
 def test_fast_and_full_reader_agree_on_snapshots_drawn_from_the_type_hints(raw: bytes) -> None:
     event("vouched" if assert_agree(raw) else "full reader")  # --hypothesis-show-statistics: both occur

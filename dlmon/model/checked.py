@@ -187,9 +187,9 @@ def _checker(cls: Any, leading: tuple[str, ...] = ()) -> Check:
         try:
             plan = plans[kinds]
         except KeyError:
-            plan = plan_for(kinds)
-            if len(plans) < MAX_PLANS:
-                plans[kinds] = plan
+            if len(plans) >= MAX_PLANS:
+                plans.clear()  # a damaged file's endless combinations: bounded, and today's kept
+            plan = plans[kinds] = plan_for(kinds)
         return plan is not None and plan(values)
 
     return check
