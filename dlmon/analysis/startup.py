@@ -37,12 +37,19 @@ class Startup:
 
 def startup_of(s: Snapshot, loader: LoaderSample) -> Startup | None:
     """The loader's worker start-up so far; None without the agent's counter or before an epoch."""
-    total = loader.startup_s_total
-    if total is None or (loader.num_workers or 0) == 0:
+    return startup_from(
+        loader.startup_s_total, loader.num_workers, loader.epochs_started, s.target.start_unix_time, s.time
+    )
+
+
+def startup_from(
+    total: float | None, workers: int | None, epochs_started: int | None, started: float | None, now: float
+) -> Startup | None:
+    """:func:`startup_of` from the figures themselves (the report reads them from a record line)."""
+    if total is None or (workers or 0) == 0:
         return None
-    epochs = loader.epochs_started or 0
-    started = s.target.start_unix_time
-    wall = None if started is None else s.time - started
+    epochs = epochs_started or 0
+    wall = None if started is None else now - started
     # a start-up in progress counts before its epoch does
     per_epoch = total / epochs if epochs else None
     share = None if not wall or wall <= 0 else min(1.0, total / wall)

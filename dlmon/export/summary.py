@@ -1,13 +1,15 @@
 """One pass over a recording -> a bounded :class:`RunSummary` (what report, diff and the HTML use).
 
-The recording is streamed through :func:`dlmon.flow.records.iter_records`; nothing grows with its
-length: peaks and means are running figures, percentiles come from a fixed-size reservoir, charts
-from series thinned to at most ``SERIES_POINTS`` points, and the lists (alerts, deaths, skipped
-lines, per-worker peaks) are capped with a count of what was left out. A 24 h recording at 1 Hz
-(86 400 snapshots) therefore costs the same memory as a 10-minute one.
+The recording is streamed through :func:`dlmon.flow.records.iter_checked_records`, and each
+snapshot is read in its JSON form (:data:`SnapshotData`): the summary needs a few figures of each
+line, so no typed Snapshot is built but the last one's (its verdict, its exceptions). Nothing grows
+with the recording's length: peaks and means are running figures, percentiles come from a
+fixed-size reservoir, charts from series thinned to at most ``SERIES_POINTS`` points, and the lists
+(alerts, deaths, skipped lines, per-worker peaks) are capped with a count of what was left out. A
+24 h recording at 1 Hz (86 400 snapshots) therefore costs the same memory as a 10-minute one.
 
 The figures are tables: a new Snapshot field becomes a peak or a chart by adding one line to
-``PEAKS`` or ``SERIES``.
+``PEAKS`` or ``SERIES`` (reading the field by its JSON name, which is the dataclass field's).
 """
 
 from __future__ import annotations
@@ -17,14 +19,15 @@ import random
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from math import inf
+from typing import Any
 
-from dlmon.analysis.job_gpus import job_vram_bytes
 from dlmon.analysis.kinds import SEVERITY_RANK
-from dlmon.analysis.startup import Startup, startup_of
+from dlmon.analysis.startup import Startup, startup_from
 from dlmon.analysis.verdict import exit_verdict
-from dlmon.export.metrics import Published, process_series
-from dlmon.flow.records import Record, RecordEnd, RecordProblem, iter_records
+from dlmon.flow.records import CheckedRecord, CheckedSnapshot, RecordProblem, iter_checked_records
 from dlmon.model import Snapshot, WorkerDeath
+from dlmon.model.format import DEAD_STATES
+from dlmon.model.serialize import snapshot_to_dict
 from dlmon.model.snapshot import TrainingException
 
 SERIES_POINTS = 512
@@ -34,42 +37,75 @@ MAX_DEATHS = 200
 MAX_PROBLEMS = 20
 MAX_SLOTS = 512
 
-Reader = Callable[[Snapshot], float | None]
+# A snapshot in its JSON form: a record line's object (checked: dlmon.flow.records.CheckedSnapshot)
+# or snapshot_to_dict of a Snapshot; every field there, each value as the Snapshot holds it (lists
+# for tuples). The summary reads a few figures of each line: building the typed Snapshot of every
+# line cost several times the line's json.loads.
+SnapshotData = Mapping[str, Any]
+Reader = Callable[[SnapshotData], float | None]
 
 
-def _sum(values: Iterable[int | float | None]) -> float | None:
-    known = [v for v in values if v is not None]
+def _total(items: Iterable[Mapping[str, Any]], key: str) -> float | None:
+    """The sum of ``key`` over ``items`` where known; None when none is."""
+    known = [v for x in items if (v := x[key]) is not None]
     return float(sum(known)) if known else None
 
 
-def _max(values: Iterable[int | float | None]) -> float | None:
-    known = [v for v in values if v is not None]
+def _most(items: Iterable[Mapping[str, Any]], key: str) -> float | None:
+    known = [v for x in items if (v := x[key]) is not None]
     return float(max(known)) if known else None
 
 
-def throughput(s: Snapshot) -> float | None:
+def throughput(s: SnapshotData) -> float | None:
     """Samples per second over all loaders (batches/s when sample counts are unknown); None until
     the first batch arrived, so worker start-up does not count as zero throughput."""
-    if not any(lo.batches_total for lo in s.loaders):
+    loaders = s["loaders"]
+    if not any(lo["batches_total"] for lo in loaders):
         return None
-    samples = _sum(lo.samples_per_s for lo in s.loaders)
-    return samples if samples is not None else _sum(lo.batches_per_s for lo in s.loaders)
+    samples = _total(loaders, "samples_per_s")
+    return samples if samples is not None else _total(loaders, "batches_per_s")
 
 
-def data_wait(s: Snapshot) -> float | None:
+def data_wait(s: SnapshotData) -> float | None:
     """The worst loader's share of time the training waited for data."""
-    return _max(lo.data_wait_fraction for lo in s.loaders)
+    return _most(s["loaders"], "data_wait_fraction")
 
 
-def vram(s: Snapshot) -> float | None:
-    """The job's VRAM (:func:`job_vram_bytes`), never every GPU's use on the machine."""
-    used = job_vram_bytes(s)
-    return None if used is None else float(used)
+def vram(s: SnapshotData) -> float | None:
+    """The job's VRAM as :func:`dlmon.analysis.job_gpus.job_vram_bytes` reads it from a Snapshot:
+    NVML's figures for the job's processes, else torch's reserved memory on the job's GPUs; never
+    every GPU's use on the machine."""
+    used = _total(s["processes"], "gpu_memory_bytes")
+    if used is not None:
+        return used
+    pids = {p["pid"] for p in s["processes"] if p["state"] not in DEAD_STATES}
+    reserved = [
+        g["torch_reserved_bytes"]
+        for g in s["gpus"]
+        if g["torch_reserved_bytes"] is not None
+        and not (g["mig_mode"] and g["mig_index"] is None)  # a MIG card: its slices are the devices
+        and (
+            any(gp["pid"] in pids for gp in g["processes"])
+            or g["torch_reserved_bytes"]
+            or g["torch_allocated_bytes"]
+        )
+    ]
+    return float(sum(reserved)) if reserved else None
+
+
+def _part(section: str, key: str) -> Reader:
+    """``s[section][key]``, None where the section is (no shm, no cgroup, no pinned figure)."""
+
+    def read(s: SnapshotData) -> float | None:
+        part = s[section]
+        return part[key] if part else None
+
+    return read
 
 
 @dataclass(frozen=True, slots=True)
 class Figure:
-    key: str
+    key: str  # one figure per key: a key in both PEAKS and SERIES must read the same
     label: str
     unit: str  # "bytes" | "ratio" | "per_s" | "bytes_per_s"
     read: Reader
@@ -78,32 +114,32 @@ class Figure:
 
 # Peak figures of the run (the max and when it happened).
 PEAKS: tuple[Figure, ...] = (
-    Figure("job_pss", "job PSS (true total)", "bytes", lambda s: s.memory.pss_sum_bytes, pss_sum=True),
-    Figure("rss_sum", "RSS sum (double-counts shared)", "bytes", lambda s: s.memory.rss_sum_bytes),
-    Figure("job_uss", "job USS", "bytes", lambda s: s.memory.uss_sum_bytes, pss_sum=True),
-    Figure("rss_anon", "anonymous RSS (sum)", "bytes", lambda s: _sum(p.rss_anon_bytes for p in s.processes)),
-    Figure(
-        "rss_file", "file-backed RSS (sum)", "bytes", lambda s: _sum(p.rss_file_bytes for p in s.processes)
-    ),
-    Figure("swap", "swap of the job", "bytes", lambda s: _sum(p.swap_bytes for p in s.processes)),
-    Figure("shm_used", "/dev/shm used", "bytes", lambda s: s.shm.used_bytes if s.shm else None),
-    Figure("pinned", "pinned memory", "bytes", lambda s: s.pinned.bytes if s.pinned else None),
-    Figure("cgroup", "memory cgroup usage", "bytes", lambda s: s.cgroup.current_bytes if s.cgroup else None),
+    Figure("job_pss", "job PSS (true total)", "bytes", _part("memory", "pss_sum_bytes"), pss_sum=True),
+    Figure("rss_sum", "RSS sum (double-counts shared)", "bytes", _part("memory", "rss_sum_bytes")),
+    Figure("job_uss", "job USS", "bytes", _part("memory", "uss_sum_bytes"), pss_sum=True),
+    Figure("rss_anon", "anonymous RSS (sum)", "bytes", lambda s: _total(s["processes"], "rss_anon_bytes")),
+    Figure("rss_file", "file-backed RSS (sum)", "bytes", lambda s: _total(s["processes"], "rss_file_bytes")),
+    Figure("swap", "swap of the job", "bytes", lambda s: _total(s["processes"], "swap_bytes")),
+    Figure("shm_used", "/dev/shm used", "bytes", _part("shm", "used_bytes")),
+    Figure("pinned", "pinned memory", "bytes", _part("pinned", "bytes")),
+    Figure("cgroup", "memory cgroup usage", "bytes", _part("cgroup", "current_bytes")),
     Figure("vram", "VRAM used (the job's processes)", "bytes", vram),
-    Figure("fds", "open fds (sum)", "count", lambda s: _sum(p.num_fds for p in s.processes)),
+    Figure("fds", "open fds (sum)", "count", lambda s: _total(s["processes"], "num_fds")),
 )
 
 # Series kept (thinned) for charts, and distributions (mean, p5, p95).
 SERIES: tuple[Figure, ...] = (
-    Figure("job_pss", "job PSS", "bytes", lambda s: s.memory.pss_sum_bytes, pss_sum=True),
-    Figure("rss_sum", "RSS sum", "bytes", lambda s: s.memory.rss_sum_bytes),
+    Figure("job_pss", "job PSS", "bytes", _part("memory", "pss_sum_bytes"), pss_sum=True),
+    Figure("rss_sum", "RSS sum", "bytes", _part("memory", "rss_sum_bytes")),
     Figure("vram", "VRAM", "bytes", vram),
     Figure("throughput", "throughput", "per_s", throughput),
     Figure("data_wait", "data-wait", "ratio", data_wait),
-    Figure("disk_read", "disk read", "bytes_per_s", lambda s: _sum(d.read_bytes_per_s for d in s.disks)),
-    Figure("disk_write", "disk write", "bytes_per_s", lambda s: _sum(d.write_bytes_per_s for d in s.disks)),
-    Figure("disk_util", "busiest disk %util", "ratio", lambda s: _max(d.util_percent for d in s.disks)),
+    Figure("disk_read", "disk read", "bytes_per_s", lambda s: _total(s["disks"], "read_bytes_per_s")),
+    Figure("disk_write", "disk write", "bytes_per_s", lambda s: _total(s["disks"], "write_bytes_per_s")),
+    Figure("disk_util", "busiest disk %util", "ratio", lambda s: _most(s["disks"], "util_percent")),
 )
+# Each figure once: a key in both tables names one figure, read once per snapshot.
+FIGURES: tuple[Figure, ...] = tuple({f.key: f for f in (*SERIES, *PEAKS)}.values())
 DISTRIBUTIONS = ("throughput", "data_wait")
 CHARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Memory", ("job_pss", "rss_sum", "vram")),
@@ -122,16 +158,30 @@ class Thinned:
         self.keep_max = keep_max
         self.points: list[tuple[float, float]] = []
         self._stride = 1
-        self._bucket: list[tuple[float, float]] = []
+        # the bucket being filled, as running figures (a list of its points cost a merge per point):
+        # its first time, how many points, and their max or their sum (added in order, as sum() does)
+        self._first = 0.0
+        self._count = 0
+        self._acc = 0.0
 
     def add(self, t: float, value: float) -> None:
-        self._bucket.append((t, value))
-        if len(self._bucket) >= self._stride:
-            self.points.append(self._merge(self._bucket))
-            self._bucket = []
+        if not self._count:
+            self._first, self._acc = t, (value if self.keep_max else 0 + value)
+        elif self.keep_max:
+            if value > self._acc:
+                self._acc = value
+        else:
+            self._acc += value
+        self._count += 1
+        if self._count >= self._stride:
+            self.points.append(self._bucket())
+            self._count = 0
             if len(self.points) >= self.capacity:
                 self.points = [self._merge(self.points[i : i + 2]) for i in range(0, len(self.points), 2)]
                 self._stride *= 2
+
+    def _bucket(self) -> tuple[float, float]:
+        return self._first, (self._acc if self.keep_max else self._acc / self._count)
 
     def _merge(self, group: list[tuple[float, float]]) -> tuple[float, float]:
         values = [v for _, v in group]
@@ -139,7 +189,7 @@ class Thinned:
         return group[0][0], value
 
     def result(self) -> tuple[tuple[float, float], ...]:
-        tail = [self._merge(self._bucket)] if self._bucket else []
+        tail = [self._bucket()] if self._count else []
         return tuple(self.points + tail)
 
 
@@ -255,6 +305,31 @@ def slot_name(labels: tuple[str, ...], target_pid: int) -> str:
     return "main" if pid == str(target_pid) else f"{role} (pid {pid})"
 
 
+def slot_names(s: SnapshotData) -> list[tuple[str, Mapping[str, Any]]]:
+    """Each process of ``s`` with its :func:`slot_name`: the labels
+    :func:`dlmon.export.metrics.process_series` gives it, from the snapshot's JSON form."""
+    slots: dict[int, tuple[str, int]] = {}  # worker pid -> (loader id, worker id), as worker_slots
+    for loader in s["loaders"]:
+        for worker_id, pid in enumerate(loader["worker_pids"]):
+            slots[pid] = (loader["id"], worker_id)
+    target_pid = s["target"]["pid"]
+    seen: set[tuple[str, str, str, str]] = set()
+    out = []
+    # Live processes first: a zombie of the previous epoch must not take its successor's slot.
+    for p in sorted(s["processes"], key=lambda p: p["state"] in DEAD_STATES):
+        role = p["role"]
+        labels = (str(p["pid"]), role, "", "")
+        if role == "worker":
+            loader, worker_id = slots.get(p["pid"], ("", p["worker_id"]))
+            if worker_id is not None:
+                labels = ("", role, loader, str(worker_id))
+        if labels in seen:
+            labels = (str(p["pid"]), role, labels[2], labels[3])
+        seen.add(labels)
+        out.append((slot_name(labels, target_pid), p))
+    return out
+
+
 class Summarizer:
     """Feed records one by one; :meth:`result` any time."""
 
@@ -271,7 +346,9 @@ class Summarizer:
         self.reservoirs = {key: Reservoir() for key in DISTRIBUTIONS}
         self.slots: dict[str, Peak] = {}
         self.loaders: dict[str, str] = {}
-        self.startups: dict[str, Startup] = {}  # keyed like self.loaders: bounded by MAX_SLOTS
+        # keyed like self.loaders (bounded by MAX_SLOTS): the latest start-up figures, made Startups
+        # at the end (cumulative counters: the latest reading is the run's)
+        self.startups: dict[str, tuple[float, int | None, int | None, float | None, float]] = {}
         self.epochs: int | None = None
         self.deaths: dict[tuple[int, float | None], WorkerDeath] = {}
         self.open_alerts: dict[tuple[str, str], AlertWindow] = {}
@@ -282,66 +359,84 @@ class Summarizer:
         self.oom_first: int | None = None
         self.oom_last: int | None = None
         self._first_seen: dict[tuple[int, int], float] = {}  # the current tree only: bounded
-        self.last: Snapshot | None = None
+        self.last: CheckedSnapshot | Snapshot | None = None
         self.job_start: float | None = None
 
-    def feed(self, record: Record) -> None:
-        if isinstance(record, RecordProblem):
+    def feed(self, record: CheckedRecord) -> None:
+        if isinstance(record, CheckedSnapshot):
+            self._snapshot(record.data)
+            self.last = record
+        elif isinstance(record, Snapshot):  # a line only the full reader could vouch for
+            self._snapshot(snapshot_to_dict(record))
+            self.last = record
+        elif isinstance(record, RecordProblem):
             self.problems_total += 1
             if len(self.problems) < MAX_PROBLEMS:
                 self.problems.append(record)
-        elif isinstance(record, RecordEnd):
-            self.end_reason = record.reason
         else:
-            self._snapshot(record)
+            self.end_reason = record.reason
 
     def _drop(self, what: str) -> None:
         self.left_out[what] = self.left_out.get(what, 0) + 1
 
-    def _snapshot(self, s: Snapshot) -> None:
+    def _snapshot(self, s: SnapshotData) -> None:
         self.count += 1
+        now = s["time"]
+        target = s["target"]
         if self.start is None:
-            self.start, self.host, self.command = s.time, s.host, s.target.cmdline
-            self.job_start = s.target.start_unix_time
+            self.start, self.host, self.command = now, s["host"], target["cmdline"]
+            self.job_start = target["start_unix_time"]
         # the earliest to the latest: a clock that stepped back (kept by the reader) spans no less
-        self.start = min(self.start, s.time)
-        self.end = s.time if self.end is None else max(self.end, s.time)
+        self.start = min(self.start, now)
+        self.end = now if self.end is None else max(self.end, now)
         stale = self._pss_predates_a_fork(s)
+        read = {fig.key: None if fig.pss_sum and stale else fig.read(s) for fig in FIGURES}
         for fig in PEAKS:
-            value = None if fig.pss_sum and stale else fig.read(s)
-            if value is not None and (fig.key not in self.peaks or value > self.peaks[fig.key].value):
-                self.peaks[fig.key] = Peak(float(value), s.time)
-        for fig in SERIES:
-            value = None if fig.pss_sum and stale else fig.read(s)
+            value = read[fig.key]
             if value is not None:
-                self.series[fig.key].add(s.time, float(value))
-                if fig.key in self.reservoirs and (fig.key != "throughput" or s.interval_s):
+                peak = self.peaks.get(fig.key)
+                if peak is None or value > peak.value:
+                    self.peaks[fig.key] = Peak(float(value), now)
+        for fig in SERIES:
+            value = read[fig.key]
+            if value is not None:
+                self.series[fig.key].add(now, float(value))
+                if fig.key in self.reservoirs and (fig.key != "throughput" or s["interval_s"]):
                     self.reservoirs[fig.key].add(float(value))
         self._slots(s)
-        for lo in s.loaders:
-            if lo.id not in self.loaders and len(self.loaders) < MAX_SLOTS:
-                self.loaders[lo.id] = f"{lo.id} {lo.name} ({lo.num_workers} workers, batch {lo.batch_size})"
-            if lo.epochs is not None:
-                self.epochs = max(self.epochs or 0, lo.epochs)
-            startup = startup_of(s, lo) if lo.id in self.loaders else None
-            if startup is not None:
-                self.startups[lo.id] = startup  # cumulative counters: the latest reading is the run's
-        for death in s.worker_deaths:
-            key = (death.pid, death.time)
+        for lo in s["loaders"]:
+            loader_id = lo["id"]
+            if loader_id not in self.loaders and len(self.loaders) < MAX_SLOTS:
+                self.loaders[loader_id] = (
+                    f"{loader_id} {lo['name']} ({lo['num_workers']} workers, batch {lo['batch_size']})"
+                )
+            if lo["epochs"] is not None:
+                self.epochs = max(self.epochs or 0, lo["epochs"])
+            total, workers = lo["startup_s_total"], lo["num_workers"]
+            if total is not None and workers and loader_id in self.loaders:  # startup_from is not None
+                self.startups[loader_id] = (
+                    total,
+                    workers,
+                    lo["epochs_started"],
+                    target["start_unix_time"],
+                    now,
+                )
+        for death in s["worker_deaths"]:
+            key = (death["pid"], death["time"])
             if key not in self.deaths:
                 if len(self.deaths) < MAX_DEATHS:
-                    self.deaths[key] = death
+                    self.deaths[key] = WorkerDeath(**death)
                 else:
                     self._drop("deaths")
         self._alerts(s)
-        self.last = s
-        ooms = s.cgroup.oom_kill_count if s.cgroup and s.cgroup.oom_kill_count is not None else None
-        ooms = ooms if ooms is not None else s.memory.oom_kill_count
+        cgroup = s["cgroup"]
+        ooms = cgroup["oom_kill_count"] if cgroup else None
+        ooms = ooms if ooms is not None else s["memory"]["oom_kill_count"]
         if ooms is not None:
             self.oom_first = ooms if self.oom_first is None else self.oom_first
             self.oom_last = ooms
 
-    def _pss_predates_a_fork(self, s: Snapshot) -> bool:
+    def _pss_predates_a_fork(self, s: SnapshotData) -> bool:
         """True when a PSS/USS reading in ``s`` is older than the newest process of the tree.
 
         smaps is read on a budget, so a parent's PSS can date from before it forked its workers:
@@ -349,65 +444,62 @@ class Summarizer:
         each worker (a sum that never existed, e.g. +40% for one tick after a DataLoader starts).
         A process in the recording's first snapshot counts as seen long before.
         """
-        first = self.count == 1
-        seen = {
-            (p.pid, p.start_time): self._first_seen.get((p.pid, p.start_time), -inf if first else s.time)
-            for p in s.processes
-        }
+        now, processes = s["time"], s["processes"]
+        unseen = -inf if self.count == 1 else now
+        first_seen = self._first_seen
+        seen = {key: first_seen.get(key, unseen) for key in [(p["pid"], p["start_time"]) for p in processes]}
         self._first_seen = seen
         newest = max(seen.values(), default=-inf)
         return any(
-            p.pss_age_s is not None and s.time - p.pss_age_s < newest - 1e-3
-            for p in s.processes
-            if p.pss_bytes is not None or p.uss_bytes is not None
+            p["pss_age_s"] is not None and now - p["pss_age_s"] < newest - 1e-3
+            for p in processes
+            if p["pss_bytes"] is not None or p["uss_bytes"] is not None
         )
 
-    def _slots(self, s: Snapshot) -> None:
-        for labels, p in process_series(Published(s)):
-            measured = next(
-                (
-                    (basis, v)
-                    for basis, v in (("PSS", p.pss_bytes), ("USS", p.uss_bytes), ("RSS", p.rss_bytes))
-                    if v is not None
-                ),
-                None,
-            )
-            if measured is None:
+    def _slots(self, s: SnapshotData) -> None:
+        now = s["time"]
+        for name, p in slot_names(s):
+            if (value := p["pss_bytes"]) is not None:
+                basis = "PSS"
+            elif (value := p["uss_bytes"]) is not None:
+                basis = "USS"
+            elif (value := p["rss_bytes"]) is not None:
+                basis = "RSS"
+            else:
                 continue
-            basis, value = measured
-            name = slot_name(labels, s.target.pid)
             old = self.slots.get(name)
             if old is not None:
                 better = BASIS_RANK[basis] < BASIS_RANK[old.basis]
                 if better or (basis == old.basis and value > old.value):
-                    self.slots[name] = Peak(float(value), s.time, basis)
+                    self.slots[name] = Peak(float(value), now, basis)
             elif len(self.slots) < MAX_SLOTS:
-                self.slots[name] = Peak(float(value), s.time, basis)
+                self.slots[name] = Peak(float(value), now, basis)
             else:
                 self._drop("processes")
 
-    def _alerts(self, s: Snapshot) -> None:
-        now: set[tuple[str, str]] = set()
-        for alert in s.alerts:
-            key = (alert.kind, alert.subject)
-            now.add(key)
+    def _alerts(self, s: SnapshotData) -> None:
+        now = s["time"]
+        active: set[tuple[str, str]] = set()
+        for alert in s["alerts"]:
+            key = (alert["kind"], alert["subject"])
+            active.add(key)
             old = self.open_alerts.get(key)
-            worst = alert.severity
+            worst = alert["severity"]
             if old is not None and SEVERITY_RANK.get(old.severity, 0) > SEVERITY_RANK.get(worst, 0):
                 worst = old.severity
-            start = old.start if old is not None else min(alert.since, s.time)
-            cause = alert.evidence.get("cause")
+            start = old.start if old is not None else min(alert["since"], now)
+            cause = alert["evidence"].get("cause")
             self.open_alerts[key] = AlertWindow(
-                alert.kind,
-                alert.subject,
+                alert["kind"],
+                alert["subject"],
                 worst,
-                alert.message,
+                alert["message"],
                 start,
-                s.time,
+                now,
                 True,
                 cause if isinstance(cause, str) else None,
             )
-        for key in [k for k in self.open_alerts if k not in now]:
+        for key in [k for k in self.open_alerts if k not in active]:
             window = self.open_alerts.pop(key)
             self._close(dataclasses.replace(window, open_at_end=False))
 
@@ -420,6 +512,8 @@ class Summarizer:
     def result(self) -> RunSummary:
         windows = sorted([*self.closed_alerts, *self.open_alerts.values()], key=lambda w: (w.start, w.kind))
         distributions = {k: d for k, r in self.reservoirs.items() if (d := r.stats()) is not None}
+        startups = {loader_id: startup_from(*figures) for loader_id, figures in self.startups.items()}
+        last = self.last.snapshot() if isinstance(self.last, CheckedSnapshot) else self.last
         return RunSummary(
             path=self.path,
             snapshots=self.count,
@@ -442,15 +536,16 @@ class Summarizer:
             if self.oom_first is None or self.oom_last is None
             else self.oom_last - self.oom_first,
             left_out=dict(self.left_out),
-            startups=dict(self.startups),
-            verdict=self._verdict(),
-            exceptions=self.last.exceptions if self.last is not None else (),
+            startups={k: v for k, v in startups.items() if v is not None},
+            verdict=self._verdict(last),
+            exceptions=last.exceptions if last is not None else (),
             job_start=self.job_start,
         )
 
-    def _verdict(self) -> str | None:
+    @staticmethod
+    def _verdict(last: Snapshot | None) -> str | None:
         try:
-            return exit_verdict(self.last, None)
+            return exit_verdict(last, None)
         except Exception as exc:  # a report must come out whatever the last snapshot holds
             return f"n/a ({type(exc).__name__}: {exc})"
 
@@ -458,6 +553,6 @@ class Summarizer:
 def summarize(path: str) -> RunSummary:
     """Stream ``path`` (``.gz`` too) into a summary; raises OSError only if it cannot be opened."""
     summarizer = Summarizer(path)
-    for record in iter_records(path):
+    for record in iter_checked_records(path):
         summarizer.feed(record)
     return summarizer.result()

@@ -1,10 +1,13 @@
 """Reading record files as a stream: one line at a time, never the whole file in memory.
 
-Replay, report and diff all read recordings through :func:`iter_records`. A file ending in
-``.gz`` is read through gzip. Whatever a line holds, the reader yields one of three things and
-never raises for content: a :class:`Snapshot`, the recording's :class:`RecordEnd`, or a
-:class:`RecordProblem` saying why that line was skipped. Only opening the file can raise
-(``OSError``), so "cannot read FILE" and "line 7 is corrupt" stay two different messages.
+Replay reads recordings through :func:`iter_records`, report and diff through
+:func:`iter_checked_records` (the same lines, but a snapshot line that reads as it stands is left
+as its checked JSON object: the report needs a few figures of each line, and building the typed
+Snapshot cost several times the line's ``json.loads``). A file ending in ``.gz`` is read through
+gzip. Whatever a line holds, the reader yields one of three things and never raises for content:
+a snapshot, the recording's :class:`RecordEnd`, or a :class:`RecordProblem` saying why that line
+was skipped. Only opening the file can raise (``OSError``), so "cannot read FILE" and "line 7 is
+corrupt" stay two different messages.
 """
 
 from __future__ import annotations
@@ -13,11 +16,12 @@ import gzip
 import json
 import math
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import IO, Literal, cast, overload
+from typing import IO, Any, Literal, TypeVar, cast, overload
 
 from dlmon.model import Snapshot
+from dlmon.model.checked import reads_as_is
 from dlmon.model.serialize import SnapshotFormatError, snapshot_from_dict
 
 # A 1000-process snapshot is ~1 MiB of JSON; anything far beyond that is not a line dlmon wrote
@@ -38,7 +42,21 @@ class RecordEnd:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class CheckedSnapshot:
+    """A snapshot line left as its JSON object, known to read as a Snapshot with exactly these
+    values (:func:`dlmon.model.checked.reads_as_is`, times in range): what the report reads, which
+    needs a few figures of each line, not the typed Snapshot. :meth:`snapshot` builds that."""
+
+    time: float
+    data: dict[str, Any]
+
+    def snapshot(self) -> Snapshot:
+        return snapshot_from_dict(self.data)
+
+
 Record = Snapshot | RecordEnd | RecordProblem
+CheckedRecord = CheckedSnapshot | Snapshot | RecordEnd | RecordProblem
 
 
 def open_record_file(path: str) -> IO[bytes]:
@@ -50,50 +68,65 @@ def open_record_file(path: str) -> IO[bytes]:
 
 def iter_records(path: str) -> Iterator[Record]:
     """Yield every line of ``path`` as a snapshot, the end marker, or the reason it was skipped."""
-    return in_time_order(_iter_lines(path))
+    return in_time_order(_iter_lines(path, parse_line))
 
 
-def in_time_order(lines: Iterator[tuple[int, Record]]) -> Iterator[Record]:
+def iter_checked_records(path: str) -> Iterator[CheckedRecord]:
+    """:func:`iter_records`, but a line that reads as a Snapshot exactly as its JSON object stands
+    is yielded as that object, checked (:class:`CheckedSnapshot`), not built: the same lines in
+    the same order, the same problems with the same words. A line the check cannot vouch for
+    takes the full reader (and comes as a Snapshot, or a RecordProblem saying why)."""
+    return in_time_order(_iter_lines(path, parse_line_checked))
+
+
+R = TypeVar("R", bound=CheckedRecord)
+
+
+def in_time_order(lines: Iterator[tuple[int, R]]) -> Iterator[R]:
     """Drop a lone snapshot earlier than the latest before it (a line from elsewhere, a forged
     time: it gave "duration -1:59:54"), but keep a clock that stepped back (NTP, a resumed VM):
     when the next snapshot is also early and not earlier than the first, both are kept and time
     goes on from there (a summary spans its earliest to its latest time). At most one snapshot is
     held back, and only until the next one."""
     latest: tuple[float, int] | None = None  # (time, line) of the latest snapshot kept
-    held: tuple[Snapshot, int] | None = None  # an early snapshot, waiting for the next one to judge it
+    held: tuple[R, float, int] | None = None  # an early snapshot, waiting for the next one to judge it
 
     def outlier() -> RecordProblem:
         assert held is not None and latest is not None
-        return RecordProblem(held[1], f"out of time order (earlier than line {latest[1]})")
+        return RecordProblem(held[2], f"out of time order (earlier than line {latest[1]})")
 
     for number, record in lines:
-        if not isinstance(record, Snapshot):
+        if not isinstance(record, Snapshot | CheckedSnapshot):
             if held is not None and isinstance(record, RecordEnd):
-                yield outlier()
+                yield cast(R, outlier())
                 held = None
             yield record
             continue
-        if latest is None or record.time >= latest[0]:
+        time = record.time
+        if latest is None or time >= latest[0]:
             if held is not None:  # back in order: the held one was a lone outlier
-                yield outlier()
+                yield cast(R, outlier())
                 held = None
-            latest = (record.time, number)
+            latest = (time, number)
             yield record
         elif held is None:
-            held = (record, number)
-        elif record.time >= held[0].time:  # two early lines in order: the clock stepped back
+            held = (record, time, number)
+        elif time >= held[1]:  # two early lines in order: the clock stepped back
             yield held[0]
             yield record
-            latest, held = (record.time, number), None
+            latest, held = (time, number), None
         else:
-            yield outlier()
-            held = (record, number)
+            yield cast(R, outlier())
+            held = (record, time, number)
     if held is not None:
-        yield outlier()
+        yield cast(R, outlier())
 
 
-def _iter_lines(path: str) -> Iterator[tuple[int, Record]]:
-    for _, number, record in read_lines_from(path, offsets=False):
+P = TypeVar("P", Record, CheckedRecord)
+
+
+def _iter_lines(path: str, parse: Callable[[int, bytes], P]) -> Iterator[tuple[int, P]]:
+    for _, number, record in _read_lines(path, 0, 1, False, parse):
         yield number, record
 
 
@@ -110,9 +143,15 @@ def read_lines_from(
 ) -> Iterator[tuple[int | None, int, Record]]:
     """(byte offset, line number, record) of each line of ``path``, starting at byte ``offset``,
     where line number ``first_line`` begins (for ``.gz`` the offset counts the decompressed
-    bytes): a replay seeks back to a place it indexed this way. The one line reader:
-    :func:`iter_records` reads through it with ``offsets`` off, and then every offset is None
-    (no ``tell()``, so a pipe reads too)."""
+    bytes): a replay seeks back to a place it indexed this way. The one line reader
+    (``_read_lines``) serves it and :func:`iter_records`, which reads with ``offsets`` off, and then
+    every offset is None (no ``tell()``, so a pipe reads too)."""
+    return _read_lines(path, offset, first_line, offsets, parse_line)
+
+
+def _read_lines(
+    path: str, offset: int, first_line: int, offsets: bool, parse: Callable[[int, bytes], P]
+) -> Iterator[tuple[int | None, int, P | RecordProblem]]:
     with open_record_file(path) as fh:
         if offset:
             fh.seek(offset)
@@ -141,7 +180,7 @@ def read_lines_from(
             if not raw.strip():
                 number += skip_blank_lines(fh)
                 continue
-            yield at, number, parse_line(number, raw)
+            yield at, number, parse(number, raw)
 
 
 BLANK = b" \t\r\n"
@@ -182,12 +221,31 @@ def _skip_rest_of_line(fh: IO[bytes]) -> Literal["ok", "eof", "endless"]:
 
 
 def parse_line(number: int, raw: bytes) -> Record:
+    record = _object(number, raw)
+    return record if isinstance(record, RecordProblem) else _record_of(number, record)
+
+
+def parse_line_checked(number: int, raw: bytes) -> CheckedRecord:
+    """:func:`parse_line`, but a snapshot that reads as it stands comes as its checked object."""
+    record = _object(number, raw)
+    if isinstance(record, RecordProblem):
+        return record
+    if record.get("type", "snapshot") == "snapshot" and reads_as_is(record) and _times_in_range(record):
+        return CheckedSnapshot(record["time"], record)
+    return _record_of(number, record)
+
+
+def _object(number: int, raw: bytes) -> dict[str, Any] | RecordProblem:
     try:
         record = json.loads(raw)
     except (ValueError, UnicodeDecodeError, RecursionError):
         return RecordProblem(number, "not JSON (a truncated or corrupt line)")
     if not isinstance(record, dict):
         return RecordProblem(number, "not a JSON object")
+    return record
+
+
+def _record_of(number: int, record: dict[str, Any]) -> Record:
     kind = record.get("type", "snapshot")
     if kind == "end":
         when = record.get("time")
@@ -221,3 +279,11 @@ def _time_out_of_range(snapshot: Snapshot) -> str | None:
         if value is not None and not 0 <= value < MAX_UNIX_TIME:
             return f"malformed snapshot: {name}: {value!r} is not a Unix time"
     return None
+
+
+def _times_in_range(data: dict[str, Any]) -> bool:
+    """:func:`_time_out_of_range` of a checked snapshot's object: True when it finds nothing."""
+    times = [data["time"], data["target"]["start_unix_time"]]
+    times += [d["time"] for d in data["worker_deaths"]]
+    times += [a["since"] for a in data["alerts"]]
+    return all(0 <= t < MAX_UNIX_TIME for t in times if t is not None)
