@@ -115,7 +115,7 @@ def check_record(path: str, force: bool = False) -> None:
         fail(f"cannot write {path}: {exc.strerror or exc}")
 
 
-def prometheus_plug(address: str | None) -> Plug | None:
+def prometheus_plug(address: str | None, pid_labels: bool = False) -> Plug | None:
     """--prometheus: a plug that, when the watch starts it, serves /metrics and returns the
     exporter, a sink fed each analysed snapshot."""
     if address is None:  # "" is given, and refused by parse_address like any other non-address
@@ -128,7 +128,7 @@ def prometheus_plug(address: str | None) -> Plug | None:
             where = parse_address(address)
         except AddressError as exc:
             fail(str(exc))
-        exporter = Exporter()
+        exporter = Exporter(pid_labels=pid_labels)
         try:
             server = serve(exporter, where)
         except OSError as exc:
@@ -140,7 +140,9 @@ def prometheus_plug(address: str | None) -> Plug | None:
 
 
 def plugs(prometheus: str | None) -> tuple[Plug, ...]:
-    plug = prometheus_plug(prometheus)
+    context = click.get_current_context(silent=True)
+    pid_labels = bool(context is not None and context.meta.get(PIDS_META))
+    plug = prometheus_plug(prometheus, pid_labels)
     return () if plug is None else (plug,)
 
 
@@ -197,6 +199,22 @@ PROMETHEUS_HELP = (
     "unless given; PORT 0: any free port, printed)."
 )
 
+PIDS_META = "dlmon.prometheus_pids"
+
+
+def _remember_pids(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    ctx.meta[PIDS_META] = value
+
+
+# every command with --prometheus takes it; read by plugs(), so no command body passes it along
+prometheus_pids_option = click.option(
+    "--prometheus-pids",
+    is_flag=True,
+    expose_value=False,
+    callback=_remember_pids,
+    help="Label the trainer's and other processes' series with their pid (off: across a fleet, "
+    "every restart would add series; a worker is keyed by loader and worker_id either way).",
+)
 
 RANK_HELP = (
     "Show only rank N of a distributed job (torchrun, SLURM: RANK as the agent read it) and what "
@@ -219,6 +237,7 @@ rank_option = click.option("--rank", "rank", type=click.IntRange(0), metavar="N"
     help="Load the agent into PID first (gdb on Python 3.9-3.13, sys.remote_exec on 3.14+).",
 )
 @click.option("--prometheus", metavar="[HOST:]PORT", help=PROMETHEUS_HELP)
+@prometheus_pids_option
 @click.option("--force", is_flag=True, help=FORCE_HELP)
 @rank_option
 def attach(
@@ -318,6 +337,7 @@ RUN_SETTINGS = {"ignore_unknown_options": True, "allow_interspersed_args": False
 )
 @click.option("--headless", is_flag=True, help="No dashboard: the training's output passes through.")
 @click.option("--prometheus", metavar="[HOST:]PORT", help=PROMETHEUS_HELP)
+@prometheus_pids_option
 @click.option("--force", is_flag=True, help=FORCE_HELP)
 @rank_option
 @click.argument(
@@ -375,6 +395,7 @@ def run(
 )
 @click.option("--headless", is_flag=True, help="No dashboard: the demo's output passes through.")
 @click.option("--prometheus", metavar="[HOST:]PORT", help=PROMETHEUS_HELP)
+@prometheus_pids_option
 def demo(
     scenario: str,
     workers: int,
@@ -558,6 +579,7 @@ def speed_factor(text: str) -> float:
 @main.command("export")
 @click.argument("pid", required=False)
 @click.option("--prometheus", metavar="[HOST:]PORT", required=True, help=PROMETHEUS_HELP)
+@prometheus_pids_option
 @click.option("--interval", default="1", metavar="S", help=INTERVAL_HELP)
 @click.option("--all-jobs", is_flag=True, help="Every training job of this user (a `job` label each).")
 def export_command(pid: str | None, prometheus: str, interval: str, all_jobs: bool) -> None:
