@@ -628,6 +628,96 @@ def _export_all_jobs(prometheus: str, seconds: float) -> None:
     click.echo("dlmon: export stopped (interrupted)", err=True)
 
 
+@main.command()
+@click.argument("nodes", nargs=-1, metavar="[HOST:PORT]...")
+@click.option("--hosts-file", metavar="FILE", help="Nodes to read, one HOST[:PORT] a line.")
+@click.option(
+    "--port",
+    default=9108,
+    type=click.IntRange(1, 65535),
+    help="The port of a node named without one (default 9108).",
+)
+@click.option(
+    "--prometheus",
+    "prometheus_url",
+    metavar="URL",
+    help="Read the nodes from this Prometheus server's HTTP API instead of scraping them.",
+)
+@click.option("--job", metavar="NAME", help="With --prometheus: the scrape job of the training's nodes.")
+@click.option(
+    "--match", metavar="SELECTOR", help="With --prometheus: label matchers, e.g. '{cluster=\"a\"}'."
+)
+@click.option("--once", is_flag=True, help="Read the cluster once, print it, exit (1: no node answered).")
+@click.option("--json", "as_json", is_flag=True, help="Print the view as one JSON object.")
+@click.option(
+    "--timeout", default="2", metavar="S", help="Seconds each node (or query) may take (default 2)."
+)
+@click.option(
+    "--window",
+    default="2",
+    metavar="S",
+    help="Average the per-interval figures over S seconds (several scrapes; avg_over_time). Default 2.",
+)
+@click.option("--interval", default="2", metavar="S", help="Seconds between refreshes (default 2).")
+def cluster(
+    nodes: tuple[str, ...],
+    hosts_file: str | None,
+    port: int,
+    prometheus_url: str | None,
+    job: str | None,
+    match: str | None,
+    once: bool,
+    as_json: bool,
+    timeout: str,
+    window: str,
+    interval: str,
+) -> None:
+    """Many nodes from one terminal: one row per node (its ranks under it), worst first, the
+    cluster's straggler on top; from the nodes' `--prometheus` exporters or a Prometheus server.
+
+    \b
+      dlmon cluster node01:9108 node02:9108 --once --json
+      dlmon cluster --hosts-file nodes.txt
+      dlmon cluster                        # in a SLURM job: the nodes of SLURM_JOB_NODELIST
+      dlmon cluster --prometheus http://prometheus:9090 --job training
+    """
+    from dlmon.cluster.command import ClusterFailed, ClusterOptions, run_cluster
+    from dlmon.cluster.hosts import HostsError, expand_nodelist, read_hosts_file, with_port
+
+    timeout_s = positive_seconds(timeout, "--timeout")
+    window_s = positive_seconds(window, "--window", allow_zero=True)
+    interval_s = interval_seconds(interval)
+    named = list(nodes)
+    if hosts_file is not None:
+        try:
+            with open(hosts_file, encoding="utf-8") as fh:
+                named += read_hosts_file(fh.read())
+        except (OSError, UnicodeDecodeError) as exc:
+            fail(f"cannot read --hosts-file {hosts_file}: {getattr(exc, 'strerror', None) or exc}")
+    if prometheus_url is not None:
+        if named:
+            fail("give nodes to scrape or --prometheus URL, not both")
+    else:
+        if job is not None or match is not None:
+            fail("--job and --match select series on a Prometheus server: give --prometheus URL")
+        if not named and os.environ.get("SLURM_JOB_NODELIST"):
+            try:
+                named = expand_nodelist(os.environ["SLURM_JOB_NODELIST"])
+            except HostsError as exc:
+                fail(f"SLURM_JOB_NODELIST: {exc}")
+        if not named:
+            fail("name the nodes (HOST:PORT ..., --hosts-file FILE, SLURM_JOB_NODELIST) or --prometheus URL")
+    options = ClusterOptions(
+        tuple(with_port(n, port) for n in named), prometheus_url, job, match, timeout_s, window_s
+    )
+    screen = None  # without --once: a table every --interval
+    try:
+        code = run_cluster(options, once=once, as_json=as_json, interval_s=interval_s, screen=screen)
+    except ClusterFailed as exc:
+        fail(exc.message, exc.code)
+    sys.exit(code)
+
+
 def _summarize(path: str) -> Any:
     """A recording's summary; one line and exit 2 if it cannot be read or holds no snapshot."""
     from dlmon.export.summary import summarize

@@ -1,0 +1,157 @@
+"""Read the nodes from a Prometheus server's HTTP API (instant queries, stdlib only): one query
+per series the view needs, the swinging per-interval figures as ``avg_over_time`` over a window,
+grouped by ``instance``. A server that cannot be reached, does not speak the API, or holds no
+dlmon series raises :class:`PrometheusError` with one line for the user."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from dlmon.cluster.exposition import Labels, Series
+from dlmon.cluster.readings import AVERAGED, NEEDED, NodeReading
+
+_DROPPED = frozenset({"__name__", "instance", "job"})
+MAX_BODY = 256 * 1024 * 1024
+
+
+class PrometheusError(RuntimeError):
+    """The server could not be read as a Prometheus: one line."""
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def selector(job: str | None, match: str | None) -> str:
+    """The label matchers inside ``{...}``: ``job="NAME"`` and/or what ``--match`` gave."""
+    parts = [f'job="{_escape(job)}"'] if job is not None else []
+    if match:
+        inner = match.strip()
+        if inner.startswith("{") and inner.endswith("}"):
+            inner = inner[1:-1]
+        parts.append(inner)
+    return ",".join(p for p in parts if p)
+
+
+class Api:
+    def __init__(self, url: str, timeout: float) -> None:
+        self.base = url.rstrip("/")
+        if "://" not in self.base:
+            self.base = "http://" + self.base
+        self.timeout = timeout
+
+    def query(self, promql: str) -> list[dict[str, Any]]:
+        where = f"{self.base}/api/v1/query?{urllib.parse.urlencode({'query': promql})}"
+        try:
+            with urllib.request.urlopen(where, timeout=self.timeout) as response:
+                body = response.read(MAX_BODY)
+        except urllib.error.HTTPError as exc:
+            body = exc.read(64 * 1024)  # a bad query: the API answers 400 with its error in JSON
+            if not _api_error(body):
+                raise PrometheusError(
+                    f"{self.base} answered HTTP {exc.code} to /api/v1/query: not a Prometheus server?"
+                ) from None
+        except urllib.error.URLError as exc:
+            reason = exc.reason
+            why = getattr(reason, "strerror", None) or str(reason)
+            raise PrometheusError(f"cannot reach Prometheus at {self.base}: {why}") from None
+        except (TimeoutError, OSError) as exc:
+            raise PrometheusError(
+                f"cannot reach Prometheus at {self.base}: {getattr(exc, 'strerror', None) or 'timed out'}"
+            ) from None
+        return _result(self.base, promql, body)
+
+
+def _api_error(body: bytes) -> str | None:
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    return str(data.get("error")) if isinstance(data, dict) and data.get("status") == "error" else None
+
+
+def _result(base: str, promql: str, body: bytes) -> list[dict[str, Any]]:
+    try:
+        data = json.loads(body)
+    except ValueError:
+        raise PrometheusError(
+            f"{base} is not a Prometheus server: /api/v1/query did not answer JSON"
+        ) from None
+    if not isinstance(data, dict) or "status" not in data:
+        raise PrometheusError(f"{base} is not a Prometheus server: /api/v1/query answered other JSON")
+    if data["status"] != "success":
+        raise PrometheusError(f"Prometheus at {base} refused {promql[:80]!r}: {data.get('error', '?')}")
+    result = data.get("data", {}).get("result")
+    if not isinstance(result, list):
+        raise PrometheusError(f"{base} is not a Prometheus server: no vector in its answer")
+    return result
+
+
+def _labels(metric: dict[str, str]) -> Labels:
+    return tuple(sorted((k, v) for k, v in metric.items() if k not in _DROPPED))
+
+
+def _value(item: dict[str, Any]) -> float | None:
+    try:
+        return float(item["value"][1])
+    except (KeyError, IndexError, TypeError, ValueError):
+        return None
+
+
+def read_prometheus(
+    url: str, job: str | None, match: str | None, window_s: float, timeout: float
+) -> tuple[list[NodeReading], str]:
+    """(one reading per instance, the source's description)."""
+    api = Api(url, timeout)
+    where = selector(job, match)
+    window = f"{max(1, round(window_s))}s"
+
+    def promql(name: str) -> str:
+        plain = f"{name}{{{where}}}"
+        return f"avg_over_time({plain}[{window}])" if name in AVERAGED else plain
+
+    queries = [promql(name) for name in NEEDED]
+    queries.append(f"timestamp(dlmon_snapshot_timestamp_seconds{{{where}}})")
+    queries.append(f"up{{{where}}} == 0" if job is not None or match else 'up{job=""} == 0')
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        answers = list(pool.map(api.query, queries))
+    by_instance: dict[str, list[Series]] = {}
+    for name, answer in zip(NEEDED, answers, strict=False):
+        for item in answer:
+            metric = item.get("metric", {})
+            value = _value(item)
+            instance = metric.get("instance", "")
+            if value is not None and instance:
+                by_instance.setdefault(instance, []).append(Series(name, _labels(metric), value))
+    source = f"Prometheus {api.base}" + (f" {{{where}}}" if where else "")
+    if not by_instance:
+        jobs = sorted(
+            {
+                str(item.get("metric", {}).get("job", ""))
+                for item in api.query("count by (job) (dlmon_build_info)")
+            }
+        )
+        which = f" for {{{where}}}" if where else ""
+        known = (
+            f" (jobs with dlmon series: {', '.join(jobs)})"
+            if jobs
+            else " (it holds none: is it scraping dlmon exporters?)"
+        )
+        raise PrometheusError(f"Prometheus at {api.base} has no dlmon series{which}{known}")
+    scraped = {item.get("metric", {}).get("instance", ""): _value(item) for item in answers[len(NEEDED)]}
+    readings = [
+        NodeReading(instance, tuple(series), scraped.get(instance) or 0.0)
+        for instance, series in sorted(by_instance.items())
+    ]
+    down = sorted(
+        {item.get("metric", {}).get("instance", "") for item in answers[len(NEEDED) + 1]} - set(by_instance)
+    )
+    readings += [
+        NodeReading(i, (), 0.0, "Prometheus's last scrape of it failed (up == 0)") for i in down if i
+    ]
+    return readings, source
