@@ -710,7 +710,14 @@ def cluster(
     options = ClusterOptions(
         tuple(with_port(n, port) for n in named), prometheus_url, job, match, timeout_s, window_s
     )
-    screen = None  # without --once: a table every --interval
+    screen = None  # --json without --once: one JSON line every --interval
+    if not once and not as_json:
+        problem = terminal_problem()
+        if problem is not None:
+            fail(f"{problem}: the cluster screen needs one (or use --once, --json)")
+        from dlmon.ui.cluster_screen import run_cluster_screen
+
+        screen = run_cluster_screen
     try:
         code = run_cluster(options, once=once, as_json=as_json, interval_s=interval_s, screen=screen)
     except ClusterFailed as exc:

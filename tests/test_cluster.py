@@ -407,3 +407,66 @@ def test_slurm_nodelist_names_the_nodes(tmp_path: Path) -> None:
     )
     view = json.loads(done.stdout)
     assert [n["address"] for n in view["nodes"]] == [f"127.0.0.1:{ports[0]}"] and done.returncode == 1
+
+
+# --- the screen ----------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_screen_folds_each_node_s_ranks_under_it(two_nodes: TwoNodes) -> None:
+    from textual.widgets import DataTable
+
+    from dlmon.cluster.command import ClusterOptions, reader
+    from dlmon.ui.cluster_screen import ClusterApp
+
+    def rows(app: ClusterApp) -> list[str]:
+        table = app.query_one(DataTable)
+        return [" ".join(str(c) for c in table.get_row_at(i)) for i in range(table.row_count)]
+
+    async def drive() -> None:
+        app = ClusterApp(reader(ClusterOptions(two_nodes.nodes, None, None, None, 5.0, 1.0)), 1.0)
+        async with app.run_test(size=(180, 30)) as pilot:
+            for _ in range(300):
+                await pilot.pause(0.1)
+                if app.view is not None and app.view.straggler is not None:
+                    break
+            assert app.view is not None and app.view.straggler is not None, app.view
+            assert app.view.straggler_note.startswith("rank 1 on node-b sets the pace")
+            folded = rows(app)
+            assert len(folded) == 2 and folded[0].startswith("▸ node-b (1 rank)"), folded
+            assert folded[1].startswith("▸ node-a (1 rank)"), folded
+            await pilot.press("enter")  # the cursor is on the first row: node-b
+            unfolded = rows(app)
+            assert unfolded[0].startswith("▾ node-b") and unfolded[1].startswith("  └ rank 1"), unfolded
+            assert "ddp_straggler.py:" in unfolded[1] and len(unfolded) == 3
+            await pilot.press("enter")
+            assert len(rows(app)) == 2
+            await pilot.press("q")
+
+    import asyncio
+
+    asyncio.run(drive())
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
+def test_the_screen_in_a_real_terminal(two_nodes: TwoNodes, tmp_path: Path) -> None:
+    from test_ui_terminal import Tmux
+
+    tmux = Tmux("cluster")
+    env = {**os.environ, "TERM": "xterm-256color"}
+    command = shlex.join([*dlmon_cmd("cluster", *two_nodes.nodes, "--interval", "1")])
+    subprocess.run(
+        ["tmux", "-L", tmux.socket, "new-session", "-d", "-s", "t", "-x", "160", "-y", "30", command],
+        check=True,
+        env=env,
+    )
+    try:
+        screen = tmux.wait_for("rank 1 on node-b sets the pace", timeout=60)
+        assert "node-a" in screen and "▸ node-b (1 rank)" in screen, screen
+        tmux("send-keys", "-t", "t", "Enter")
+        screen = tmux.wait_for("└ rank 1", timeout=10)
+        tmux("send-keys", "-t", "t", "q")
+        assert wait_for(lambda: "no server" in tmux("list-sessions") or not tmux("list-sessions"), timeout=10)
+    finally:
+        subprocess.run(["tmux", "-L", tmux.socket, "kill-server"], capture_output=True)

@@ -40,9 +40,8 @@ class ClusterOptions:
 Reader = Callable[[], ClusterView]
 
 
-def reader(options: ClusterOptions, *, window: bool = True) -> Reader:
-    """A function reading the cluster once more; ``window``: average over ``window_s`` first
-    (a refreshing screen averages over its own refreshes instead)."""
+def reader(options: ClusterOptions) -> Reader:
+    """A function reading the cluster once more, averaged over ``window_s``."""
 
     def read() -> ClusterView:
         if options.prometheus is not None:
@@ -53,7 +52,7 @@ def reader(options: ClusterOptions, *, window: bool = True) -> Reader:
             except PrometheusError as exc:
                 raise ClusterFailed(str(exc)) from None
         else:
-            count = max(1, round(options.window_s)) + 1 if window else 1
+            count = round(options.window_s) + 1  # a scrape a second, both ends included
             readings = scrape_nodes(options.nodes, options.timeout_s, readings=count, every_s=1.0)
             source = f"{len(options.nodes)} dlmon exporter{'s' if len(options.nodes) != 1 else ''}"
         return cluster_view(readings, source, time.time())
@@ -136,4 +135,4 @@ def run_cluster(
                 return 0 if any(n.answered for n in view.nodes) else EXIT_NO_NODE
             time.sleep(interval_s)
     read()  # a source that cannot be read fails here, before the screen opens, as one line
-    return screen(reader(options, window=False), interval_s)
+    return screen(read, interval_s)
