@@ -23,7 +23,7 @@ import pytest
 
 from dlmon.cluster.exposition import NotExposition, parse
 from dlmon.cluster.hosts import HostsError, expand_nodelist, read_hosts_file, with_port
-from dlmon.cluster.readings import NodeReading
+from dlmon.cluster.readings import NEEDED, NodeReading
 from dlmon.cluster.view import cluster_view, node_row
 from dlmon.collect.sampler import Sampler
 from dlmon.export.prometheus import Exporter, exposition
@@ -107,6 +107,21 @@ def _reading(
     text = exposition(exporter).decode()
     kept = "\n".join(line for line in text.splitlines() if line.split("{")[0].split(" ")[0] not in drop)
     return NodeReading(address, parse(kept), time.time() if read_at is None else read_at)
+
+
+def test_reading_only_the_needed_families_reads_them_all(snapshot: Snapshot) -> None:
+    """The fast path (families skipped by their # TYPE line) keeps every sample a full parse has."""
+    exporter = Exporter()
+    loud = Alert("input_bound", "warning", "loader x", "m", "a", 0.0, {"cause": "cpu"})
+    exporter(dataclasses.replace(_ranked(snapshot, 0, 0.2), alerts=(loud,)))
+    text = exposition(exporter).decode()
+    wanted = frozenset(NEEDED)
+    assert parse(text, wanted) == tuple(s for s in parse(text) if s.name in wanted)
+    assert {s.name for s in parse(text, wanted)} >= {
+        "dlmon_loader_batches_total",
+        "dlmon_alert",
+        "dlmon_host_info",
+    }
 
 
 def test_ranks_at_the_same_pace_and_wait_have_no_straggler(snapshot: Snapshot) -> None:

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 
 Labels = tuple[tuple[str, str], ...]
 
 _NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
 _SAMPLE = re.compile(rf"^({_NAME})(?:\{{(.*)\}})?\s+(\S+)(?:\s+-?\d+)?\s*$")
-_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(?:,|$)')
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 _UNESCAPE = re.compile(r"\\(.)")
 
 
@@ -40,15 +41,11 @@ def _unescape(text: str) -> str:
 
 
 def _labels(text: str, line: str) -> Labels:
-    out: list[tuple[str, str]] = []
-    pos = 0
-    while pos < len(text):
-        match = _LABEL.match(text, pos)
-        if match is None:
-            raise NotExposition(f"not a label set: {line[:80]!r}")
-        out.append((match.group(1), _unescape(match.group(2))))
-        pos = match.end()
-    return tuple(sorted(out))
+    found = _LABEL.findall(text)
+    # every character of the set is in a pair, a comma or a space: else it is not a label set
+    if sum(len(k) + len(v) for k, v in found) + 3 * len(found) < len(text.replace(",", "").replace(" ", "")):
+        raise NotExposition(f"not a label set: {line[:80]!r}")
+    return tuple(sorted((k, _unescape(v)) for k, v in found))
 
 
 def _value(text: str, line: str) -> float:
@@ -58,19 +55,28 @@ def _value(text: str, line: str) -> float:
         raise NotExposition(f"not a sample value: {line[:80]!r}") from None
 
 
-def parse(body: str, prefix: str = "") -> tuple[Series, ...]:
-    """Every sample (whose name starts with ``prefix``) of an exposition; raises NotExposition
-    on the first line that is neither a comment nor a sample."""
+def parse(body: str, names: Collection[str] | None = None) -> tuple[Series, ...]:
+    """Every sample of an exposition (of the families in ``names`` only, when given: the rest is
+    skipped before its labels are read); raises NotExposition on a line that is neither a comment
+    nor a sample."""
     out: list[Series] = []
+    skipping = False  # inside a family (after its # TYPE line) that ``names`` does not hold
     for raw in body.splitlines():
         line = raw.strip()
-        if not line or line.startswith("#"):
+        if not line:
+            continue
+        if line.startswith("#"):
+            parts = line.split(None, 3)
+            if names is not None and len(parts) >= 3 and parts[1] == "TYPE":
+                skipping = parts[2] not in names and f"{parts[2]}_total" not in names  # OpenMetrics
+            continue
+        if skipping:
             continue
         match = _SAMPLE.match(line)
         if match is None:
             raise NotExposition(f"not a Prometheus sample line: {line[:80]!r}")
         name = match.group(1)
-        if not name.startswith(prefix):
+        if names is not None and name not in names:
             continue
         value = _value(match.group(3), line)
         if math.isnan(value):

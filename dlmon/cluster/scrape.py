@@ -14,10 +14,11 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from dlmon.cluster.exposition import NotExposition, Series, parse
-from dlmon.cluster.readings import NodeReading, averaged
+from dlmon.cluster.readings import NEEDED, NodeReading, averaged
 
 MAX_BODY = 64 * 1024 * 1024  # a node's /metrics beyond this is not dlmon's
 MAX_THREADS = 64
+NEEDED_SET = frozenset(NEEDED)
 
 
 def metrics_url(node: str) -> str:
@@ -56,7 +57,7 @@ def fetch(node: str, timeout: float) -> tuple[tuple[Series, ...], float] | str:
         read_at = time.time()
         if len(body) > MAX_BODY:
             return f"answered more than {MAX_BODY >> 20} MiB (not a dlmon exporter?)"
-        return parse(body.decode()), read_at
+        return parse(body.decode(), NEEDED_SET), read_at
     except NotExposition as exc:
         return f"not a Prometheus exposition ({exc})"
     except (OSError, http.client.HTTPException, UnicodeDecodeError, ValueError) as exc:

@@ -6,7 +6,7 @@ Every figure is what the node's own dlmon measured and exported; a figure a node
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from dlmon.analysis.detectors import straggler as local
@@ -103,11 +103,21 @@ class ClusterView:
 # --- one node ------------------------------------------------------------------------------------
 
 
-def _of(series: Iterable[Series], name: str) -> list[Series]:
-    return [s for s in series if s.name == name]
+ByName = Mapping[str, list[Series]]
 
 
-def _first(series: Sequence[Series], name: str) -> float | None:
+def _by_name(series: Iterable[Series]) -> ByName:
+    out: dict[str, list[Series]] = {}
+    for s in series:
+        out.setdefault(s.name, []).append(s)
+    return out
+
+
+def _of(series: ByName, name: str) -> list[Series]:
+    return series.get(name, [])
+
+
+def _first(series: ByName, name: str) -> float | None:
     found = _of(series, name)
     return found[0].value if found else None
 
@@ -149,7 +159,7 @@ def _reason(
     return f"{kind}{where}: {what}{because}"
 
 
-def _verdicts(series: Sequence[Series], ranks: dict[int, RankRow], eta: float | None) -> tuple[Verdict, ...]:
+def _verdicts(series: ByName, ranks: dict[int, RankRow], eta: float | None) -> tuple[Verdict, ...]:
     out: list[Verdict] = []
     placed = _of(series, "dlmon_alert")
     for s in placed:
@@ -174,50 +184,62 @@ def _verdicts(series: Sequence[Series], ranks: dict[int, RankRow], eta: float | 
     return tuple(sorted(out, key=lambda v: (-SEVERITY.get(v.severity, 0), v.kind, v.rank or 0)))
 
 
-def _rank_rows(series: Sequence[Series]) -> dict[int, RankRow]:
+def _sums_by_rank(found: Iterable[Series], role: str | None = None) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for s in found:
+        labels = dict(s.labels)
+        if role is None or labels.get("role") == role:
+            rank = labels.get("rank", "")
+            out[rank] = out.get(rank, 0.0) + s.value
+    return out
+
+
+def _rank_rows(series: ByName) -> dict[int, RankRow]:
     loaders: dict[int, list[Series]] = {}
     for s in _of(series, "dlmon_loader_batches_total"):
         rank = _int(s.label("rank"))
         if rank is not None:
             loaders.setdefault(rank, []).append(s)
+    by_loader = {
+        name: {s.label("loader"): s.value for s in _of(series, name)}
+        for name in (
+            "dlmon_loader_workers",
+            "dlmon_loader_batches_per_second",
+            "dlmon_loader_data_wait_wall_ratio",
+            "dlmon_loader_data_wait_ratio",
+        )
+    }
+    job_wait: dict[str, float] = {}
+    for s in _of(series, "dlmon_job_data_wait_wall_ratio"):
+        job_wait[s.label("rank")] = max(s.value, job_wait.get(s.label("rank"), 0.0))
+    worker_cpu = _sums_by_rank(_of(series, "dlmon_process_cpu_ratio"), role="worker")
+    swap = _sums_by_rank(_of(series, "dlmon_process_swap_bytes"))
     rows: dict[int, RankRow] = {}
     for rank, found in loaders.items():
         # its training loader: the one the framework or the pattern named train, else the busiest
         chosen = max(found, key=lambda s: (s.label("role") == "train", s.value))
         loader = chosen.label("loader")
-
-        def figure(name: str, loader: str = loader) -> float | None:
-            return next((s.value for s in _of(series, name) if s.label("loader") == loader), None)
-
-        job_wait = [
-            s.value for s in _of(series, "dlmon_job_data_wait_wall_ratio") if s.label("rank") == str(rank)
-        ]
-        workers = figure("dlmon_loader_workers")
+        workers = by_loader["dlmon_loader_workers"].get(loader)
+        wall = job_wait.get(str(rank), by_loader["dlmon_loader_data_wait_wall_ratio"].get(loader))
         rows[rank] = RankRow(
             rank=rank,
             local_rank=_int(chosen.label("local_rank")),
             node_rank=_int(chosen.label("node_rank")),
             site=chosen.label("site") or None,
             role=chosen.label("role") or None,
-            batches_per_s=figure("dlmon_loader_batches_per_second"),
-            data_wait=max(job_wait) if job_wait else figure("dlmon_loader_data_wait_wall_ratio"),
-            loader_wait=figure("dlmon_loader_data_wait_ratio"),
+            batches_per_s=by_loader["dlmon_loader_batches_per_second"].get(loader),
+            data_wait=wall,
+            loader_wait=by_loader["dlmon_loader_data_wait_ratio"].get(loader),
             workers=None if workers is None else int(workers),
-            worker_cpu=_total(
-                s.value
-                for s in _of(series, "dlmon_process_cpu_ratio")
-                if s.label("role") == "worker" and s.label("rank") == str(rank)
-            ),
-            swap_bytes=_total(
-                s.value for s in _of(series, "dlmon_process_swap_bytes") if s.label("rank") == str(rank)
-            ),
+            worker_cpu=worker_cpu.get(str(rank)),
+            swap_bytes=swap.get(str(rank)),
             verdict=None,
         )
     return rows
 
 
 def _host(reading: NodeReading) -> str:
-    named = _of(reading.series, "dlmon_host_info")
+    named = [s for s in reading.series if s.name == "dlmon_host_info"]
     if named and named[0].label("host"):
         return named[0].label("host")
     host, _, _ = reading.address.rpartition(":")
@@ -234,9 +256,9 @@ def _unanswered(reading: NodeReading, problem: str) -> NodeRow:
 def node_row(reading: NodeReading) -> NodeRow:
     if reading.error is not None:
         return _unanswered(reading, reading.error)
-    series = reading.series
-    if not any(s.name.startswith("dlmon_") for s in series):
+    if not any(s.name.startswith("dlmon_") for s in reading.series):
         return _unanswered(reading, "answered, but with no dlmon series (not a dlmon exporter?)")
+    series = _by_name(reading.series)
     notes: list[str] = []
     build = _of(series, "dlmon_build_info")
     version = build[0].label("version") or None if build else None
