@@ -260,6 +260,9 @@ def _prometheus(nodes: tuple[str, ...], tmp: Path) -> Iterator[str]:
               - job_name: train
                 static_configs:
                   - targets: {json.dumps(list(nodes))}
+              - job_name: gone
+                static_configs:
+                  - targets: ["127.0.0.1:{free_port()}"]
             """
         )
     )
@@ -364,6 +367,22 @@ def test_the_table_shows_both_nodes_and_the_straggler_line(two_nodes: TwoNodes) 
         line.startswith("node-b") for line in lines
     )
     assert "  rank 0" in done.stdout and "  rank 1" in done.stdout
+
+
+@pytest.mark.slow
+def test_prometheus_with_a_window_shorter_than_its_scrapes_reads_the_last_values(two_nodes: TwoNodes) -> None:
+    view = cluster_json("--prometheus", two_nodes.prometheus, "--job", "train", "--window", "0")
+    assert view is not None and _both_ranks(view), view
+    assert all(r["loader_wait"] is not None for n in view["nodes"] for r in n["ranks"]), view["nodes"]
+
+
+@pytest.mark.slow
+def test_a_target_prometheus_cannot_scrape_is_a_row_saying_so(two_nodes: TwoNodes) -> None:
+    view = cluster_json("--prometheus", two_nodes.prometheus, "--match", '{job=~"train|gone"}')
+    assert view is not None, "no view"
+    gone = [n for n in view["nodes"] if not n["answered"]]
+    assert len(gone) == 1 and gone[0]["problem"] == "Prometheus's last scrape of it failed (up == 0)", gone
+    assert sorted(n["host"] for n in view["nodes"] if n["answered"]) == list(HOSTS)
 
 
 # --- bad sources and nodes --------------------------------------------------------------------------

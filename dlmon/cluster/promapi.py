@@ -109,15 +109,21 @@ def read_prometheus(
     """(one reading per instance, the source's description)."""
     api = Api(url, timeout)
     where = selector(job, match)
-    window = f"{max(1, round(window_s))}s"
+    window = f"{max(1, round(window_s * 1000))}ms"
 
     def promql(name: str) -> str:
         plain = f"{name}{{{where}}}"
-        return f"avg_over_time({plain}[{window}])" if name in AVERAGED else plain
+        if name not in AVERAGED:
+            return plain
+        # a window shorter than the scrape interval may hold no sample: then the last value (``* 1``
+        # drops the name as avg_over_time does, so ``or`` matches the series one to one)
+        return f"avg_over_time({plain}[{window}]) or ({plain} * 1)"
 
     queries = [promql(name) for name in NEEDED]
+    stamps, down, dlmon_jobs = len(queries), len(queries) + 1, len(queries) + 2
     queries.append(f"timestamp(dlmon_snapshot_timestamp_seconds{{{where}}})")
-    queries.append(f"up{{{where}}} == 0" if job is not None or match else 'up{job=""} == 0')
+    queries.append(f"up{{{where}}} == 0")
+    queries.append("count by (job) (dlmon_build_info)")
     with ThreadPoolExecutor(max_workers=8) as pool:
         answers = list(pool.map(api.query, queries))
     by_instance: dict[str, list[Series]] = {}
@@ -128,30 +134,28 @@ def read_prometheus(
             instance = metric.get("instance", "")
             if value is not None and instance:
                 by_instance.setdefault(instance, []).append(Series(name, _labels(metric), value))
-    source = f"Prometheus {api.base}" + (f" {{{where}}}" if where else "")
+    jobs = sorted({str(item.get("metric", {}).get("job", "")) for item in answers[dlmon_jobs]})
     if not by_instance:
-        jobs = sorted(
-            {
-                str(item.get("metric", {}).get("job", ""))
-                for item in api.query("count by (job) (dlmon_build_info)")
-            }
-        )
         which = f" for {{{where}}}" if where else ""
         known = (
-            f" (jobs with dlmon series: {', '.join(jobs)})"
-            if jobs
-            else " (it holds none: is it scraping dlmon exporters?)"
+            f" (jobs with dlmon series: {', '.join(jobs)})" if jobs else " (is it scraping dlmon exporters?)"
         )
         raise PrometheusError(f"Prometheus at {api.base} has no dlmon series{which}{known}")
-    scraped = {item.get("metric", {}).get("instance", ""): _value(item) for item in answers[len(NEEDED)]}
+    scraped = {item.get("metric", {}).get("instance", ""): _value(item) for item in answers[stamps]}
     readings = [
         NodeReading(instance, tuple(series), scraped.get(instance) or 0.0)
         for instance, series in sorted(by_instance.items())
     ]
-    down = sorted(
-        {item.get("metric", {}).get("instance", "") for item in answers[len(NEEDED) + 1]} - set(by_instance)
-    )
+    failed = {
+        item.get("metric", {}).get("instance", "")
+        for item in answers[down]
+        # with a selector, every target it names; without, only those of the jobs that serve dlmon
+        if where or item.get("metric", {}).get("job", "") in jobs
+    }
     readings += [
-        NodeReading(i, (), 0.0, "Prometheus's last scrape of it failed (up == 0)") for i in down if i
+        NodeReading(i, (), 0.0, "Prometheus's last scrape of it failed (up == 0)")
+        for i in sorted(failed - set(by_instance))
+        if i
     ]
+    source = f"Prometheus {api.base}" + (f" {{{where}}}" if where else "")
     return readings, source
