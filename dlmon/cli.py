@@ -615,7 +615,9 @@ def _export_all_jobs(prometheus: str, seconds: float) -> None:
         where = parse_address(prometheus)
     except AddressError as exc:
         fail(str(exc))
-    jobs = JobsExporter(Analyzer, Sampler)
+    context = click.get_current_context(silent=True)
+    pid_labels = bool(context is not None and context.meta.get(PIDS_META))
+    jobs = JobsExporter(Analyzer, Sampler, pid_labels=pid_labels)
     try:
         server = serve(jobs, where)
     except OSError as exc:

@@ -146,3 +146,20 @@ def test_a_job_without_alerts_exports_no_alert_series(snapshot: Snapshot) -> Non
     metrics = scrape(exporter)
     for name in ("dlmon_alert", "dlmon_alerts_active", "dlmon_memory_growth_eta_seconds"):
         assert name not in metrics
+
+
+@pytest.mark.parametrize("pid_labels", [False, True])
+def test_every_job_s_exporter_follows_the_pid_choice(pid_labels: bool) -> None:
+    """``export --all-jobs --prometheus-pids``: each job's exporter is made with the choice."""
+    from dlmon.analysis import Analyzer
+    from dlmon.export.jobs import JobsExporter
+    from dlmon.export.prometheus import render_jobs
+
+    me = os.getpid()
+    jobs = JobsExporter(Analyzer, Sampler, discover=lambda: {me}, pid_labels=pid_labels)
+    jobs.tick()
+    [(job, published)] = jobs.latest
+    assert job == str(me) and published.pid_labels is pid_labels
+    families = {f.name: f for f in render_jobs(jobs.latest)}
+    mains = [s.labels for s in families["dlmon_process_rss_bytes"].samples if s.labels["role"] == "main"]
+    assert [m["pid"] for m in mains] == [str(me) if pid_labels else ""]

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dlmon.cluster.exposition import NotExposition, Series, parse
 from dlmon.cluster.readings import NEEDED, NodeReading, averaged
 
-MAX_BODY = 64 * 1024 * 1024  # a node's /metrics beyond this is not dlmon's
+MAX_BODY = 16 * 1024 * 1024  # a node's /metrics beyond this is not dlmon's (~140 KiB for 8 ranks)
 MAX_THREADS = 64
 NEEDED_SET = frozenset(NEEDED)
 

@@ -67,7 +67,10 @@ class JobsExporter:
         open_sampler: Callable[[int], Sampler],
         discover: Callable[[], set[int]] = discover_jobs,
         rediscover_s: float = REDISCOVER_S,
+        *,
+        pid_labels: bool = False,
     ) -> None:
+        self._pid_labels = pid_labels
         self._new_analyzer = analyzer
         self._open = open_sampler
         self._discover = discover
@@ -85,7 +88,7 @@ class JobsExporter:
                 sampler = self._open(pid)
             except Exception:  # gone or unreadable since discovery: found again next time
                 continue
-            self._jobs[pid] = (sampler, self._new_analyzer(), Exporter())
+            self._jobs[pid] = (sampler, self._new_analyzer(), Exporter(pid_labels=self._pid_labels))
 
     def _drop(self, pid: int) -> None:
         sampler, _, _ = self._jobs.pop(pid)
