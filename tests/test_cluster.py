@@ -477,12 +477,16 @@ def test_the_screen_folds_each_node_s_ranks_under_it(two_nodes: TwoNodes) -> Non
 
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
-def test_the_screen_in_a_real_terminal(two_nodes: TwoNodes, tmp_path: Path) -> None:
+@pytest.mark.parametrize("source", ["direct", "prometheus"])
+def test_the_screen_in_a_real_terminal(two_nodes: TwoNodes, source: str) -> None:
     from test_ui_terminal import Tmux
 
-    tmux = Tmux("cluster")
+    tmux = Tmux(f"cluster-{source}")
     env = {**os.environ, "TERM": "xterm-256color"}
-    command = shlex.join([*dlmon_cmd("cluster", *two_nodes.nodes, "--interval", "1")])
+    nodes = (
+        two_nodes.nodes if source == "direct" else ("--prometheus", two_nodes.prometheus, "--job", "train")
+    )
+    command = shlex.join([*dlmon_cmd("cluster", *nodes, "--interval", "1")])
     subprocess.run(
         ["tmux", "-L", tmux.socket, "new-session", "-d", "-s", "t", "-x", "160", "-y", "30", command],
         check=True,
