@@ -176,6 +176,13 @@ def test_memory_growth_gives_the_time_to_oom_and_the_verdict_line(snapshot: Snap
     )
 
 
+def test_a_node_whose_training_ended_says_so(snapshot: Snapshot) -> None:
+    ended = _ranked(snapshot, 0, 0.1)
+    ended = dataclasses.replace(ended, target=dataclasses.replace(ended.target, alive=False))
+    row = node_row(_reading(ended, "h0:9108"))
+    assert row.training_up is False and "its training is not running (dlmon_target_up 0)" in row.notes
+
+
 def test_a_node_whose_clock_disagrees_says_so_and_keeps_its_figures(snapshot: Snapshot) -> None:
     ahead = _reading(_ranked(snapshot, 0, 0.1), "h0:9108", read_at=time.time() - 120)
     row = node_row(ahead)

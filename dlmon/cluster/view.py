@@ -308,6 +308,8 @@ def node_row(reading: NodeReading) -> NodeRow:
             if s.label("role") in ("train", "")
         ]
     up = _first(series, "dlmon_target_up")
+    if up == 0:
+        notes.append("its training is not running (dlmon_target_up 0)")
     return NodeRow(
         address=reading.address,
         host=_host(reading),
