@@ -709,9 +709,9 @@ def cluster(
                 fail(f"SLURM_JOB_NODELIST: {exc}")
         if not named:
             fail("name the nodes (HOST:PORT ..., --hosts-file FILE, SLURM_JOB_NODELIST) or --prometheus URL")
-    options = ClusterOptions(
-        tuple(with_port(n, port) for n in named), prometheus_url, job, match, timeout_s, window_s
-    )
+    # a node named twice (an argument and the hosts file, HOST and HOST:9108) is one row, read once
+    addresses = tuple(dict.fromkeys(with_port(n, port) for n in named))
+    options = ClusterOptions(addresses, prometheus_url, job, match, timeout_s, window_s)
     screen = None  # --json without --once: one JSON line every --interval
     if not once and not as_json:
         problem = terminal_problem()

@@ -50,15 +50,15 @@ def _labels(text: str, line: str) -> Labels:
 
 def _value(text: str, line: str) -> float:
     try:
-        return float(text)  # also +Inf, -Inf, NaN as Prometheus writes them
+        return float(text)  # also +Inf, -Inf, NaN as Prometheus writes them (dropped by parse)
     except ValueError:
         raise NotExposition(f"not a sample value: {line[:80]!r}") from None
 
 
 def parse(body: str, names: Collection[str] | None = None) -> tuple[Series, ...]:
-    """Every sample of an exposition (of the families in ``names`` only, when given: the rest is
-    skipped before its labels are read); raises NotExposition on a line that is neither a comment
-    nor a sample."""
+    """Every sample with a finite value of an exposition (of the families in ``names`` only, when
+    given: the rest is skipped before its labels are read); raises NotExposition on a line that is
+    neither a comment nor a sample."""
     out: list[Series] = []
     skipping = False  # inside a family (after its # TYPE line) that ``names`` does not hold
     for raw in body.splitlines():
@@ -79,7 +79,7 @@ def parse(body: str, names: Collection[str] | None = None) -> tuple[Series, ...]
         if names is not None and name not in names:
             continue
         value = _value(match.group(3), line)
-        if math.isnan(value):
+        if not math.isfinite(value):  # no figure the view reads; JSON could not carry it either
             continue
         out.append(Series(name, _labels(match.group(2) or "", line), value))
     return tuple(out)

@@ -46,6 +46,10 @@ def _split_top(text: str) -> list[str]:
 _GROUP = re.compile(r"\[([^\]]*)\]")
 
 
+def _digits(text: str) -> bool:
+    return text.isascii() and text.isdigit()  # "²".isdigit(), but int("²") fails
+
+
 def _expand_one(part: str) -> list[str]:
     match = _GROUP.search(part)
     if match is None:
@@ -54,7 +58,7 @@ def _expand_one(part: str) -> list[str]:
     out: list[str] = []
     for item in match.group(1).split(","):
         low, sep, high = item.strip().partition("-")
-        if not low.isdigit() or (sep and not high.isdigit()):
+        if not _digits(low) or (sep and not _digits(high)):
             raise HostsError(f"node list {part[:60]!r}: {item!r} is not a number or a range of numbers")
         width = len(low)
         first, last = int(low), int(high) if sep else int(low)

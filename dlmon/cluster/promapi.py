@@ -6,17 +6,22 @@ dlmon series raises :class:`PrometheusError` with one line for the user."""
 from __future__ import annotations
 
 import json
+import math
+import time
 import urllib.error
 import urllib.parse
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from dlmon.cluster.bounded import TooLarge, TooSlow, get, read_body
 from dlmon.cluster.exposition import Labels, Series
 from dlmon.cluster.readings import AVERAGED, NEEDED, NodeReading
 
 _DROPPED = frozenset({"__name__", "instance", "job"})
-MAX_BODY = 256 * 1024 * 1024
+# One query's answer: ~350 bytes a series, so ~90 000 series (512 nodes x 8 ranks x 20 processes
+# is ~80 000 for the per-process figures); 8 queries are in flight, each parsed whole.
+MAX_BODY = 32 * 1024 * 1024
+MAX_ERROR_BODY = 64 * 1024
 
 
 class PrometheusError(RuntimeError):
@@ -48,10 +53,18 @@ class Api:
     def query(self, promql: str) -> list[dict[str, Any]]:
         where = f"{self.base}/api/v1/query?{urllib.parse.urlencode({'query': promql})}"
         try:
-            with urllib.request.urlopen(where, timeout=self.timeout) as response:
-                body = response.read(MAX_BODY)
+            body = get(where, self.timeout, MAX_BODY)
+        except TooLarge:
+            raise PrometheusError(
+                f"Prometheus at {self.base} answered more than {MAX_BODY >> 20} MiB to {promql[:80]!r}: "
+                "narrow it with --job or --match"
+            ) from None
+        except TooSlow:
+            raise PrometheusError(
+                f"Prometheus at {self.base} did not finish answering within {2 * self.timeout:g} s"
+            ) from None
         except urllib.error.HTTPError as exc:
-            body = exc.read(64 * 1024)  # a bad query: the API answers 400 with its error in JSON
+            body = _error_body(exc, self.timeout)  # a bad query: the API answers 400 with its error in JSON
             if not _api_error(body):
                 raise PrometheusError(
                     f"{self.base} answered HTTP {exc.code} to /api/v1/query: not a Prometheus server?"
@@ -67,10 +80,18 @@ class Api:
         return _result(self.base, promql, body)
 
 
+def _error_body(exc: urllib.error.HTTPError, timeout: float) -> bytes:
+    fp: Any = exc.fp  # the HTTPResponse, which has read1
+    try:
+        return read_body(fp, MAX_ERROR_BODY, time.monotonic() + timeout) if fp is not None else b""
+    except (OSError, ValueError, AttributeError):
+        return b""
+
+
 def _api_error(body: bytes) -> str | None:
     try:
         data = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return str(data.get("error")) if isinstance(data, dict) and data.get("status") == "error" else None
 
@@ -78,7 +99,7 @@ def _api_error(body: bytes) -> str | None:
 def _result(base: str, promql: str, body: bytes) -> list[dict[str, Any]]:
     try:
         data = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested past the parser's depth
         raise PrometheusError(
             f"{base} is not a Prometheus server: /api/v1/query did not answer JSON"
         ) from None
@@ -86,9 +107,17 @@ def _result(base: str, promql: str, body: bytes) -> list[dict[str, Any]]:
         raise PrometheusError(f"{base} is not a Prometheus server: /api/v1/query answered other JSON")
     if data["status"] != "success":
         raise PrometheusError(f"Prometheus at {base} refused {promql[:80]!r}: {data.get('error', '?')}")
-    result = data.get("data", {}).get("result")
-    if not isinstance(result, list):
+    inner = data.get("data")
+    result = inner.get("result") if isinstance(inner, dict) else None
+    vector = isinstance(result, list) and all(
+        isinstance(item, dict)
+        and isinstance(item.get("metric", {}), dict)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in item.get("metric", {}).items())
+        for item in result
+    )
+    if not vector:
         raise PrometheusError(f"{base} is not a Prometheus server: no vector in its answer")
+    assert isinstance(result, list)
     return result
 
 
@@ -97,10 +126,13 @@ def _labels(metric: dict[str, str]) -> Labels:
 
 
 def _value(item: dict[str, Any]) -> float | None:
+    """The sample's value; None for none, or one that is not finite (NaN: no figure; an infinite
+    figure is no figure dlmon exports, and JSON cannot carry either)."""
     try:
-        return float(item["value"][1])
+        value = float(item["value"][1])
     except (KeyError, IndexError, TypeError, ValueError):
         return None
+    return value if math.isfinite(value) else None
 
 
 def read_prometheus(

@@ -9,10 +9,10 @@ import socket
 import time
 import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+from dlmon.cluster.bounded import TooLarge, TooSlow, get
 from dlmon.cluster.exposition import NotExposition, Series, parse
 from dlmon.cluster.readings import NEEDED, NodeReading, averaged
 
@@ -52,12 +52,13 @@ def _why(exc: BaseException, timeout: float) -> str:
 def fetch(node: str, timeout: float) -> tuple[tuple[Series, ...], float] | str:
     """(series, when read) or why not, as one line."""
     try:
-        with urllib.request.urlopen(metrics_url(node), timeout=timeout) as response:
-            body = response.read(MAX_BODY + 1)
+        body = get(metrics_url(node), timeout, MAX_BODY)
         read_at = time.time()
-        if len(body) > MAX_BODY:
-            return f"answered more than {MAX_BODY >> 20} MiB (not a dlmon exporter?)"
         return parse(body.decode(), NEEDED_SET), read_at
+    except TooLarge:
+        return f"answered more than {MAX_BODY >> 20} MiB (not a dlmon exporter?)"
+    except TooSlow:
+        return f"no complete answer within {2 * timeout:g} s (it answers, but too slowly)"
     except NotExposition as exc:
         return f"not a Prometheus exposition ({exc})"
     except (OSError, http.client.HTTPException, UnicodeDecodeError, ValueError) as exc:

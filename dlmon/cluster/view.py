@@ -128,7 +128,7 @@ def _total(values: Iterable[float]) -> float | None:
 
 
 def _int(text: str) -> int | None:
-    return int(text) if text.isdigit() else None
+    return int(text) if text.isascii() and text.isdigit() else None  # "²".isdigit(), int("²") fails
 
 
 _PHRASES = {
@@ -366,16 +366,21 @@ def _measured_cause(
             "swap",
             f"its processes have {human_bytes(slow.swap_bytes)} swapped out, the other ranks' little",
         )
+    # one disk serves every rank of its node: it tells the slow rank apart only when no rank it is
+    # compared with shares that node, and the other nodes' disks are measured and less busy
+    shares_node = any(n is node for _, n in others)
     other_nodes = [n.disk_busy for _, n in others if n is not node and n.disk_busy is not None]
     if (
-        node.disk_busy is not None
+        not shares_node
+        and other_nodes
+        and node.disk_busy is not None
         and node.disk_busy >= IO_BUSY
-        and (not other_nodes or node.disk_busy >= max(other_nodes) + IO_GAP)
+        and node.disk_busy >= max(other_nodes) + IO_GAP
     ):
         return (
             "io",
             f"its node's disk is busy {node.disk_busy:.0%} of the time, the other nodes' at most "
-            f"{max(other_nodes, default=0):.0%}",
+            f"{max(other_nodes):.0%}",
         )
     return None
 

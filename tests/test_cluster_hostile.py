@@ -1,0 +1,218 @@
+"""``dlmon cluster`` against odd and hostile sources (found in review): a node that answers a byte
+at a time, a Prometheus that answers odd JSON, values that are not finite, digits that are not
+ASCII, a node named twice, a disk shared by the ranks being compared. Each one a row, an "n/a" or
+one line, never a traceback or a hang."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from dlmon.cluster.command import as_dict, table
+from dlmon.cluster.exposition import parse
+from dlmon.cluster.hosts import HostsError, expand_nodelist
+from dlmon.cluster.promapi import PrometheusError, read_prometheus
+from dlmon.cluster.readings import NodeReading
+from dlmon.cluster.scrape import fetch
+from dlmon.cluster.view import cluster_view, node_row
+from dlmon.collect.sampler import Sampler
+from dlmon.export.prometheus import Exporter, exposition
+from dlmon.model import DiskSample, LoaderSample, Snapshot
+from export_support import dlmon_cmd, free_port
+
+# --- a node that answers a byte at a time ------------------------------------------------------
+
+
+@pytest.fixture
+def trickling_node() -> Iterator[str]:
+    """HTTP headers at once, then one byte every 0.2 s for as long as the client listens: every
+    read is within a per-read timeout, the answer never ends."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    stop = threading.Event()
+
+    def talk(conn: socket.socket) -> None:
+        with conn:
+            try:
+                conn.recv(4096)
+                conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\n")
+                while not stop.is_set():
+                    conn.sendall(b"#")
+                    stop.wait(0.2)
+            except OSError:
+                pass
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            threading.Thread(target=talk, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield f"127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        stop.set()
+        server.close()
+
+
+def _in_thread(call: Callable[[], object], cap_s: float) -> object:
+    """``call()``'s result; a sentinel string when it had not returned after ``cap_s`` (a liveness
+    cap far above the per-node timeout, so a hang fails the test instead of hanging it)."""
+    out: list[object] = []
+    worker = threading.Thread(target=lambda: out.append(call()), daemon=True)
+    worker.start()
+    worker.join(cap_s)
+    return out[0] if out else "still reading"
+
+
+def test_a_node_that_answers_a_byte_at_a_time_is_given_up_on(trickling_node: str) -> None:
+    answer = _in_thread(lambda: fetch(trickling_node, 1.0), cap_s=60)
+    assert isinstance(answer, str) and answer.startswith("no complete answer within"), answer
+
+
+# --- a Prometheus that answers odd JSON --------------------------------------------------------
+
+
+def _serving(body: bytes) -> tuple[ThreadingHTTPServer, str]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        {"status": "success", "data": None},
+        {"status": "success", "data": []},
+        {"status": "success", "data": {"resultType": "scalar", "result": [1, "2"]}},
+        {"status": "success", "data": {"resultType": "vector", "result": [{"metric": [], "value": 1}]}},
+        {"status": "success", "data": {"resultType": "vector", "result": [{"metric": {"instance": 3}}]}},
+    ],
+)
+def test_a_server_answering_other_json_is_one_line(answer: dict[str, object]) -> None:
+    server, url = _serving(json.dumps(answer).encode())
+    try:
+        with pytest.raises(PrometheusError) as raised:
+            read_prometheus(url, None, None, 2.0, 5.0)
+        assert "\n" not in str(raised.value)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+# --- odd values in an exposition ---------------------------------------------------------------
+
+
+def test_values_that_are_not_finite_and_digits_that_are_not_ascii_read_as_n_a() -> None:
+    body = (
+        'dlmon_host_info{host="x"} 1\n'
+        'dlmon_loader_batches_total{loader="1:1",rank="0",site="t.py:1"} 5\n'
+        'dlmon_loader_batches_total{loader="1:2",rank="\u00b2",site="t.py:1"} 5\n'
+        'dlmon_loader_workers{loader="1:1"} +Inf\n'
+        'dlmon_loader_batches_per_second{loader="1:1"} -Inf\n'
+        "dlmon_memory_growth_eta_seconds +Inf\n"
+    )
+    view = cluster_view([NodeReading("a:1", parse(body), time.time())], "test", 0.0)
+    row = view.nodes[0]
+    assert [r.rank for r in row.ranks] == [0]  # the rank "²" is not a rank
+    assert row.ranks[0].workers is None and row.ranks[0].batches_per_s is None
+    assert row.time_to_oom_s is None
+    json.loads(json.dumps(as_dict(view)), parse_constant=lambda c: pytest.fail(f"{c} in --json"))
+    assert "inf" not in table(view)
+
+
+def test_a_node_list_with_digits_that_are_not_ascii_is_one_line() -> None:
+    with pytest.raises(HostsError):
+        expand_nodelist("node[\u00b2]")
+    with pytest.raises(HostsError):
+        expand_nodelist("node[1-\u00b3]")
+
+
+# --- a node named twice ------------------------------------------------------------------------
+
+
+def test_a_node_named_twice_is_one_row() -> None:
+    port = free_port()
+    twice = (f"127.0.0.1:{port}", "127.0.0.1", "--port", str(port))
+    done = subprocess.run(
+        dlmon_cmd("cluster", *twice, "--once", "--json", "--window", "0"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert [n["address"] for n in json.loads(done.stdout)["nodes"]] == [f"127.0.0.1:{port}"]
+
+
+# --- the straggler's cause ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def snapshot() -> Snapshot:
+    sampler = Sampler(os.getpid())
+    try:
+        return sampler.sample()
+    finally:
+        sampler.close()
+
+
+def _loader(rank: int, wait: float) -> LoaderSample:
+    return LoaderSample(
+        id=f"{100 + rank}:1",
+        name="train.py:40",
+        pid=100 + rank,
+        num_workers=2,
+        batches_total=500,
+        batches_per_s=20.0,
+        data_wait_fraction=wait,
+        wall_wait_fraction=wait,
+        rank=rank,
+        local_rank=rank,
+        node_rank=0,
+        world_size=2,
+    )
+
+
+def _reading(snapshot: Snapshot, address: str) -> NodeReading:
+    exporter = Exporter()
+    exporter(snapshot)
+    return NodeReading(address, parse(exposition(exporter).decode()), time.time())
+
+
+def test_a_busy_disk_shared_with_the_other_ranks_is_not_the_straggler_s_cause(snapshot: Snapshot) -> None:
+    """Both ranks on one node, its disk 90% busy: the disk serves the rank that does not wait as
+    much as the one that does, so it tells them apart no more than nothing does (the local
+    detector's rule: the disk is a rank's cause only if the others do not wait on it)."""
+    busy = DiskSample("sda", 100.0, 0.0, 50e6, 0.0, 90.0, 5.0, 0.0, 1.0)
+    one_node = dataclasses.replace(
+        snapshot, loaders=(_loader(0, 0.05), _loader(1, 0.6)), disks=(busy,), host="n0", time=time.time()
+    )
+    row = node_row(_reading(one_node, "n0:9108"))
+    assert row.disk_busy is not None and row.disk_busy >= 0.9
+    view = cluster_view([_reading(one_node, "n0:9108")], "test", 0.0)
+    assert view.straggler is not None and view.straggler.rank == 1
+    assert view.straggler.cause != "io" and view.straggler.severity == "info", view.straggler
