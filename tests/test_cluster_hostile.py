@@ -216,3 +216,45 @@ def test_a_busy_disk_shared_with_the_other_ranks_is_not_the_straggler_s_cause(sn
     view = cluster_view([_reading(one_node, "n0:9108")], "test", 0.0)
     assert view.straggler is not None and view.straggler.rank == 1
     assert view.straggler.cause != "io" and view.straggler.severity == "info", view.straggler
+
+
+# --- a Prometheus URL that is not HTTP, or not a URL -------------------------------------------
+
+
+@pytest.fixture
+def not_http() -> Iterator[str]:
+    """A port that answers as an ssh server does."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+
+    def answer() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                try:
+                    conn.recv(4096)
+                    conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
+                except OSError:
+                    pass
+
+    threading.Thread(target=answer, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        server.close()
+
+
+def test_a_prometheus_url_that_is_not_http_or_not_a_url_is_one_line(not_http: str) -> None:
+    for url, words in ((not_http, "does not answer HTTP"), ("http://[::1", "cannot use")):
+        done = subprocess.run(
+            dlmon_cmd("cluster", "--prometheus", url, "--once", "--json"),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 2 and done.stdout == "", (url, done.stderr)
+        assert done.stderr.count("\n") == 1 and words in done.stderr, (url, done.stderr)

@@ -5,6 +5,7 @@ dlmon series raises :class:`PrometheusError` with one line for the user."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import math
 import time
@@ -77,6 +78,12 @@ class Api:
             raise PrometheusError(
                 f"cannot reach Prometheus at {self.base}: {getattr(exc, 'strerror', None) or 'timed out'}"
             ) from None
+        except http.client.HTTPException as exc:  # something answered, not in HTTP (an ssh port)
+            raise PrometheusError(
+                f"{self.base} is not a Prometheus server: it does not answer HTTP ({type(exc).__name__})"
+            ) from None
+        except ValueError as exc:  # a URL urllib cannot use ("http://[::1", a space in it)
+            raise PrometheusError(f"cannot use {self.base} as a Prometheus URL: {exc}") from None
         return _result(self.base, promql, body)
 
 
