@@ -26,7 +26,7 @@ from dlmon.cluster.scrape import fetch
 from dlmon.cluster.view import cluster_view, node_row
 from dlmon.collect.sampler import Sampler
 from dlmon.export.prometheus import Exporter, exposition
-from dlmon.model import DiskSample, LoaderSample, Snapshot
+from dlmon.model import DiskSample, LoaderSample, ProcessSample, Snapshot
 from export_support import dlmon_cmd, free_port
 
 # --- a node that answers a byte at a time ------------------------------------------------------
@@ -258,3 +258,63 @@ def test_a_prometheus_url_that_is_not_http_or_not_a_url_is_one_line(not_http: st
         )
         assert done.returncode == 2 and done.stdout == "", (url, done.stderr)
         assert done.stderr.count("\n") == 1 and words in done.stderr, (url, done.stderr)
+
+
+def _workers(rank: int, count: int, cpu_percent: float) -> tuple[ProcessSample, ...]:
+    pids = [1000 * (rank + 1) + i for i in range(count)]
+    return tuple(
+        ProcessSample(
+            pid,
+            1,
+            100 + rank,
+            "worker",
+            "pt_data_worker",
+            "S",
+            worker_id=i,
+            cpu_percent=cpu_percent,
+            rank=rank,
+        )
+        for i, pid in enumerate(pids)
+    )
+
+
+def test_more_workers_at_less_cpu_each_is_not_a_cpu_cause(snapshot: Snapshot) -> None:
+    """The slow rank has 8 workers at 30% CPU each (2.4 cores), the other 2 at 60% (1.2 cores):
+    none is CPU-bound and each of its workers is less busy, so CPU does not tell it apart (the
+    local detector compares each worker's CPU and asks it to be busy)."""
+    nodes = []
+    for rank, wait, count, cpu in ((0, 0.05, 2, 60.0), (1, 0.6, 8, 30.0)):
+        loader = dataclasses.replace(_loader(rank, wait), num_workers=count)
+        loader = dataclasses.replace(loader, worker_pids=tuple(p.pid for p in _workers(rank, count, cpu)))
+        snap = dataclasses.replace(
+            snapshot,
+            loaders=(loader,),
+            processes=_workers(rank, count, cpu),
+            disks=(),
+            host=f"n{rank}",
+            time=time.time(),
+        )
+        nodes.append(_reading(snap, f"n{rank}:9108"))
+    view = cluster_view(nodes, "test", 0.0)
+    assert view.straggler is not None and view.straggler.rank == 1
+    assert view.straggler.cause != "cpu" and view.straggler.severity == "info", view.straggler
+
+
+def test_busy_workers_well_above_the_others_are_the_cpu_cause(snapshot: Snapshot) -> None:
+    nodes = []
+    for rank, wait, cpu in ((0, 0.05, 40.0), (1, 0.6, 97.0)):
+        loader = dataclasses.replace(
+            _loader(rank, wait), worker_pids=tuple(p.pid for p in _workers(rank, 2, cpu))
+        )
+        snap = dataclasses.replace(
+            snapshot,
+            loaders=(loader,),
+            processes=_workers(rank, 2, cpu),
+            disks=(),
+            host=f"n{rank}",
+            time=time.time(),
+        )
+        nodes.append(_reading(snap, f"n{rank}:9108"))
+    view = cluster_view(nodes, "test", 0.0)
+    assert view.straggler is not None and view.straggler.cause == "cpu", view.straggler
+    assert view.straggler.severity == "critical"

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from dlmon.analysis.detectors import straggler as local
-from dlmon.analysis.detectors._base import duration
+from dlmon.analysis.detectors._base import Thresholds, duration
 from dlmon.cluster.exposition import Series
 from dlmon.cluster.readings import NodeReading
 from dlmon.model.format import human_bytes
@@ -18,7 +18,8 @@ from dlmon.model.format import human_bytes
 SEVERITY = {"critical": 3, "warning": 2, "info": 1}
 CLOCK_TOLERANCE_S = 5.0  # beyond a few sample intervals: the node's clock is not this machine's
 SWAP_BYTES = local.SWAP_BYTES
-CPU_GAP_CORES = local.CPU_GAP_PERCENT / 100
+CPU_GAP_CORES = local.CPU_GAP_PERCENT / 100  # per worker, as the local detector compares them
+BUSY_WORKER_CORES = Thresholds().busy_cpu_percent / 100
 IO_BUSY = 0.5  # a node's busiest disk (or io pressure) this far up ...
 IO_GAP = 0.25  # ... and this much above every other node's
 
@@ -44,6 +45,7 @@ class RankRow:
     loader_wait: float | None  # its loader's wait within its own iteration (what stragglers compare)
     workers: int | None
     worker_cpu: float | None  # cores its workers use
+    worker_cpu_each: float | None  # cores each of its workers uses, on average
     swap_bytes: float | None
     verdict: Verdict | None
 
@@ -213,6 +215,9 @@ def _rank_rows(series: ByName) -> dict[int, RankRow]:
     for s in _of(series, "dlmon_job_data_wait_wall_ratio"):
         job_wait[s.label("rank")] = max(s.value, job_wait.get(s.label("rank"), 0.0))
     worker_cpu = _sums_by_rank(_of(series, "dlmon_process_cpu_ratio"), role="worker")
+    worker_count = _sums_by_rank(
+        (replace(s, value=1.0) for s in _of(series, "dlmon_process_cpu_ratio")), role="worker"
+    )
     swap = _sums_by_rank(_of(series, "dlmon_process_swap_bytes"))
     rows: dict[int, RankRow] = {}
     for rank, found in loaders.items():
@@ -232,6 +237,9 @@ def _rank_rows(series: ByName) -> dict[int, RankRow]:
             loader_wait=by_loader["dlmon_loader_data_wait_ratio"].get(loader),
             workers=None if workers is None else int(workers),
             worker_cpu=worker_cpu.get(str(rank)),
+            worker_cpu_each=(
+                worker_cpu[str(rank)] / worker_count[str(rank)] if str(rank) in worker_cpu else None
+            ),
             swap_bytes=swap.get(str(rank)),
             verdict=None,
         )
@@ -350,11 +358,16 @@ def _measured_cause(
             "fewer_workers",
             f"it has {slow.workers} DataLoader workers, the other ranks {min(other_workers)} or more",
         )
-    other_cpu = [r.worker_cpu for r, _ in others if r.worker_cpu is not None]
-    if slow.worker_cpu is not None and other_cpu and slow.worker_cpu >= max(other_cpu) + CPU_GAP_CORES:
+    # each worker's CPU, as the local detector: a rank with more workers uses more cores in all
+    # without any of them being busier
+    each = slow.worker_cpu_each
+    other_cpu = [r.worker_cpu_each for r, _ in others if r.worker_cpu_each is not None]
+    busy = each is not None and each >= BUSY_WORKER_CORES
+    if each is not None and busy and other_cpu and each >= max(other_cpu) + CPU_GAP_CORES:
         return (
             "cpu",
-            f"its workers use {slow.worker_cpu:.1f} cores, the other ranks' at most {max(other_cpu):.1f}",
+            f"its workers are CPU-bound at {each:.0%} of a core each, the other ranks' at most "
+            f"{max(other_cpu):.0%}",
         )
     other_swap = [r.swap_bytes for r, _ in others if r.swap_bytes is not None]
     if (
