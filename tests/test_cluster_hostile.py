@@ -18,7 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from dlmon.cluster.command import as_dict, table
-from dlmon.cluster.exposition import parse
+from dlmon.cluster.exposition import Series, parse
 from dlmon.cluster.hosts import HostsError, expand_nodelist
 from dlmon.cluster.promapi import PrometheusError, read_prometheus
 from dlmon.cluster.readings import NodeReading
@@ -318,3 +318,20 @@ def test_busy_workers_well_above_the_others_are_the_cpu_cause(snapshot: Snapshot
     view = cluster_view(nodes, "test", 0.0)
     assert view.straggler is not None and view.straggler.cause == "cpu", view.straggler
     assert view.straggler.severity == "critical"
+
+
+def test_a_series_read_twice_counts_once(snapshot: Snapshot) -> None:
+    """The same series twice (two scrape jobs of one target, merged by instance; a proxy that
+    repeats itself): a sum over a node's GPUs or workers must not double."""
+    exporter = Exporter()
+    exporter(dataclasses.replace(snapshot, loaders=(_loader(0, 0.1),), host="n0", time=time.time()))
+    once = parse(exposition(exporter).decode())
+    gpu = (
+        Series("dlmon_gpu_memory_used_bytes", (("gpu", "0"),), 4e9),
+        Series("dlmon_gpu_memory_total_bytes", (("gpu", "0"),), 8e9),
+    )
+    now = time.time()
+    single = node_row(NodeReading("n0:9108", once + gpu, now))
+    double = node_row(NodeReading("n0:9108", once + gpu + once + gpu, now))
+    assert double.gpu_memory_used_bytes == single.gpu_memory_used_bytes == 4e9
+    assert double == single

@@ -109,9 +109,14 @@ ByName = Mapping[str, list[Series]]
 
 
 def _by_name(series: Iterable[Series]) -> ByName:
+    """The series by name, each (name, labels) once: the first reading of a series read twice
+    (two scrape jobs of one target merged by instance) so that no sum counts it twice."""
     out: dict[str, list[Series]] = {}
+    seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
     for s in series:
-        out.setdefault(s.name, []).append(s)
+        if (s.name, s.labels) not in seen:
+            seen.add((s.name, s.labels))
+            out.setdefault(s.name, []).append(s)
     return out
 
 
