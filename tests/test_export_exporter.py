@@ -106,7 +106,13 @@ def test_two_processes_that_would_share_labels_keep_their_pids(snapshot: Snapsho
     children = sorted(
         m["pid"] for m, _ in scrape(exporter)["dlmon_process_rss_bytes"] if m["role"] == "child"
     )
-    assert children == ["", str(me.pid + 1)]
+    assert children == sorted([str(me.pid), str(me.pid + 1)])  # neither takes the other's series
+    loaders = tuple(
+        LoaderSample(id=f"{pid}:1", name="t.py:1", pid=pid, wall_wait_fraction=0.1) for pid in (7, 8)
+    )
+    exporter(dataclasses.replace(snapshot, loaders=loaders))
+    waits = sorted(m["pid"] for m, _ in scrape(exporter)["dlmon_job_data_wait_wall_ratio"])
+    assert waits == ["7", "8"]
 
 
 def test_active_alerts_as_series_with_rank_loader_and_cause_and_a_count_by_kind(snapshot: Snapshot) -> None:

@@ -9,8 +9,9 @@ Labels stay bounded: a DataLoader worker known to the agent is keyed by ``loader
 series instead of adding new ones; its current pid is the value of ``dlmon_worker_pid``. The
 trainer and other processes are keyed by role and rank, with an empty ``pid``, unless
 ``Published.pid_labels`` (``--prometheus-pids``) asks for the pid: across a fleet, a pid label
-makes every restart of every job a new set of series. Only a process that would share its
-labels with another (two children of one rank) keeps its pid.
+makes every restart of every job a new set of series. Processes that share a role and rank (two
+children of one rank) keep their pids, all of them. A loader's id (``PID:N``, the ``loader``
+label of the loader, worker and alert series) holds its process's pid either way.
 """
 
 from __future__ import annotations
@@ -111,14 +112,25 @@ def worker_slots(snapshot: Snapshot) -> dict[int, tuple[str, int]]:
     return slots
 
 
+def _role_and_rank(p: ProcessSample) -> tuple[str, ...]:
+    return (p.role, *rank_values(p))
+
+
 def process_series(published: Published) -> list[tuple[tuple[str, ...], ProcessSample]]:
     snapshot = published.snapshot
     slots = worker_slots(snapshot)
     seen: set[tuple[str, ...]] = set()
     out: list[tuple[tuple[str, ...], ProcessSample]] = []
+    # Without pid labels, a process is keyed by role and rank only while it is the one process of
+    # that role and rank: were the first of two to have the pid-less series, it would pass to the
+    # other when the first exits (its counters jumping, its gauges another process's)
+    sharing: dict[tuple[str, ...], int] = {}
+    for p in snapshot.processes:
+        sharing[_role_and_rank(p)] = sharing.get(_role_and_rank(p), 0) + 1
     # Live processes first: a zombie of the previous epoch must not take its successor's slot.
     for p in sorted(snapshot.processes, key=lambda p: p.state in DEAD_STATES):
-        labels = (str(p.pid) if published.pid_labels else "", p.role, "", "")
+        alone = sharing[_role_and_rank(p)] == 1
+        labels = ("" if alone and not published.pid_labels else str(p.pid), p.role, "", "")
         if p.role == "worker":
             loader, worker_id = slots.get(p.pid, ("", p.worker_id))
             if worker_id is not None:
@@ -573,17 +585,18 @@ ALERTS_RAISED: Group[int] = Group(
 
 def job_wait_series(published: Published) -> list[tuple[tuple[str, ...], float]]:
     out: list[tuple[tuple[str, ...], float]] = []
-    seen: set[tuple[str, ...]] = set()
-    for pid, loaders in sorted(by_process(published.snapshot.loaders).items()):
-        share = job_wall_wait(loaders)
-        if share is None:
-            continue
-        ranks = rank_values(loaders[0])
-        labels = ("" if not published.pid_labels else str(pid), *ranks)
-        if labels in seen:
-            labels = (str(pid), *ranks)
-        seen.add(labels)
-        out.append((labels, share))
+    shares = [
+        (pid, rank_values(loaders[0]), share)
+        for pid, loaders in sorted(by_process(published.snapshot.loaders).items())
+        if (share := job_wall_wait(loaders)) is not None
+    ]
+    # as process_series: the pid-less series only for the one process of its rank, never passed on
+    sharing: dict[tuple[str, str, str], int] = {}
+    for _, ranks, _ in shares:
+        sharing[ranks] = sharing.get(ranks, 0) + 1
+    for pid, ranks, share in shares:
+        pid_label = "" if sharing[ranks] == 1 and not published.pid_labels else str(pid)
+        out.append(((pid_label, *ranks), share))
     return out
 
 
