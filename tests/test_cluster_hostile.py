@@ -17,13 +17,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from dlmon.cluster.command import as_dict, table
+from dlmon.cluster.command import ClusterOptions, as_dict, table
 from dlmon.cluster.exposition import Series, parse
 from dlmon.cluster.hosts import HostsError, expand_nodelist
 from dlmon.cluster.promapi import PrometheusError, read_prometheus
 from dlmon.cluster.readings import NodeReading
-from dlmon.cluster.scrape import fetch
-from dlmon.cluster.view import cluster_view, node_row
+from dlmon.cluster.scrape import fetch, scrape_nodes
+from dlmon.cluster.view import ClusterView, cluster_view, node_row
 from dlmon.collect.sampler import Sampler
 from dlmon.export.prometheus import Exporter, exposition
 from dlmon.model import DiskSample, LoaderSample, ProcessSample, Snapshot
@@ -335,3 +335,66 @@ def test_a_series_read_twice_counts_once(snapshot: Snapshot) -> None:
     double = node_row(NodeReading("n0:9108", once + gpu + once + gpu, now))
     assert double.gpu_memory_used_bytes == single.gpu_memory_used_bytes == 4e9
     assert double == single
+
+
+# --- a node that accepts and never answers -----------------------------------------------------
+
+
+def test_a_node_that_never_answers_is_asked_once_a_refresh() -> None:
+    """Three readings a refresh (--window 2): a node that missed the first is not asked again,
+    each time costing the timeout; a silent node makes one connection a refresh."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                accepted.append(server.accept()[0])  # held open, never answered
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        [row] = scrape_nodes([f"127.0.0.1:{server.getsockname()[1]}"], 0.5, readings=3, every_s=0.0)
+        assert row.error is not None and row.error.startswith("no answer within")
+        assert len(accepted) == 1
+    finally:
+        stop.set()
+        server.close()
+        for conn in accepted:
+            conn.close()
+
+
+def test_the_screen_shows_the_reading_made_before_it_opened(snapshot: Snapshot) -> None:
+    """`dlmon cluster` reads once before the screen opens (a bad source fails as one line): the
+    screen shows that reading instead of reading the whole window again."""
+    import asyncio
+
+    from dlmon.cluster.command import run_cluster
+    from dlmon.ui.cluster_screen import ClusterApp
+
+    first = cluster_view([_reading(dataclasses.replace(snapshot, host="n0"), "n0:9108")], "test", 0.0)
+    reads: list[int] = []
+
+    def read() -> ClusterView:
+        reads.append(1)
+        return first
+
+    handed: list[ClusterView | None] = []
+    options = ClusterOptions(("127.0.0.1:1",), None, None, None, 1.0, 0.0)
+    run_cluster(
+        options, once=False, as_json=False, interval_s=60, screen=lambda r, i, f: handed.append(f) or 0
+    )
+    assert len(handed) == 1 and handed[0] is not None
+
+    async def drive() -> None:
+        app = ClusterApp(read, 60.0, first)
+        async with app.run_test(size=(120, 20)) as pilot:
+            await pilot.pause(0.2)
+            assert app.view is first and reads == []
+            await pilot.press("q")
+
+    asyncio.run(drive())

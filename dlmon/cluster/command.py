@@ -123,7 +123,7 @@ def run_cluster(
     once: bool,
     as_json: bool,
     interval_s: float,
-    screen: Callable[[Reader, float], int] | None,
+    screen: Callable[[Reader, float, ClusterView], int] | None,
 ) -> int:
     read = reader(options)
     if once or screen is None:
@@ -134,5 +134,5 @@ def run_cluster(
             if once:
                 return 0 if any(n.answered for n in view.nodes) else EXIT_NO_NODE
             time.sleep(interval_s)
-    read()  # a source that cannot be read fails here, before the screen opens, as one line
-    return screen(read, interval_s)
+    first = read()  # a source that cannot be read fails here, before the screen opens, as one line
+    return screen(read, interval_s, first)

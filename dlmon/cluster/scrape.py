@@ -81,7 +81,11 @@ def scrape_nodes(
         for i in range(readings):
             if i:
                 sleep(every_s)
-            for n, answer in enumerate(pool.map(lambda node: fetch(node, timeout), nodes)):
+            # a node that has not answered once in this refresh is not asked again: each time
+            # would cost the timeout, and a refresh with a dead node would take readings x timeout
+            asked = [n for n in range(len(nodes)) if i == 0 or got[n]]
+            answers = pool.map(lambda n: fetch(nodes[n], timeout), asked)
+            for n, answer in zip(asked, answers, strict=True):
                 if isinstance(answer, str):
                     errors[n] = answer if not got[n] else errors[n]  # a later miss keeps what came
                 else:

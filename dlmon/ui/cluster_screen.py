@@ -47,10 +47,11 @@ class ClusterApp(App[int]):
     DataTable { height: 1fr; }
     """
 
-    def __init__(self, read: Reader, interval_s: float) -> None:
+    def __init__(self, read: Reader, interval_s: float, first: ClusterView | None = None) -> None:
         super().__init__()
         self._read = read
         self._interval_s = interval_s
+        self._first = first  # the reading the command made before the screen opened
         self._view: ClusterView | None = None
         self._unfolded: set[str] = set()
         self._reading = False
@@ -71,7 +72,10 @@ class ClusterApp(App[int]):
         table = self.query_one(DataTable)
         for header in HEADERS:
             table.add_column(header, key=header)
-        self.refresh_view()
+        if self._first is not None:  # shown at once, not read again (a dead node costs its timeout)
+            self._show(self._first)
+        else:
+            self.refresh_view()
         self.set_interval(self._interval_s, self.refresh_view)
 
     def refresh_view(self) -> None:
@@ -162,6 +166,6 @@ class ClusterApp(App[int]):
         self.refresh_view()
 
 
-def run_cluster_screen(read: Reader, interval_s: float) -> int:
-    ClusterApp(read, interval_s).run()
+def run_cluster_screen(read: Reader, interval_s: float, first: ClusterView | None = None) -> int:
+    ClusterApp(read, interval_s, first).run()
     return 0
