@@ -398,3 +398,20 @@ def test_the_screen_shows_the_reading_made_before_it_opened(snapshot: Snapshot) 
             await pilot.press("q")
 
     asyncio.run(drive())
+
+
+def test_an_unproven_straggler_does_not_sort_above_a_node_with_a_warning(snapshot: Snapshot) -> None:
+    """A straggler without a measured cause is said as info; its node must not outrank a node
+    whose own dlmon holds a warning (it was sorted as a warning, ahead of it)."""
+    from dlmon.model import Alert
+
+    growth = Alert("memory_growth", "warning", "job", "m", "a", 0.0, {"eta_s": 600.0})
+    nodes = [
+        _reading(
+            dataclasses.replace(snapshot, loaders=(_loader(0, 0.05),), alerts=(growth,), host="n0"), "n0:9108"
+        ),
+        _reading(dataclasses.replace(snapshot, loaders=(_loader(1, 0.6),), alerts=(), host="n1"), "n1:9108"),
+    ]
+    view = cluster_view(nodes, "test", 0.0)
+    assert view.straggler is not None and view.straggler.severity == "info" and view.straggler.host == "n1"
+    assert [n.host for n in view.nodes] == ["n0", "n1"]

@@ -501,7 +501,8 @@ def cluster_view(readings: Sequence[NodeReading], source: str, now: float) -> Cl
     def badness(node: NodeRow) -> tuple[int, int, float, str]:
         severity = node.severity
         if straggler is not None and node.address == straggler.address:
-            severity = max(severity, SEVERITY.get(straggler.severity, 0), SEVERITY["warning"])
+            # at its own severity: an unproven straggler is info, not above a node's warning
+            severity = max(severity, SEVERITY.get(straggler.severity, 0))
         return (
             -severity,
             -int(straggler is not None and node.address == straggler.address),
