@@ -630,6 +630,10 @@ def _export_all_jobs(prometheus: str, seconds: float) -> None:
     click.echo("dlmon: export stopped (interrupted)", err=True)
 
 
+MAX_CLUSTER_TIMEOUT_S = 600
+MAX_CLUSTER_WINDOW_S = 3600
+
+
 @main.command()
 @click.argument("nodes", nargs=-1, metavar="[HOST:PORT]...")
 @click.option("--hosts-file", metavar="FILE", help="Nodes to read, one HOST[:PORT] a line.")
@@ -688,6 +692,12 @@ def cluster(
 
     timeout_s = positive_seconds(timeout, "--timeout")
     window_s = positive_seconds(window, "--window", allow_zero=True)
+    # beyond these a socket's timeout or a PromQL range overflows (a traceback), and the direct
+    # form would scrape for ever
+    if timeout_s > MAX_CLUSTER_TIMEOUT_S:
+        fail(f"--timeout must be at most {MAX_CLUSTER_TIMEOUT_S} seconds, not {timeout!r}")
+    if window_s > MAX_CLUSTER_WINDOW_S:
+        fail(f"--window must be at most {MAX_CLUSTER_WINDOW_S} seconds, not {window!r}")
     interval_s = interval_seconds(interval)
     named = list(nodes)
     if hosts_file is not None:

@@ -332,6 +332,19 @@ CASES = [
     Case("cluster-hosts-file-a-fifo-dir", ("cluster", "--hosts-file", "{tmp}", "--once"), 2, "cannot read"),
     Case("cluster-bad-timeout", ("cluster", "a:1", "--timeout", "nan", "--once"), 2, "--timeout must be"),
     Case("cluster-bad-port", ("cluster", "a", "--port", "0", "--once"), 2, "--port"),
+    # found in review: a socket timeout past time_t, a range that overflows (tracebacks)
+    Case(
+        "cluster-huge-timeout",
+        ("cluster", "a:1", "--timeout", "1e308", "--once"),
+        2,
+        "--timeout must be at most",
+    ),
+    Case(
+        "cluster-huge-window",
+        ("cluster", "a:1", "--window", "1e308", "--once"),
+        2,
+        "--window must be at most",
+    ),
     Case("cluster-screen-without-a-terminal", ("cluster", "127.0.0.1:1"), 2, "not a terminal"),
     Case(
         "cluster-prometheus-unreachable",
