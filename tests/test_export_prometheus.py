@@ -334,15 +334,16 @@ def test_prometheus_scrapes_what_dlmon_sampled(prometheus: str, served: tuple[in
         for m, v in by_name["dlmon_process_rss_bytes"]
     }
     worker_slot = {pid: str(i) for i, pid in enumerate(loader["worker_pids"])}
+    roles = [p["role"] for p in snapshot["processes"]]
     expected = {}
     for p in snapshot["processes"]:
         if p["rss_bytes"] is None:
             continue
         if p["role"] == "worker" and p["pid"] in worker_slot:
             expected[("worker", worker_slot[p["pid"]], "")] = float(p["rss_bytes"])
-        else:  # no pid label by default; a second process of the same role keeps its pid
-            taken = (p["role"], "", "") in expected
-            expected[(p["role"], "", str(p["pid"]) if taken else "")] = float(p["rss_bytes"])
+        else:  # no pid label by default; processes sharing a role (no ranks here) keep their pids
+            alone = roles.count(p["role"]) == 1
+            expected[(p["role"], "", "" if alone else str(p["pid"]))] = float(p["rss_bytes"])
     assert rss == expected
     assert len([k for k in rss if k[0] == "worker"]) == 2
 
