@@ -415,3 +415,17 @@ def test_an_unproven_straggler_does_not_sort_above_a_node_with_a_warning(snapsho
     view = cluster_view(nodes, "test", 0.0)
     assert view.straggler is not None and view.straggler.severity == "info" and view.straggler.host == "n1"
     assert [n.host for n in view.nodes] == ["n0", "n1"]
+
+
+def test_two_jobs_running_the_same_script_are_not_compared(snapshot: Snapshot) -> None:
+    """A Prometheus scrape job holding the whole fleet (or no --job): two independent trainings of
+    one script (a sweep under torchrun, each its own rank 0), one input-bound, one not, at similar
+    rates. They do not wait on each other: naming one the other's straggler is a false alarm."""
+    nodes = []
+    for job, wait in (("a", 0.6), ("b", 0.05)):
+        loader = dataclasses.replace(_loader(0, wait), id=f"{ord(job)}:1", pid=ord(job))
+        snap = dataclasses.replace(snapshot, loaders=(loader,), disks=(), alerts=(), host=f"node-{job}")
+        nodes.append(_reading(snap, f"node-{job}:9108"))
+    view = cluster_view(nodes, "test", 0.0)
+    assert view.straggler is None, view.straggler
+    assert "more than one job" in view.straggler_note, view.straggler_note

@@ -420,8 +420,15 @@ def find_straggler(nodes: Sequence[NodeRow]) -> tuple[Straggler | None, str]:
     for pair in everyone:
         sites.setdefault(pair[0].site, []).append(pair)
     best: Straggler | None = None
+    mixed: list[str] = []  # sites whose ranks belong to more than one job
     for site, pairs in sites.items():
         if len(pairs) < 2:
+            continue
+        ranks = [p[0].rank for p in pairs]
+        if len(set(ranks)) < len(ranks):
+            # a rank twice: two jobs of one script (a sweep, a fleet in one scrape job), which do
+            # not wait on each other; comparing them would name a straggler that is none
+            mixed.append(f"{site or '?'} (rank {next(r for r in ranks if ranks.count(r) > 1)} twice)")
             continue
         slow, node = max(pairs, key=lambda p: p[0].loader_wait or 0.0)
         others = [p for p in pairs if p[0] is not slow]
@@ -491,6 +498,11 @@ def find_straggler(nodes: Sequence[NodeRow]) -> tuple[Straggler | None, str]:
         ), line
     if len(everyone) < 2:
         return None, "no straggler: fewer than two ranks report their loaders"
+    if mixed:
+        return None, (
+            f"no straggler: the ranks at {', '.join(mixed)} belong to more than one job; "
+            "read one job's nodes (--job, --match, or its hosts)"
+        )
     return None, "no straggler: no rank waits for its data far longer than the others"
 
 
