@@ -631,6 +631,7 @@ def _export_all_jobs(prometheus: str, seconds: float) -> None:
 
 
 MAX_CLUSTER_TIMEOUT_S = 600
+MAX_HOSTS_FILE_CHARS = 16 * 1024 * 1024
 MAX_CLUSTER_WINDOW_S = 3600
 
 
@@ -688,7 +689,7 @@ def cluster(
       dlmon cluster --prometheus http://prometheus:9090 --job training
     """
     from dlmon.cluster.command import ClusterFailed, ClusterOptions, run_cluster
-    from dlmon.cluster.hosts import HostsError, expand_nodelist, read_hosts_file, with_port
+    from dlmon.cluster.hosts import MAX_NODES, HostsError, expand_nodelist, read_hosts_file, with_port
 
     timeout_s = positive_seconds(timeout, "--timeout")
     window_s = positive_seconds(window, "--window", allow_zero=True)
@@ -703,9 +704,17 @@ def cluster(
     if hosts_file is not None:
         try:
             with open(hosts_file, encoding="utf-8") as fh:
-                named += read_hosts_file(fh.read())
+                text = fh.read(MAX_HOSTS_FILE_CHARS + 1)  # /dev/zero would be read for ever
         except (OSError, UnicodeDecodeError) as exc:
             fail(f"cannot read --hosts-file {hosts_file}: {getattr(exc, 'strerror', None) or exc}")
+        if len(text) > MAX_HOSTS_FILE_CHARS:
+            fail(
+                f"--hosts-file {hosts_file} is longer than {MAX_HOSTS_FILE_CHARS >> 20} MiB "
+                "(not a list of nodes)"
+            )
+        named += read_hosts_file(text)
+    if len(named) > MAX_NODES:
+        fail(f"more than {MAX_NODES} nodes named")
     if prometheus_url is not None:
         if named:
             fail("give nodes to scrape or --prometheus URL, not both")

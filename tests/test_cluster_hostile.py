@@ -429,3 +429,22 @@ def test_two_jobs_running_the_same_script_are_not_compared(snapshot: Snapshot) -
     view = cluster_view(nodes, "test", 0.0)
     assert view.straggler is None, view.straggler
     assert "more than one job" in view.straggler_note, view.straggler_note
+
+
+# --- node lists that never end -----------------------------------------------------------------
+
+
+def test_a_node_list_whose_ranges_multiply_past_the_bound_is_refused_before_it_is_built() -> None:
+    with pytest.raises(HostsError, match="more than"):
+        expand_nodelist("n[1-99999]-m[1-99999]")  # 10^10 names: a hang and GiBs, were they built
+
+
+def test_a_hosts_file_that_never_ends_is_one_line() -> None:
+    done = subprocess.run(
+        dlmon_cmd("cluster", "--hosts-file", "/dev/zero", "--once", "--json"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr[-500:]
+    assert "longer than" in done.stderr

@@ -16,9 +16,7 @@ def expand_nodelist(text: str) -> list[str]:
     zero padding kept, several bracket groups multiply)."""
     names: list[str] = []
     for part in _split_top(text.strip()):
-        names.extend(_expand_one(part))
-        if len(names) > MAX_NODES:
-            raise HostsError(f"node list {text[:60]!r} names more than {MAX_NODES} nodes")
+        names.extend(_expand_one(part, MAX_NODES - len(names)))
     return names
 
 
@@ -50,9 +48,13 @@ def _digits(text: str) -> bool:
     return text.isascii() and text.isdigit()  # "²".isdigit(), but int("²") fails
 
 
-def _expand_one(part: str) -> list[str]:
+def _expand_one(part: str, room: int) -> list[str]:
+    """The names ``part`` stands for; HostsError past ``room`` of them, checked as they are made
+    (two ranges multiply: n[1-99999]-m[1-99999] is 10^10 names, never built)."""
     match = _GROUP.search(part)
     if match is None:
+        if room < 1:
+            raise HostsError(f"node list names more than {MAX_NODES} nodes (at {part[:60]!r})")
         return [part]
     head, tail = part[: match.start()], part[match.end() :]
     out: list[str] = []
@@ -67,7 +69,7 @@ def _expand_one(part: str) -> list[str]:
         if last - first > MAX_NODES:
             raise HostsError(f"node list {part[:60]!r} names more than {MAX_NODES} nodes")
         for n in range(first, last + 1):
-            out.extend(_expand_one(f"{head}{n:0{width}d}{tail}"))
+            out.extend(_expand_one(f"{head}{n:0{width}d}{tail}", room - len(out)))
     return out
 
 
