@@ -8,12 +8,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import socket
 import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
@@ -27,7 +29,7 @@ from dlmon.cluster.view import ClusterView, cluster_view, node_row
 from dlmon.collect.sampler import Sampler
 from dlmon.export.prometheus import Exporter, exposition
 from dlmon.model import DiskSample, LoaderSample, ProcessSample, Snapshot
-from export_support import dlmon_cmd, free_port
+from export_support import dlmon_cmd, free_port, wait_for
 
 # --- a node that answers a byte at a time ------------------------------------------------------
 
@@ -448,3 +450,43 @@ def test_a_hosts_file_that_never_ends_is_one_line() -> None:
     )
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr[-500:]
     assert "longer than" in done.stderr
+
+
+# --- the documented host join, on `export --all-jobs` ------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_documented_host_join_works_on_an_all_jobs_exporter(snapshot: Snapshot, tmp_path: Path) -> None:
+    """`export --all-jobs` serves one dlmon_host_info per job (a `job` label, `exported_job` in
+    Prometheus): the join docs/prometheus.md and the Grafana panel use must still match one
+    info series per instance (it was a many-to-many error on a real Prometheus)."""
+    import shutil
+    from types import SimpleNamespace
+
+    from test_cluster import _prometheus
+    from test_export_prometheus import dashboard_queries, query
+
+    from dlmon.export.metrics import Published
+    from dlmon.export.prometheus import Address, serve
+    from dlmon.model import Alert
+
+    if shutil.which("prometheus") is None:
+        pytest.skip("prometheus is not installed")
+    alert = Alert("input_bound", "warning", "loader x", "m", "a", 0.0, {"cause": "cpu"})
+    jobs = tuple(
+        (str(pid), Published(dataclasses.replace(snapshot, loaders=(_loader(0, 0.5),), alerts=(alert,))))
+        for pid in (11, 12)
+    )
+    server = serve(SimpleNamespace(latest=jobs), Address("127.0.0.1", 0))
+    try:
+        with _prometheus((f"127.0.0.1:{server.port}",), tmp_path) as url:
+            assert wait_for(lambda: query(url, 'count(dlmon_host_info{job="train"}) == 2'), timeout=60)
+            joins = [e for e in dashboard_queries() if "dlmon_host_info" in e]
+            doc = (Path(__file__).parents[1] / "docs" / "prometheus.md").read_text()
+            joins.append(re.search(r"`(dlmon_loader_batches_per_second \* on [^`]+)`", doc).group(1))  # type: ignore[union-attr]
+            assert len(joins) == 2
+            for expr in joins:
+                result = query(url, expr.replace("$instance", ".*"))
+                assert result and all(r["metric"]["host"] == snapshot.host for r in result), (expr, result)
+    finally:
+        server.close()

@@ -234,7 +234,7 @@ def host_series(published: Published) -> list[tuple[tuple[str, ...], int]]:
 
 
 # The machine's name as an info series, joined where wanted (``* on (instance) group_left (host)
-# dlmon_host_info``), rather than a label on every series: the target's ``instance`` already
+# max by (instance, host) (dlmon_host_info)``: export --all-jobs serves one per job), rather than a label on every series: the target's ``instance`` already
 # keeps nodes apart, and a label copied onto hundreds of series is what Prometheus advises against.
 HOST: Group[int] = Group(
     ("host",),
