@@ -490,3 +490,35 @@ def test_the_documented_host_join_works_on_an_all_jobs_exporter(snapshot: Snapsh
                 assert result and all(r["metric"]["host"] == snapshot.host for r in result), (expr, result)
     finally:
         server.close()
+
+
+def test_a_json_stream_outlives_a_failed_refresh(
+    snapshot: Snapshot, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`dlmon cluster --prometheus URL --json` (no --once) streams a line a refresh: a refresh
+    that fails after the first (Prometheus restarting) is a line on stderr, not the end of the
+    stream; the first failing still is the one line and the exit status."""
+    from dlmon.cluster import command
+
+    view = cluster_view([_reading(dataclasses.replace(snapshot, host="n0"), "n0:9108")], "test", 0.0)
+    calls: list[int] = []
+
+    def read() -> ClusterView:
+        calls.append(1)
+        if len(calls) == 2:
+            raise command.ClusterFailed("cannot reach Prometheus at http://p: Connection refused")
+        if len(calls) == 4:
+            raise KeyboardInterrupt  # the user's Ctrl-C ends the stream
+        return view
+
+    monkeypatch.setattr(command, "reader", lambda options: read)
+    options = ClusterOptions((), "http://p", None, None, 1.0, 0.0)
+    with pytest.raises(KeyboardInterrupt):
+        command.run_cluster(options, once=False, as_json=True, interval_s=0.0, screen=None)
+    out, err = capsys.readouterr()
+    assert len(out.splitlines()) == 2 and "refresh failed" in err and "Connection refused" in err
+
+    calls.clear()
+    calls.append(1)  # the first read fails: the source is wrong
+    with pytest.raises(command.ClusterFailed):
+        command.run_cluster(options, once=False, as_json=True, interval_s=0.0, screen=None)

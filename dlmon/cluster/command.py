@@ -127,10 +127,21 @@ def run_cluster(
 ) -> int:
     read = reader(options)
     if once or screen is None:
+        shown = False
         while True:
-            view = read()
+            try:
+                view = read()
+            except ClusterFailed as exc:
+                if once or not shown:  # the source is wrong: one line and the exit status
+                    raise
+                # a stream outlives a Prometheus restart, as the screen does: said, and read again
+                sys.stderr.write(f"dlmon: refresh failed at {time.strftime('%H:%M:%S')}: {exc.message}\n")
+                sys.stderr.flush()
+                time.sleep(interval_s)
+                continue
             sys.stdout.write((json.dumps(as_dict(view)) if as_json else table(view)) + "\n")
             sys.stdout.flush()
+            shown = True
             if once:
                 return 0 if any(n.answered for n in view.nodes) else EXIT_NO_NODE
             time.sleep(interval_s)

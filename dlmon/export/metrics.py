@@ -234,8 +234,9 @@ def host_series(published: Published) -> list[tuple[tuple[str, ...], int]]:
 
 
 # The machine's name as an info series, joined where wanted (``* on (instance) group_left (host)
-# max by (instance, host) (dlmon_host_info)``: export --all-jobs serves one per job), rather than a label on every series: the target's ``instance`` already
-# keeps nodes apart, and a label copied onto hundreds of series is what Prometheus advises against.
+# max by (instance, host) (dlmon_host_info)``: export --all-jobs serves one per job), rather than
+# a label on every series: the target's ``instance`` already keeps nodes apart, and a label
+# copied onto hundreds of series is what Prometheus advises against.
 HOST: Group[int] = Group(
     ("host",),
     host_series,
