@@ -115,7 +115,7 @@ def check_record(path: str, force: bool = False) -> None:
         fail(f"cannot write {path}: {exc.strerror or exc}")
 
 
-def prometheus_plug(address: str | None) -> Plug | None:
+def prometheus_plug(address: str | None, pid_labels: bool = False) -> Plug | None:
     """--prometheus: a plug that, when the watch starts it, serves /metrics and returns the
     exporter, a sink fed each analysed snapshot."""
     if address is None:  # "" is given, and refused by parse_address like any other non-address
@@ -128,7 +128,7 @@ def prometheus_plug(address: str | None) -> Plug | None:
             where = parse_address(address)
         except AddressError as exc:
             fail(str(exc))
-        exporter = Exporter()
+        exporter = Exporter(pid_labels=pid_labels)
         try:
             server = serve(exporter, where)
         except OSError as exc:
@@ -140,7 +140,9 @@ def prometheus_plug(address: str | None) -> Plug | None:
 
 
 def plugs(prometheus: str | None) -> tuple[Plug, ...]:
-    plug = prometheus_plug(prometheus)
+    context = click.get_current_context(silent=True)
+    pid_labels = bool(context is not None and context.meta.get(PIDS_META))
+    plug = prometheus_plug(prometheus, pid_labels)
     return () if plug is None else (plug,)
 
 
@@ -197,6 +199,22 @@ PROMETHEUS_HELP = (
     "unless given; PORT 0: any free port, printed)."
 )
 
+PIDS_META = "dlmon.prometheus_pids"
+
+
+def _remember_pids(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    ctx.meta[PIDS_META] = value
+
+
+# every command with --prometheus takes it; read by plugs(), so no command body passes it along
+prometheus_pids_option = click.option(
+    "--prometheus-pids",
+    is_flag=True,
+    expose_value=False,
+    callback=_remember_pids,
+    help="Label the trainer's and other processes' series with their pid (off: across a fleet, "
+    "every restart would add series; a worker is keyed by loader and worker_id either way).",
+)
 
 RANK_HELP = (
     "Show only rank N of a distributed job (torchrun, SLURM: RANK as the agent read it) and what "
@@ -219,6 +237,7 @@ rank_option = click.option("--rank", "rank", type=click.IntRange(0), metavar="N"
     help="Load the agent into PID first (gdb on Python 3.9-3.13, sys.remote_exec on 3.14+).",
 )
 @click.option("--prometheus", metavar="[HOST:]PORT", help=PROMETHEUS_HELP)
+@prometheus_pids_option
 @click.option("--force", is_flag=True, help=FORCE_HELP)
 @rank_option
 def attach(
@@ -318,6 +337,7 @@ RUN_SETTINGS = {"ignore_unknown_options": True, "allow_interspersed_args": False
 )
 @click.option("--headless", is_flag=True, help="No dashboard: the training's output passes through.")
 @click.option("--prometheus", metavar="[HOST:]PORT", help=PROMETHEUS_HELP)
+@prometheus_pids_option
 @click.option("--force", is_flag=True, help=FORCE_HELP)
 @rank_option
 @click.argument(
@@ -375,6 +395,7 @@ def run(
 )
 @click.option("--headless", is_flag=True, help="No dashboard: the demo's output passes through.")
 @click.option("--prometheus", metavar="[HOST:]PORT", help=PROMETHEUS_HELP)
+@prometheus_pids_option
 def demo(
     scenario: str,
     workers: int,
@@ -558,6 +579,7 @@ def speed_factor(text: str) -> float:
 @main.command("export")
 @click.argument("pid", required=False)
 @click.option("--prometheus", metavar="[HOST:]PORT", required=True, help=PROMETHEUS_HELP)
+@prometheus_pids_option
 @click.option("--interval", default="1", metavar="S", help=INTERVAL_HELP)
 @click.option("--all-jobs", is_flag=True, help="Every training job of this user (a `job` label each).")
 def export_command(pid: str | None, prometheus: str, interval: str, all_jobs: bool) -> None:
@@ -593,7 +615,9 @@ def _export_all_jobs(prometheus: str, seconds: float) -> None:
         where = parse_address(prometheus)
     except AddressError as exc:
         fail(str(exc))
-    jobs = JobsExporter(Analyzer, lambda pid, gpu: Sampler(pid, gpu_source=gpu))
+    context = click.get_current_context(silent=True)
+    pid_labels = bool(context is not None and context.meta.get(PIDS_META))
+    jobs = JobsExporter(Analyzer, lambda pid, gpu: Sampler(pid, gpu_source=gpu), pid_labels=pid_labels)
     try:
         server = serve(jobs, where)
     except OSError as exc:
@@ -604,6 +628,122 @@ def _export_all_jobs(prometheus: str, seconds: float) -> None:
         jobs.run(seconds, stop)
     server.close()
     click.echo("dlmon: export stopped (interrupted)", err=True)
+
+
+MAX_CLUSTER_TIMEOUT_S = 600
+MAX_HOSTS_FILE_CHARS = 16 * 1024 * 1024
+MAX_CLUSTER_WINDOW_S = 3600
+
+
+@main.command()
+@click.argument("nodes", nargs=-1, metavar="[HOST:PORT]...")
+@click.option("--hosts-file", metavar="FILE", help="Nodes to read, one HOST[:PORT] a line.")
+@click.option(
+    "--port",
+    default=9108,
+    type=click.IntRange(1, 65535),
+    help="The port of a node named without one (default 9108).",
+)
+@click.option(
+    "--prometheus",
+    "prometheus_url",
+    metavar="URL",
+    help="Read the nodes from this Prometheus server's HTTP API instead of scraping them.",
+)
+@click.option("--job", metavar="NAME", help="With --prometheus: the scrape job of the training's nodes.")
+@click.option(
+    "--match", metavar="SELECTOR", help="With --prometheus: label matchers, e.g. '{cluster=\"a\"}'."
+)
+@click.option("--once", is_flag=True, help="Read the cluster once, print it, exit (1: no node answered).")
+@click.option("--json", "as_json", is_flag=True, help="Print the view as one JSON object.")
+@click.option(
+    "--timeout", default="2", metavar="S", help="Seconds each node (or query) may take (default 2)."
+)
+@click.option(
+    "--window",
+    default="2",
+    metavar="S",
+    help="Average the per-interval figures over S seconds (several scrapes; avg_over_time). Default 2.",
+)
+@click.option("--interval", default="2", metavar="S", help="Seconds between refreshes (default 2).")
+def cluster(
+    nodes: tuple[str, ...],
+    hosts_file: str | None,
+    port: int,
+    prometheus_url: str | None,
+    job: str | None,
+    match: str | None,
+    once: bool,
+    as_json: bool,
+    timeout: str,
+    window: str,
+    interval: str,
+) -> None:
+    """Many nodes from one terminal: one row per node (its ranks under it), worst first, the
+    cluster's straggler on top; from the nodes' `--prometheus` exporters or a Prometheus server.
+
+    \b
+      dlmon cluster node01:9108 node02:9108 --once --json
+      dlmon cluster --hosts-file nodes.txt
+      dlmon cluster                        # in a SLURM job: the nodes of SLURM_JOB_NODELIST
+      dlmon cluster --prometheus http://prometheus:9090 --job training
+    """
+    from dlmon.cluster.command import ClusterFailed, ClusterOptions, run_cluster
+    from dlmon.cluster.hosts import MAX_NODES, HostsError, expand_nodelist, read_hosts_file, with_port
+
+    timeout_s = positive_seconds(timeout, "--timeout")
+    window_s = positive_seconds(window, "--window", allow_zero=True)
+    # beyond these a socket's timeout or a PromQL range overflows (a traceback), and the direct
+    # form would scrape for ever
+    if timeout_s > MAX_CLUSTER_TIMEOUT_S:
+        fail(f"--timeout must be at most {MAX_CLUSTER_TIMEOUT_S} seconds, not {timeout!r}")
+    if window_s > MAX_CLUSTER_WINDOW_S:
+        fail(f"--window must be at most {MAX_CLUSTER_WINDOW_S} seconds, not {window!r}")
+    interval_s = interval_seconds(interval)
+    named = list(nodes)
+    if hosts_file is not None:
+        try:
+            with open(hosts_file, encoding="utf-8") as fh:
+                text = fh.read(MAX_HOSTS_FILE_CHARS + 1)  # /dev/zero would be read for ever
+        except (OSError, UnicodeDecodeError) as exc:
+            fail(f"cannot read --hosts-file {hosts_file}: {getattr(exc, 'strerror', None) or exc}")
+        if len(text) > MAX_HOSTS_FILE_CHARS:
+            fail(
+                f"--hosts-file {hosts_file} is longer than {MAX_HOSTS_FILE_CHARS >> 20} MiB "
+                "(not a list of nodes)"
+            )
+        named += read_hosts_file(text)
+    if len(named) > MAX_NODES:
+        fail(f"more than {MAX_NODES} nodes named")
+    if prometheus_url is not None:
+        if named:
+            fail("give nodes to scrape or --prometheus URL, not both")
+    else:
+        if job is not None or match is not None:
+            fail("--job and --match select series on a Prometheus server: give --prometheus URL")
+        if not named and os.environ.get("SLURM_JOB_NODELIST"):
+            try:
+                named = expand_nodelist(os.environ["SLURM_JOB_NODELIST"])
+            except HostsError as exc:
+                fail(f"SLURM_JOB_NODELIST: {exc}")
+        if not named:
+            fail("name the nodes (HOST:PORT ..., --hosts-file FILE, SLURM_JOB_NODELIST) or --prometheus URL")
+    # a node named twice (an argument and the hosts file, HOST and HOST:9108) is one row, read once
+    addresses = tuple(dict.fromkeys(with_port(n, port) for n in named))
+    options = ClusterOptions(addresses, prometheus_url, job, match, timeout_s, window_s)
+    screen = None  # --json without --once: one JSON line every --interval
+    if not once and not as_json:
+        problem = terminal_problem()
+        if problem is not None:
+            fail(f"{problem}: the cluster screen needs one (or use --once, --json)")
+        from dlmon.ui.cluster_screen import run_cluster_screen
+
+        screen = run_cluster_screen
+    try:
+        code = run_cluster(options, once=once, as_json=as_json, interval_s=interval_s, screen=screen)
+    except ClusterFailed as exc:
+        fail(exc.message, exc.code)
+    sys.exit(code)
 
 
 def _summarize(path: str) -> Any:

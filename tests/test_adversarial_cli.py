@@ -307,6 +307,59 @@ CASES = [
         "left running after the training ended",
         check=names_the_leftover,
     ),
+    # dlmon cluster (issue 25)
+    Case("cluster-no-nodes", ("cluster", "--once"), 2, "name the nodes", env={"SLURM_JOB_NODELIST": ""}),
+    Case(
+        "cluster-nodes-and-prometheus",
+        ("cluster", "a:1", "--prometheus", "http://x", "--once"),
+        2,
+        "not both",
+    ),
+    Case(
+        "cluster-job-without-prometheus",
+        ("cluster", "a:1", "--job", "x", "--once"),
+        2,
+        "give --prometheus URL",
+    ),
+    Case(
+        "cluster-bad-slurm-nodelist",
+        ("cluster", "--once"),
+        2,
+        "SLURM_JOB_NODELIST: node list 'node[3-1]'",
+        env={"SLURM_JOB_NODELIST": "node[3-1]"},
+    ),
+    Case("cluster-hosts-file-missing", ("cluster", "--hosts-file", "{tmp}/none", "--once"), 2, "cannot read"),
+    Case("cluster-hosts-file-a-fifo-dir", ("cluster", "--hosts-file", "{tmp}", "--once"), 2, "cannot read"),
+    Case("cluster-bad-timeout", ("cluster", "a:1", "--timeout", "nan", "--once"), 2, "--timeout must be"),
+    Case("cluster-bad-port", ("cluster", "a", "--port", "0", "--once"), 2, "--port"),
+    # found in review: a socket timeout past time_t, a range that overflows (tracebacks)
+    Case(
+        "cluster-huge-timeout",
+        ("cluster", "a:1", "--timeout", "1e308", "--once"),
+        2,
+        "--timeout must be at most",
+    ),
+    Case(
+        "cluster-huge-window",
+        ("cluster", "a:1", "--window", "1e308", "--once"),
+        2,
+        "--window must be at most",
+    ),
+    Case("cluster-screen-without-a-terminal", ("cluster", "127.0.0.1:1"), 2, "not a terminal"),
+    Case(
+        "cluster-prometheus-unreachable",
+        ("cluster", "--prometheus", "http://127.0.0.1:1", "--once"),
+        2,
+        "cannot reach Prometheus at http://127.0.0.1:1",
+    ),
+    Case("cluster-prometheus-not-a-url", ("cluster", "--prometheus", "::::", "--once"), 2, "Prometheus"),
+    Case(
+        "cluster-to-dev-full",
+        ("cluster", "127.0.0.1:1", "--once", "--json", "--window", "0"),
+        1,
+        "No space left",
+        stdout_to="/dev/full",
+    ),
 ]
 
 
@@ -491,4 +544,4 @@ def test_bad_input_gives_one_line_and_the_right_exit(case: Case, places: dict[st
 
 def test_the_table_covers_every_command() -> None:
     covered = {c.args[0] for c in CASES}
-    assert {"attach", "record", "run", "advise", "replay"} <= covered
+    assert {"attach", "record", "run", "advise", "replay", "cluster"} <= covered

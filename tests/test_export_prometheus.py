@@ -120,6 +120,24 @@ def test_a_scrape_serves_the_sampled_snapshot_without_sampling(tmp_path: Path) -
         kill_group(job)
 
 
+@pytest.mark.parametrize(("flag", "pid_label"), [((), False), (("--prometheus-pids",), True)])
+def test_the_pid_label_is_opt_in(tmp_path: Path, flag: tuple[str, ...], pid_label: bool) -> None:
+    """By default the watched process is keyed by its role, and the host is one info series."""
+    job = subprocess.Popen(["sleep", "120"], start_new_session=True)
+    try:
+        args = ["export", str(job.pid), *flag, "--prometheus", "127.0.0.1:0"]
+        with dlmon_serving(args, tmp_path / "stderr") as (_, port):
+            metrics = wait_for(
+                lambda: (m := parse_exposition(scrape(port))).get("dlmon_process_rss_bytes") and m
+            )
+            assert metrics, "no process series"
+            [(labels, _)] = [(m, v) for m, v in metrics["dlmon_process_rss_bytes"] if m["role"] == "main"]
+            assert labels["pid"] == (str(job.pid) if pid_label else "")
+            assert metrics["dlmon_host_info"] == [({"host": os.uname().nodename}, 1.0)]
+    finally:
+        kill_group(job)
+
+
 @pytest.mark.parametrize(
     ("text", "host", "port"),
     [("9108", "127.0.0.1", 9108), ("0.0.0.0:9108", "0.0.0.0", 9108), ("[::1]:0", "::1", 0)],
@@ -187,7 +205,7 @@ def test_documented_rules_and_scrape_config_pass_promtool(tmp_path: Path) -> Non
     rules = subprocess.run(
         ["promtool", "check", "rules", str(tmp_path / "dlmon-rules.yml")], capture_output=True, text=True
     )
-    assert rules.returncode == 0 and "SUCCESS: 10 rules found" in rules.stdout, rules.stdout + rules.stderr
+    assert rules.returncode == 0 and "SUCCESS: 11 rules found" in rules.stdout, rules.stdout + rules.stderr
     config = subprocess.run(
         ["promtool", "check", "config", str(tmp_path / "prometheus.yml")], capture_output=True, text=True
     )
@@ -316,14 +334,16 @@ def test_prometheus_scrapes_what_dlmon_sampled(prometheus: str, served: tuple[in
         for m, v in by_name["dlmon_process_rss_bytes"]
     }
     worker_slot = {pid: str(i) for i, pid in enumerate(loader["worker_pids"])}
+    roles = [p["role"] for p in snapshot["processes"]]
     expected = {}
     for p in snapshot["processes"]:
         if p["rss_bytes"] is None:
             continue
         if p["role"] == "worker" and p["pid"] in worker_slot:
             expected[("worker", worker_slot[p["pid"]], "")] = float(p["rss_bytes"])
-        else:
-            expected[(p["role"], "", str(p["pid"]))] = float(p["rss_bytes"])
+        else:  # no pid label by default; processes sharing a role (no ranks here) keep their pids
+            alone = roles.count(p["role"]) == 1
+            expected[(p["role"], "", "" if alone else str(p["pid"]))] = float(p["rss_bytes"])
     assert rss == expected
     assert len([k for k in rss if k[0] == "worker"]) == 2
 
@@ -335,7 +355,7 @@ def test_the_documented_rules_evaluate_on_real_data(prometheus: str) -> None:
         return [rule for group in groups for rule in group["rules"]]
 
     assert wait_for(
-        lambda: len(rules()) == 10 and all(r.get("lastEvaluation", "").startswith("20") for r in rules())
+        lambda: len(rules()) == 11 and all(r.get("lastEvaluation", "").startswith("20") for r in rules())
     )
     assert [r["name"] for r in rules() if r["health"] != "ok"] == []
     assert wait_for(lambda: query(prometheus, "dlmon:loader_samples:rate1m > 0"), timeout=60)

@@ -39,6 +39,7 @@ def test_non_ui_layers_do_not_load_ui_libraries() -> None:
         "dlmon.flow.loop",
         "dlmon.launch.runner",
         "dlmon.launch.session",
+        "dlmon.cluster.command",
         "dlmon.cli",
     )
     assert "dlmon.collect.sampler" in loaded  # the check is not vacuous
@@ -54,7 +55,19 @@ def test_cli_help_does_not_load_the_collectors() -> None:
 
 
 # ---- the import contracts, read from the source (lazy imports inside functions included) -------------
-PACKAGES = ("agent", "model", "collect", "analysis", "flow", "launch", "export", "tune", "ui", "cli")
+PACKAGES = (
+    "agent",
+    "model",
+    "collect",
+    "analysis",
+    "flow",
+    "launch",
+    "export",
+    "tune",
+    "cluster",
+    "ui",
+    "cli",
+)
 # what each layer may import of dlmon besides itself; data flows one way: collect -> model ->
 # analysis -> ui / export, and the agent (inside the training) stands alone
 MAY_IMPORT: dict[str, frozenset[str]] = {
@@ -66,7 +79,8 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "launch": frozenset({"model", "collect", "analysis", "flow", "agent"}),
     "export": frozenset({"model", "collect", "analysis", "flow", "agent"}),
     "tune": frozenset({"model", "collect", "launch", "agent"}),
-    "ui": frozenset({"model", "analysis", "flow", "export", "tune"}),  # never a /proc read of its own
+    "cluster": frozenset({"model", "analysis"}),  # other nodes' exporters over HTTP; never the UI
+    "ui": frozenset({"model", "analysis", "flow", "export", "tune", "cluster"}),  # never a /proc read
     "cli": frozenset(PACKAGES) - {"cli"},
 }
 

@@ -438,7 +438,14 @@ def test_two_nodes_label_their_node_rank(tmp_path: Path) -> None:
 
         series = wait_for(node_series, timeout=90, every=0.5)
         assert series == [
-            {"loader": series[0]["loader"], "rank": "1", "local_rank": "0", "node_rank": "1", "role": ""}
+            {
+                "loader": series[0]["loader"],
+                "rank": "1",
+                "local_rank": "0",
+                "node_rank": "1",
+                "role": "",
+                "site": SITE,
+            }
         ]
         assert all(p.wait(timeout=150) == 0 for p in procs), err.read_text()[-2000:]
     finally:

@@ -71,11 +71,14 @@ class JobsExporter:
         discover: Callable[[], set[int]] = discover_jobs,
         rediscover_s: float = REDISCOVER_S,
         gpu: GpuCollector | None = None,
+        *,
+        pid_labels: bool = False,
     ) -> None:
         """``open_sampler(pid, gpu)`` opens a job's Sampler reading ``gpu``, the sweep shared by
         all jobs (of ``gpu``, a collector of its own when None)."""
         collector = gpu if gpu is not None else GpuCollector(slow_device_s=DEFAULT_DEADLINE_S)
         self.gpu = SharedGpuSweep(GpuSweep(collector))
+        self._pid_labels = pid_labels
         self._new_analyzer = analyzer
         self._open = open_sampler
         self._discover = discover
@@ -93,7 +96,7 @@ class JobsExporter:
                 sampler = self._open(pid, self.gpu)
             except Exception:  # gone or unreadable since discovery: found again next time
                 continue
-            self._jobs[pid] = (sampler, self._new_analyzer(), Exporter())
+            self._jobs[pid] = (sampler, self._new_analyzer(), Exporter(pid_labels=self._pid_labels))
 
     def _drop(self, pid: int) -> None:
         sampler, _, _ = self._jobs.pop(pid)

@@ -4,10 +4,14 @@ A new Snapshot field becomes a metric by adding one ``gauge(...)`` / ``counter(.
 table of its group. Names follow Prometheus conventions: ``dlmon_`` prefix, base units
 (``_bytes``, ``_seconds``, ratios 0..1), counters end in ``_total``.
 
-Labels stay bounded: per-process series are keyed by ``pid`` for the trainer and other children,
-but a DataLoader worker known to the agent is keyed by ``loader`` and ``worker_id`` only, so a
-respawned worker (every epoch without persistent_workers) continues its series instead of adding
-new ones; its current pid is the value of ``dlmon_worker_pid``.
+Labels stay bounded: a DataLoader worker known to the agent is keyed by ``loader`` and
+``worker_id`` only, so a respawned worker (every epoch without persistent_workers) continues its
+series instead of adding new ones; its current pid is the value of ``dlmon_worker_pid``. The
+trainer and other processes are keyed by role and rank, with an empty ``pid``, unless
+``Published.pid_labels`` (``--prometheus-pids``) asks for the pid: across a fleet, a pid label
+makes every restart of every job a new set of series. Processes that share a role and rank (two
+children of one rank) keep their pids, all of them. A loader's id (``PID:N``, the ``loader``
+label of the loader, worker and alert series) holds its process's pid either way.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from types import MappingProxyType
 from typing import Any, Generic, TypeVar
 
 from dlmon.analysis.wait import by_process, job_wall_wait
-from dlmon.model import DiskSample, GpuDevice, LoaderSample, ProcessSample, Snapshot
+from dlmon.model import Alert, DiskSample, GpuDevice, LoaderSample, ProcessSample, Snapshot
 from dlmon.model.format import DEAD_STATES
 
 T = TypeVar("T")
@@ -35,6 +39,7 @@ class Published:
     snapshot: Snapshot
     alerts_raised: Mapping[tuple[str, str], int] = field(default_factory=lambda: _EMPTY_COUNTS)
     data_wait_seconds: Mapping[str, float] = field(default_factory=lambda: _EMPTY_SECONDS)
+    pid_labels: bool = False  # a pid label on the trainer's and other processes' series
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,21 +112,32 @@ def worker_slots(snapshot: Snapshot) -> dict[int, tuple[str, int]]:
     return slots
 
 
+def _role_and_rank(p: ProcessSample) -> tuple[str, ...]:
+    return (p.role, *rank_values(p))
+
+
 def process_series(published: Published) -> list[tuple[tuple[str, ...], ProcessSample]]:
     snapshot = published.snapshot
     slots = worker_slots(snapshot)
     seen: set[tuple[str, ...]] = set()
     out: list[tuple[tuple[str, ...], ProcessSample]] = []
+    # Without pid labels, a process is keyed by role and rank only while it is the one process of
+    # that role and rank: were the first of two to have the pid-less series, it would pass to the
+    # other when the first exits (its counters jumping, its gauges another process's)
+    sharing: dict[tuple[str, ...], int] = {}
+    for p in snapshot.processes:
+        sharing[_role_and_rank(p)] = sharing.get(_role_and_rank(p), 0) + 1
     # Live processes first: a zombie of the previous epoch must not take its successor's slot.
     for p in sorted(snapshot.processes, key=lambda p: p.state in DEAD_STATES):
-        labels = (str(p.pid), p.role, "", "")
+        alone = sharing[_role_and_rank(p)] == 1
+        labels = ("" if alone and not published.pid_labels else str(p.pid), p.role, "", "")
         if p.role == "worker":
             loader, worker_id = slots.get(p.pid, ("", p.worker_id))
             if worker_id is not None:
                 labels = ("", p.role, loader, str(worker_id))
-        if labels in seen:
+        if (*labels, *rank_values(p)) in seen:
             labels = (str(p.pid), p.role, labels[2], labels[3])
-        seen.add(labels)
+        seen.add((*labels, *rank_values(p)))
         out.append(((*labels, *rank_values(p)), p))
     return out
 
@@ -211,6 +227,21 @@ WORKER: Group[int] = Group(
 
 def one(published: Published) -> list[tuple[tuple[str, ...], Snapshot]]:
     return [((), published.snapshot)]
+
+
+def host_series(published: Published) -> list[tuple[tuple[str, ...], int]]:
+    return [((published.snapshot.host,), 1)]
+
+
+# The machine's name as an info series, joined where wanted (``* on (instance) group_left (host)
+# max by (instance, host) (dlmon_host_info)``: export --all-jobs serves one per job), rather than
+# a label on every series: the target's ``instance`` already keeps nodes apart, and a label
+# copied onto hundreds of series is what Prometheus advises against.
+HOST: Group[int] = Group(
+    ("host",),
+    host_series,
+    (gauge("dlmon_host_info", "The machine dlmon runs on (its hostname); value 1.", lambda n: n),),
+)
 
 
 JOB: Group[Snapshot] = Group(
@@ -322,7 +353,7 @@ JOB: Group[Snapshot] = Group(
 def loader_series(published: Published) -> list[tuple[tuple[str, ...], tuple[LoaderSample, float | None]]]:
     return [
         (
-            (lo.id, lo.role or "", *rank_values(lo)),
+            (lo.id, lo.role or "", lo.name, *rank_values(lo)),
             (lo, published.data_wait_seconds.get(lo.id)),
         )  # role "": not known
         for lo in published.snapshot.loaders
@@ -335,7 +366,7 @@ def _lo(path: str) -> Callable[[tuple[LoaderSample, float | None]], Number]:
 
 
 LOADER: Group[tuple[LoaderSample, float | None]] = Group(
-    ("loader", "role", *RANK_LABELS),
+    ("loader", "role", "site", *RANK_LABELS),
     loader_series,
     (
         counter(
@@ -456,6 +487,58 @@ def alert_series(published: Published) -> list[tuple[tuple[str, ...], int]]:
     return [((a.kind, a.severity, a.subject), 1) for a in published.snapshot.alerts]
 
 
+def alert_place(alert: Alert, snapshot: Snapshot) -> tuple[str, str]:
+    """(rank, loader id) an alert is about, "" where it names none: from its evidence (``rank``,
+    ``loader_id``, ``pid``), else the loader whose label its subject names."""
+    evidence = alert.evidence
+    loader: LoaderSample | None = None
+    loader_id = evidence.get("loader_id")
+    pid = evidence.get("pid")
+    for lo in snapshot.loaders:
+        if lo.id == loader_id or alert.subject == f"loader {lo.label}":
+            loader = lo
+            break
+    rank = evidence.get("rank")
+    if not isinstance(rank, int) or isinstance(rank, bool):
+        rank = loader.rank if loader is not None else None
+    if rank is None and isinstance(pid, int):
+        process = next((p for p in snapshot.processes if p.pid == pid), None)
+        rank = process.rank if process is not None else None
+    return ("" if rank is None else str(rank), loader.id if loader is not None else "")
+
+
+def _cause(alert: Alert) -> str:
+    cause = alert.evidence.get("cause")
+    return cause if isinstance(cause, str) and len(cause) <= 40 else ""
+
+
+def placed_alert_series(published: Published) -> list[tuple[tuple[str, ...], int]]:
+    """One series per (kind, severity, rank, loader, cause): bounded by the kinds, the ranks on
+    this machine and their loaders; the subject and message stay in dlmon (they carry numbers)."""
+    keys = {
+        (a.kind, a.severity, *alert_place(a, published.snapshot), _cause(a))
+        for a in published.snapshot.alerts
+    }
+    return [(key, 1) for key in sorted(keys)]
+
+
+def active_count_series(published: Published) -> list[tuple[tuple[str, ...], int]]:
+    counts: dict[tuple[str, ...], int] = {}
+    for a in published.snapshot.alerts:
+        counts[(a.kind,)] = counts.get((a.kind,), 0) + 1
+    return sorted(counts.items())
+
+
+def time_to_oom_series(published: Published) -> list[tuple[tuple[str, ...], float]]:
+    """The soonest end of headroom a memory_growth verdict forecasts, while one is active."""
+    etas: list[float] = []
+    for a in published.snapshot.alerts:
+        eta = a.evidence.get("eta_s")
+        if a.kind == "memory_growth" and isinstance(eta, int | float) and not isinstance(eta, bool):
+            etas.append(float(eta))
+    return [((), min(etas))] if etas else []
+
+
 def raised_series(published: Published) -> list[tuple[tuple[str, ...], int]]:
     return [((kind, severity), n) for (kind, severity), n in sorted(published.alerts_raised.items())]
 
@@ -473,6 +556,27 @@ ALERT: Group[int] = Group(
     alert_series,
     (gauge("dlmon_alert_active", "1 for each alert active now.", lambda n: n),),
 )
+PLACED_ALERT: Group[int] = Group(
+    ("kind", "severity", "rank", "loader", "cause"),
+    placed_alert_series,
+    (gauge("dlmon_alert", "1 while an alert of this kind is active on this rank and loader.", lambda n: n),),
+)
+ACTIVE_COUNT: Group[int] = Group(
+    ("kind",),
+    active_count_series,
+    (gauge("dlmon_alerts_active", "Alerts of this kind active now.", lambda n: n),),
+)
+TIME_TO_OOM: Group[float] = Group(
+    (),
+    time_to_oom_series,
+    (
+        gauge(
+            "dlmon_memory_growth_eta_seconds",
+            "While memory_growth is active: seconds until the growth uses up the memory headroom.",
+            lambda v: v,
+        ),
+    ),
+)
 ALERTS_RAISED: Group[int] = Group(
     ("kind", "severity"),
     raised_series,
@@ -482,15 +586,23 @@ ALERTS_RAISED: Group[int] = Group(
 
 def job_wait_series(published: Published) -> list[tuple[tuple[str, ...], float]]:
     out: list[tuple[tuple[str, ...], float]] = []
-    for pid, loaders in sorted(by_process(published.snapshot.loaders).items()):
-        share = job_wall_wait(loaders)
-        if share is not None:
-            out.append(((str(pid),), share))
+    shares = [
+        (pid, rank_values(loaders[0]), share)
+        for pid, loaders in sorted(by_process(published.snapshot.loaders).items())
+        if (share := job_wall_wait(loaders)) is not None
+    ]
+    # as process_series: the pid-less series only for the one process of its rank, never passed on
+    sharing: dict[tuple[str, str, str], int] = {}
+    for _, ranks, _ in shares:
+        sharing[ranks] = sharing.get(ranks, 0) + 1
+    for pid, ranks, share in shares:
+        pid_label = "" if sharing[ranks] == 1 and not published.pid_labels else str(pid)
+        out.append(((pid_label, *ranks), share))
     return out
 
 
 JOB_WAIT: Group[float] = Group(
-    ("pid",),
+    ("pid", *RANK_LABELS),
     job_wait_series,
     (
         gauge(
@@ -507,6 +619,7 @@ DEATHS: Group[int] = Group(
 )
 
 GROUPS: tuple[Group[Any], ...] = (
+    HOST,
     JOB,
     PROCESS,
     WORKER,
@@ -516,6 +629,9 @@ GROUPS: tuple[Group[Any], ...] = (
     DISK,
     GPU,
     ALERT,
+    PLACED_ALERT,
+    ACTIVE_COUNT,
+    TIME_TO_OOM,
     ALERTS_RAISED,
     DEATHS,
 )

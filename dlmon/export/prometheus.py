@@ -87,7 +87,8 @@ def _is_ip(host: str) -> bool:
 class Exporter:
     """The pipeline sink: keeps run-long counters, publishes the newest state atomically."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, pid_labels: bool = False) -> None:
+        self._pid_labels = pid_labels
         self._previous: Snapshot | None = None
         self._raised: dict[tuple[str, str], int] = {}
         self._wait_s: dict[str, float] = {}
@@ -111,7 +112,10 @@ class Exporter:
                     self._wait_s.setdefault(loader.id, 0.0)
         self._previous = snapshot
         self.latest = Published(
-            snapshot, MappingProxyType(dict(self._raised)), MappingProxyType(dict(self._wait_s))
+            snapshot,
+            MappingProxyType(dict(self._raised)),
+            MappingProxyType(dict(self._wait_s)),
+            self._pid_labels,
         )
 
 

@@ -1,0 +1,8 @@
+"""``dlmon cluster``: many nodes' dlmon exporters read back into one view.
+
+``exposition`` parses the text format, ``readings`` holds what one node answered, ``view`` turns
+readings into frozen rows per node and rank with the cluster's straggler (pure, no I/O),
+``scrape`` reads the nodes' exporters directly, ``promapi`` a Prometheus server's HTTP API (both
+through ``bounded``: a whole answer within a deadline and a size),
+``hosts`` the node lists (``--hosts-file``, ``SLURM_JOB_NODELIST``), ``command`` runs it.
+"""
