@@ -162,7 +162,9 @@ def test_every_job_s_exporter_follows_the_pid_choice(pid_labels: bool) -> None:
     from dlmon.export.prometheus import render_jobs
 
     me = os.getpid()
-    jobs = JobsExporter(Analyzer, Sampler, discover=lambda: {me}, pid_labels=pid_labels)
+    jobs = JobsExporter(
+        Analyzer, lambda pid, gpu: Sampler(pid, gpu_source=gpu), discover=lambda: {me}, pid_labels=pid_labels
+    )
     jobs.tick()
     [(job, published)] = jobs.latest
     assert job == str(me) and published.pid_labels is pid_labels
