@@ -1,0 +1,57 @@
+"""Every per-process figure the model declares is read by the collector: a field added to
+``ProcessSample`` without its read in ``dlmon/collect/processes.py`` (or a rate whose previous
+count is never kept) would show a dash for ever and export nothing, and no other test would notice."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from conftest import Spawn
+from dlmon.collect.processes import Cadence, ProcessTracker
+from dlmon.collect.smaps_budget import SmapsBudget
+from dlmon.model import ProcessSample
+
+# Figures that come from elsewhere than the process's own /proc files, and where.
+NOT_FROM_PROC = {
+    "worker_id": "the in-process agent",
+    "torch_threads": "the in-process agent",
+    "rank": "the in-process agent",
+    "local_rank": "the in-process agent",
+    "node_rank": "the in-process agent",
+    "gpu_memory_bytes": "NVML",
+}
+
+BUSY = """
+    import os, time
+    held = bytearray(8 * 1024 * 1024)
+    for i in range(0, len(held), 4096):
+        held[i] = 1
+    print("READY", flush=True)
+    fd = os.open("/tmp", os.O_TMPFILE | os.O_WRONLY)
+    end = time.time() + 120
+    while time.time() < end:  # CPU, writes that reach the block layer, sleeps (voluntary switches)
+        os.write(fd, b"x" * 65536)
+        os.fsync(fd)
+        time.sleep(0.001)
+"""
+
+
+def test_every_figure_of_a_process_is_read_from_proc(spawn: Spawn) -> None:
+    proc = spawn(BUSY)
+    tracker = ProcessTracker(
+        proc.pid,
+        SmapsBudget(unlimited=True),
+        cadence=Cadence(unmoved_refresh_s=0.0, fd_refresh_s=0.0),
+    )
+    rows: list[ProcessSample] = []
+    try:
+        for _ in range(4):
+            rows += [s for s in tracker.sample() if s.pid == proc.pid]
+            time.sleep(0.3)
+    finally:
+        tracker.close()
+    names = [f.name for f in dataclasses.fields(ProcessSample)]
+    assert set(NOT_FROM_PROC) <= set(names), "NOT_FROM_PROC names a field the model no longer has"
+    never = [n for n in names if n not in NOT_FROM_PROC and all(getattr(r, n) is None for r in rows)]
+    assert never == [], f"figures no tick read for a live, busy process: {never}"
