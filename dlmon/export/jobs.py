@@ -3,8 +3,10 @@
 A job is a process of this user whose agent serves a socket in the user's dlmon runtime directory,
 or one that has DataLoader workers (children named ``pt_data_worker``) without being a worker
 itself. Each job gets its own Sampler and Exporter; jobs are found again every ``REDISCOVER_S``
-seconds and a job that exited is dropped with its series. Scrapes render the published tuple of
-(job pid, Published): each series gets a ``job`` label, each metric family one HELP/TYPE.
+seconds and a job that exited is dropped with its series. Each job is a watch of its own, built
+as every other one is (:mod:`dlmon.flow.watch`: its sampler, its analyzer, its exporter as the
+sink), ticked in turn on one thread. Scrapes render the published tuple of (job pid, Published):
+each series gets a ``job`` label, each metric family one HELP/TYPE.
 """
 
 from __future__ import annotations
@@ -14,14 +16,15 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from dlmon.agent._paths import short_socket_dirs, socket_dir
 from dlmon.collect.agent_client import AgentClient
 from dlmon.collect.processes import WORKER_COMMS
 from dlmon.collect.procfs import all_pids, exe_path, read_stat, real_uid
-from dlmon.collect.sampler import Sampler
 from dlmon.export.prometheus import Exporter, JobsPublished
-from dlmon.model import SnapshotStep
+from dlmon.flow.loop import Pipeline
+from dlmon.flow.watch import Watch, WatchOptions
 
 REDISCOVER_S = 10.0
 
@@ -58,21 +61,36 @@ def discover_jobs(uid: int | None = None) -> set[int]:
     }
 
 
+@dataclass(frozen=True, slots=True)
+class _Job:
+    watch: Watch
+    pipeline: Pipeline  # one per job, kept: its agent note says a thing once
+    exporter: Exporter
+
+
+def open_job(pid: int, interval: float) -> _Job:
+    """One job's watch, its exporter the sink; raises what :meth:`Watch.open_sampler` raises."""
+    exporter = Exporter()
+    watch = Watch(WatchOptions(interval, sinks=(exporter,)))
+    watch.open_sampler(pid)
+    return _Job(watch, watch.pipeline(), exporter)
+
+
 class JobsExporter:
     """Samples every job on one thread; ``latest`` is what scrapes render (replaced whole)."""
 
     def __init__(
         self,
-        analyzer: Callable[[], SnapshotStep],
-        open_sampler: Callable[[int], Sampler],
+        interval: float,
         discover: Callable[[], set[int]] = discover_jobs,
         rediscover_s: float = REDISCOVER_S,
+        open_job: Callable[[int, float], _Job] = open_job,
     ) -> None:
-        self._new_analyzer = analyzer
-        self._open = open_sampler
+        self._interval = interval
+        self._open = open_job
         self._discover = discover
         self._rediscover_s = rediscover_s
-        self._jobs: dict[int, tuple[Sampler, SnapshotStep, Exporter]] = {}
+        self._jobs: dict[int, _Job] = {}
         self._next_discovery = 0.0
         self.latest: JobsPublished = ()
 
@@ -82,15 +100,15 @@ class JobsExporter:
             self._drop(pid)
         for pid in sorted(found - self._jobs.keys()):
             try:
-                sampler = self._open(pid)
+                self._jobs[pid] = self._open(pid, self._interval)
             except Exception:  # gone or unreadable since discovery: found again next time
                 continue
-            self._jobs[pid] = (sampler, self._new_analyzer(), Exporter())
 
     def _drop(self, pid: int) -> None:
-        sampler, _, _ = self._jobs.pop(pid)
+        sampler = self._jobs.pop(pid).watch.sampler
         with contextlib.suppress(Exception):  # closing a gone job's readers must not end the export
-            sampler.close()
+            if sampler is not None:
+                sampler.close()
 
     def tick(self) -> None:
         now = time.monotonic()
@@ -98,25 +116,26 @@ class JobsExporter:
             self._rediscover()
             self._next_discovery = now + self._rediscover_s
         for pid in list(self._jobs):
-            sampler, analyze, exporter = self._jobs[pid]
+            job = self._jobs[pid]
+            assert job.watch.sampler is not None
             try:
-                snapshot = sampler.sample()
+                snapshot = job.watch.sampler.sample()
             except Exception:  # the job exited between ticks
                 self._drop(pid)
                 continue
             if not snapshot.target.alive:
                 self._drop(pid)
                 continue
-            exporter(analyze(snapshot))
+            job.pipeline(snapshot)
         self.latest = tuple(
             (str(pid), published)
-            for pid, (_, _, exporter) in sorted(self._jobs.items())
-            if (published := exporter.latest) is not None
+            for pid, job in sorted(self._jobs.items())
+            if (published := job.exporter.latest) is not None
         )
 
-    def run(self, interval: float, stop: threading.Event) -> None:
+    def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
             self.tick()
-            stop.wait(interval)
+            stop.wait(self._interval)
         for pid in list(self._jobs):
             self._drop(pid)
