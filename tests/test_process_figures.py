@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 import time
 
+import pytest
+
 from conftest import Spawn
 from dlmon.collect.processes import Cadence, ProcessTracker
 from dlmon.collect.smaps_budget import SmapsBudget
@@ -55,3 +57,39 @@ def test_every_figure_of_a_process_is_read_from_proc(spawn: Spawn) -> None:
     assert set(NOT_FROM_PROC) <= set(names), "NOT_FROM_PROC names a field the model no longer has"
     never = [n for n in names if n not in NOT_FROM_PROC and all(getattr(r, n) is None for r in rows)]
     assert never == [], f"figures no tick read for a live, busy process: {never}"
+
+
+def test_a_figure_the_model_cannot_hold_fails_at_import() -> None:
+    from dlmon.collect.processes import FIGURES, Figure, _check_figures
+
+    with pytest.raises(ValueError, match="does not have"):
+        _check_figures((*FIGURES, Figure("voluntary_switches_per_s", "status", "voluntary_ctxt_switches")))
+    with pytest.raises(ValueError, match="filled twice"):
+        _check_figures((*FIGURES, Figure("read_bytes", "io", "rchar")))
+    with pytest.raises(ValueError, match="status or io"):
+        _check_figures((Figure("num_threads", "stat", "Threads"),))  # type: ignore[arg-type]
+
+
+def test_the_figures_reader_keeps_counts_and_says_when_io_moved() -> None:
+    from dlmon.collect.processes import Figure, figure_reader
+
+    read = figure_reader(
+        (
+            Figure("locked_bytes", "status", "VmLck"),
+            Figure("nonvoluntary_ctxt_switches", "status", "nonvoluntary_ctxt_switches", rate="nonvoluntary_ctxt_switches_per_s"),  # noqa: E501
+            Figure("read_bytes", "io", "read_bytes", rate="read_bytes_per_s"),
+        )
+    )  # fmt: skip
+    status = {"VmLck": 4096, "nonvoluntary_ctxt_switches": 30}
+    values, counts, io_moved = read(status, {"read_bytes": 100}, (10, 100), 2.0, True)
+    assert values == {
+        "locked_bytes": 4096,
+        "nonvoluntary_ctxt_switches": 30,
+        "read_bytes": 100,
+        "nonvoluntary_ctxt_switches_per_s": 10.0,
+        "read_bytes_per_s": 0.0,
+    }
+    assert counts == (30, 100) and not io_moved
+    assert read(status, {"read_bytes": 164}, (10, 100), 2.0, True)[2]  # bytes read since: moved
+    values, _, _ = read(status, {}, (None, None), None, False)  # not read again this tick
+    assert values["nonvoluntary_ctxt_switches_per_s"] == 0.0 and values["read_bytes_per_s"] is None
