@@ -1,6 +1,7 @@
 """Every per-process figure the model declares is read by the collector: a field added to
-``ProcessSample`` without its read in ``dlmon/collect/processes.py`` (or a rate whose previous
-count is never kept) would show a dash for ever and export nothing, and no other test would notice."""
+``ProcessSample`` without its read in ``dlmon/collect/processes.py`` (no ``Figure`` line, or
+left out of ``_build``) would show a dash for ever and export nothing, and no other test would
+notice."""
 
 from __future__ import annotations
 
