@@ -560,7 +560,7 @@ def _export_all_jobs(prometheus: str, seconds: float) -> None:
         where = parse_address(prometheus)
     except AddressError as exc:
         fail(str(exc))
-    jobs = JobsExporter(seconds)
+    jobs = JobsExporter(seconds, report=lambda line: click.echo(f"dlmon: {line}", err=True))
     try:
         server = serve(jobs, where)
     except OSError as exc:

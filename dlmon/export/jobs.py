@@ -62,18 +62,18 @@ def discover_jobs(uid: int | None = None) -> set[int]:
 
 
 @dataclass(frozen=True, slots=True)
-class _Job:
+class Job:
     watch: Watch
     pipeline: Pipeline  # one per job, kept: its agent note says a thing once
     exporter: Exporter
 
 
-def open_job(pid: int, interval: float) -> _Job:
+def open_job(pid: int, interval: float) -> Job:
     """One job's watch, its exporter the sink; raises what :meth:`Watch.open_sampler` raises."""
     exporter = Exporter()
     watch = Watch(WatchOptions(interval, sinks=(exporter,)))
     watch.open_sampler(pid)
-    return _Job(watch, watch.pipeline(), exporter)
+    return Job(watch, watch.pipeline(), exporter)
 
 
 class JobsExporter:
@@ -84,13 +84,15 @@ class JobsExporter:
         interval: float,
         discover: Callable[[], set[int]] = discover_jobs,
         rediscover_s: float = REDISCOVER_S,
-        open_job: Callable[[int, float], _Job] = open_job,
+        open_job: Callable[[int, float], Job] = open_job,
+        report: Callable[[str], None] | None = None,
     ) -> None:
         self._interval = interval
+        self._report = report
         self._open = open_job
         self._discover = discover
         self._rediscover_s = rediscover_s
-        self._jobs: dict[int, _Job] = {}
+        self._jobs: dict[int, Job] = {}
         self._next_discovery = 0.0
         self.latest: JobsPublished = ()
 
@@ -126,16 +128,31 @@ class JobsExporter:
             if not snapshot.target.alive:
                 self._drop(pid)
                 continue
-            job.pipeline(snapshot)
+            try:
+                job.pipeline(snapshot)
+            except Exception as exc:  # dlmon's own failure, as in every watch: never the others'
+                faults = job.watch.faults
+                faults.sample_failed(exc)
+                if faults.failed_samples == 1 and self._report is not None:
+                    self._report(f"job {pid}: a tick failed: {faults.first_failure}; its export goes on")
         self.latest = tuple(
             (str(pid), published)
             for pid, job in sorted(self._jobs.items())
             if (published := job.exporter.latest) is not None
         )
 
+    def failed_ticks(self, pid: int) -> int:
+        """How many of job ``pid``'s ticks failed inside dlmon (0 for a job not watched)."""
+        job = self._jobs.get(pid)
+        return job.watch.faults.failed_samples if job is not None else 0
+
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
             self.tick()
             stop.wait(self._interval)
+        self.close()
+
+    def close(self) -> None:
+        """Close every job's readers."""
         for pid in list(self._jobs):
             self._drop(pid)
