@@ -11,7 +11,7 @@ import time
 import pytest
 
 from conftest import Spawn
-from dlmon.collect.processes import Cadence, ProcessTracker
+from dlmon.collect.processes import FIGURES, Cadence, ProcessTracker
 from dlmon.collect.smaps_budget import SmapsBudget
 from dlmon.model import ProcessSample
 
@@ -94,3 +94,66 @@ def test_the_figures_reader_keeps_counts_and_says_when_io_moved() -> None:
     assert read(status, {"read_bytes": 164}, (10, 100), 2.0, True)[2]  # bytes read since: moved
     values, _, _ = read(status, {}, (None, None), None, False)  # not read again this tick
     assert values["nonvoluntary_ctxt_switches_per_s"] == 0.0 and values["read_bytes_per_s"] is None
+
+
+# Each figure's line in /proc/PID/status or io, written out here apart from FIGURES: a Figure
+# reading the wrong key (RssFile for rss_anon_bytes) passes every test that only asks whether
+# a figure is read.
+FROM_STATUS = {
+    "rss_anon_bytes": "RssAnon",
+    "rss_file_bytes": "RssFile",
+    "shmem_bytes": "RssShmem",
+    "locked_bytes": "VmLck",
+    "pinned_bytes": "VmPin",
+    "voluntary_ctxt_switches": "voluntary_ctxt_switches",
+    "nonvoluntary_ctxt_switches": "nonvoluntary_ctxt_switches",
+}
+FROM_IO = {"read_bytes": "read_bytes", "write_bytes": "write_bytes"}
+
+STILL = """
+    import ctypes, mmap, os, time
+    anon = bytearray(24 * 1024 * 1024)
+    for i in range(0, len(anon), 4096):
+        anon[i] = 1
+    shared = mmap.mmap(-1, 4 * 1024 * 1024)
+    shared.write(b"x" * len(shared))
+    page = mmap.mmap(-1, 4096)
+    page.write(b"y" * 4096)
+    where = ctypes.c_void_p(ctypes.addressof(ctypes.c_char.from_buffer(page)))
+    assert ctypes.CDLL(None).mlock(where, 4096) == 0  # VmLck: 4 kB, VmPin: 0
+    fd = os.open("/tmp", os.O_TMPFILE | os.O_WRONLY)
+    os.write(fd, b"z" * 262144)
+    os.fsync(fd)
+    print("READY", flush=True)
+    time.sleep(120)
+"""
+
+
+def _proc_values(pid: int, name: str) -> dict[str, int]:
+    out = {}
+    with open(f"/proc/{pid}/{name}") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            parts = rest.split()
+            if parts and parts[0].isdigit():
+                out[key] = int(parts[0]) * (1024 if parts[1:2] == ["kB"] else 1)
+    return out
+
+
+def test_each_figure_is_its_own_line_of_status_and_io(spawn: Spawn) -> None:
+    proc = spawn(STILL)
+    time.sleep(0.3)  # past its last write: a sleeping process's lines stay as they are
+    tracker = ProcessTracker(proc.pid, SmapsBudget(unlimited=True))
+    try:
+        status, io = _proc_values(proc.pid, "status"), _proc_values(proc.pid, "io")
+        row = next(s for s in tracker.sample() if s.pid == proc.pid)
+    finally:
+        tracker.close()
+    figures = [f.name for f in FIGURES]
+    assert sorted(figures) == sorted({**FROM_STATUS, **FROM_IO}), "a Figure this test does not check"
+    read = {name: getattr(row, name) for name in figures}
+    expected = {name: status[key] for name, key in FROM_STATUS.items()}
+    expected |= {name: io[key] for name, key in FROM_IO.items()}
+    assert read == expected
+    assert len({read["rss_anon_bytes"], read["rss_file_bytes"], read["shmem_bytes"]}) == 3
+    assert read["write_bytes"] != read["read_bytes"] and read["locked_bytes"] != read["pinned_bytes"]
