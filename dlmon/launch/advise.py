@@ -43,6 +43,9 @@ def advise_pid(pid: int, seconds: float, *, as_json: bool) -> int:
         raise Failed(f"cannot read the memory of process {pid}: {denied} (run dlmon as its user, or as root)")
     # Ctrl-C is click's "Aborted!", as it always was: no advice from a measurement cut short
     watch.run(on_signals=False)
+    summary = watch.faults.summary()
+    if summary and history:  # with no sample at all, the error line below says the first failure
+        echo(summary)
     if not history:  # every tick failed inside dlmon (said on stderr as it happened)
         raise Failed(f"no sample of process {pid} could be taken: {watch.faults.first_failure}", EXIT_FAILURE)
     if not history[0].target.alive:
