@@ -111,6 +111,9 @@ def test_only_the_watch_builder_makes_an_analyzer() -> None:
             continue
         for node in ast.walk(ast.parse(path.read_text(), where)):
             names = [a.asname or a.name for a in node.names] if isinstance(node, ast.ImportFrom) else []
-            if (isinstance(node, ast.Name) and node.id == "Analyzer") or "Analyzer" in names:
+            used = (isinstance(node, ast.Name) and node.id == "Analyzer") or (
+                isinstance(node, ast.Attribute) and node.attr == "Analyzer"  # analysis.Analyzer()
+            )
+            if used or "Analyzer" in names:
                 named.append(f"{where}:{node.lineno}")
     assert named == []
