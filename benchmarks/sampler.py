@@ -22,6 +22,7 @@ the ratio is not flattered by an expensive floor).
 
     python benchmarks/sampler.py                       # 32 workers, 1 then 4 GiB, 60 ticks each
     python benchmarks/sampler.py --workers 8 --gib 0.5 --ticks 20
+    python benchmarks/sampler.py --busy 0.02               # CPU moving in every worker: no quiet row
 """
 
 from __future__ import annotations
@@ -200,7 +201,7 @@ def cpu(fn: object, *args: object) -> float:
 
 def run_size(args: argparse.Namespace, gib: float) -> dict[str, float]:
     started = time.monotonic()
-    main_pid = build_tree(args.workers, gib, moving_worker=True)
+    main_pid = build_tree(args.workers, gib, moving_worker=True, busy=args.busy)
     built = time.monotonic() - started
     print(f"## tree: 1 main + {args.workers} workers sharing {gib:g} GiB (built in {built:.1f} s)")
     costs: list[TickCost] = []
@@ -334,6 +335,13 @@ def main() -> None:
     )
     parser.add_argument("--ticks", type=int, default=60)
     parser.add_argument("--psutil-ticks", type=int, default=3)
+    parser.add_argument(
+        "--busy",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="each worker but the moving one computes F of a core: every row is built every tick",
+    )
     args = parser.parse_args()
     results = [run_size(args, gib) for gib in args.gib]
     print(

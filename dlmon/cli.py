@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
 import threading
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -485,38 +483,9 @@ def advise(pid: str, seconds: str, as_json: bool) -> None:
     measured per-worker memory and the real (cgroup-aware) headroom.
     """
 
-    from dlmon.analysis import Analyzer, advice_to_dict, advise, format_advice
-    from dlmon.collect.procfs import smaps_unreadable
+    from dlmon.launch.advise import advise_pid
 
-    target = parse_pid(pid)
-    duration = positive_seconds(seconds, "--seconds")
-    sampler = open_sampler(target, unlimited_smaps=True)
-    denied = smaps_unreadable(target)
-    if denied:
-        sampler.close()
-        fail(f"cannot read the memory of process {target}: {denied} (run dlmon as its user, or as root)")
-    analyzer = Analyzer()
-    history = [analyzer(sampler.sample())]
-    if not history[0].target.alive:
-        sampler.close()
-        fail(f"process {target} has exited (it is a zombie): nothing left to measure")
-    deadline = time.monotonic() + duration
-    while time.monotonic() < deadline and history[-1].target.alive:
-        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
-        history.append(analyzer(sampler.sample()))
-    sampler.close()
-    if not history[-1].target.alive:
-        history.pop()
-        click.echo(
-            f"dlmon: process {target} exited during the measurement: advice from its "
-            f"{len(history)} sample(s) before that",
-            err=True,
-        )
-    result = advise(history)
-    if as_json:
-        click.echo(json.dumps(advice_to_dict(result), indent=2, allow_nan=False))
-    else:
-        click.echo(format_advice(result))
+    call(advise_pid, parse_pid(pid), positive_seconds(seconds, "--seconds"), as_json=as_json)
 
 
 @main.command()
@@ -605,8 +574,6 @@ def export_command(pid: str | None, prometheus: str, interval: str, all_jobs: bo
 
 
 def _export_all_jobs(prometheus: str, seconds: float) -> None:
-    from dlmon.analysis import Analyzer
-    from dlmon.collect.sampler import Sampler
     from dlmon.export.jobs import JobsExporter
     from dlmon.export.prometheus import AddressError, parse_address, serve, start_line
     from dlmon.flow.loop import stop_on_signals
@@ -617,7 +584,9 @@ def _export_all_jobs(prometheus: str, seconds: float) -> None:
         fail(str(exc))
     context = click.get_current_context(silent=True)
     pid_labels = bool(context is not None and context.meta.get(PIDS_META))
-    jobs = JobsExporter(Analyzer, lambda pid, gpu: Sampler(pid, gpu_source=gpu), pid_labels=pid_labels)
+    jobs = JobsExporter(
+        seconds, report=lambda line: click.echo(f"dlmon: {line}", err=True), pid_labels=pid_labels
+    )
     try:
         server = serve(jobs, where)
     except OSError as exc:
@@ -625,7 +594,7 @@ def _export_all_jobs(prometheus: str, seconds: float) -> None:
     click.echo(start_line(server) + " (every job of this user)", err=True)
     stop = threading.Event()
     with stop_on_signals(stop):
-        jobs.run(seconds, stop)
+        jobs.run(stop)
     server.close()
     click.echo("dlmon: export stopped (interrupted)", err=True)
 

@@ -197,3 +197,26 @@ def test_record_keeps_watching_orphans_after_the_target_dies(spawn: Spawn, tmp_p
     assert len(after_death) >= 5  # ~2 s of the orphan, not one snapshot
     assert any(r["processes"] for r in after_death)
     assert all(p["ppid"] != proc.pid for p in after_death[0]["processes"])  # type: ignore[index]
+
+
+@pytest.mark.parametrize(("seconds", "snapshots", "span"), [("2", 3, 2.0), ("2.5", 4, 2.5)])
+def test_advise_measures_ticks_of_at_most_a_second_ending_on_the_last(
+    spawn: Spawn, seconds: str, snapshots: int, span: float
+) -> None:
+    proc = spawn(SLEEPER)
+    result = dlmon("advise", str(proc.pid), "--seconds", seconds, "--json")
+    assert result.returncode == 0, result.stderr
+    advice = json.loads(result.stdout)
+    assert advice["pid"] == proc.pid and advice["snapshots"] == snapshots
+    assert abs(advice["duration_s"] - span) < 0.5, advice["duration_s"]
+
+
+def test_advise_on_a_target_that_exits_advises_from_what_it_measured_before(spawn: Spawn) -> None:
+    proc = spawn('print("READY", flush=True)\nimport time; time.sleep(1.5)')
+    result = dlmon("advise", str(proc.pid), "--seconds", "10", "--json")
+    assert result.returncode == 0, result.stderr
+    advice = json.loads(result.stdout)
+    said = [line for line in result.stderr.splitlines() if "exited during the measurement" in line]
+    assert said == [f"dlmon: process {proc.pid} exited during the measurement: advice from its "
+                    f"{advice['snapshots']} sample(s) before that"]  # fmt: skip
+    assert 1 <= advice["snapshots"] <= 3

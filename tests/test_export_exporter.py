@@ -157,14 +157,11 @@ def test_a_job_without_alerts_exports_no_alert_series(snapshot: Snapshot) -> Non
 @pytest.mark.parametrize("pid_labels", [False, True])
 def test_every_job_s_exporter_follows_the_pid_choice(pid_labels: bool) -> None:
     """``export --all-jobs --prometheus-pids``: each job's exporter is made with the choice."""
-    from dlmon.analysis import Analyzer
     from dlmon.export.jobs import JobsExporter
     from dlmon.export.prometheus import render_jobs
 
     me = os.getpid()
-    jobs = JobsExporter(
-        Analyzer, lambda pid, gpu: Sampler(pid, gpu_source=gpu), discover=lambda: {me}, pid_labels=pid_labels
-    )
+    jobs = JobsExporter(1.0, discover=lambda: {me}, pid_labels=pid_labels)
     jobs.tick()
     [(job, published)] = jobs.latest
     assert job == str(me) and published.pid_labels is pid_labels

@@ -12,8 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from conftest import Spawn
 from dlmon.agent.sitecustomize_hook import env_with_agent
-from dlmon.export.jobs import REDISCOVER_S, discover_jobs
+from dlmon.collect.gpu_sweep import GpuSource
+from dlmon.export.jobs import REDISCOVER_S, Job, JobsExporter, discover_jobs
+from dlmon.export.prometheus import Exporter
+from dlmon.flow.watch import Watch, WatchOptions
+from dlmon.model import Snapshot
 from export_support import (
     LOADER_JOB,
     dlmon_cmd,
@@ -28,6 +33,7 @@ pytestmark = pytest.mark.slow
 
 JOB = [sys.executable, LOADER_JOB, "--store", "tensor", "--items", "2000", "--workers", "1"]
 JOB += ["--rate", "20", "--seconds", "120"]
+SLEEPER = 'print("READY", flush=True)\nimport time; time.sleep(300)'
 
 
 @pytest.fixture
@@ -163,3 +169,37 @@ def test_an_orphaned_worker_makes_no_job_of_init() -> None:
         os.kill(worker, 9)
         with __import__("contextlib").suppress(ChildProcessError):
             os.waitpid(worker, 0)
+
+
+def test_one_jobs_failing_tick_does_not_stop_the_others(spawn: Spawn) -> None:
+    """A job whose tick raises after sampling (the analysis, a sink) is dlmon's own failure, as in
+    every other watch: counted for that job, and every other job is still sampled and exported.
+    Found in review: the exception left ``tick`` and ended the export of every job."""
+    failing, healthy = spawn(SLEEPER), spawn(SLEEPER)
+
+    def broken(snapshot: Snapshot) -> None:
+        raise RuntimeError("a sink that fails")
+
+    def open_job_failing_for_one(pid: int, interval: float, gpu: GpuSource, pid_labels: bool) -> Job:
+        exporter = Exporter(pid_labels=pid_labels)
+        sinks = (broken, exporter) if pid == failing.pid else (exporter,)
+        watch = Watch(WatchOptions(interval, sinks=sinks))
+        watch.open_sampler(pid, gpu_source=gpu)
+        return Job(watch, watch.pipeline(), exporter)
+
+    said: list[str] = []
+    jobs = JobsExporter(
+        1.0,
+        discover=lambda: {failing.pid, healthy.pid},
+        open_job=open_job_failing_for_one,
+        report=said.append,
+    )
+    try:
+        jobs.tick()
+        jobs.tick()
+        assert [job for job, _ in jobs.latest] == [str(healthy.pid)]
+        assert jobs.failed_ticks(failing.pid) == 2 and jobs.failed_ticks(healthy.pid) == 0
+        failed = "a tick failed: RuntimeError: a sink that fails; its export goes on"
+        assert said == [f"job {failing.pid}: {failed}"]
+    finally:
+        jobs.close()

@@ -460,11 +460,7 @@ def test_export_all_jobs_sweeps_nvml_once_per_tick_however_many_jobs(fake_nvml: 
 
         jobs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(3)]
         try:
-            exporter = JobsExporter(
-                Analyzer,
-                lambda pid, gpu: Sampler(pid, gpu_source=gpu),
-                discover=lambda: {{job.pid for job in jobs}},
-            )
+            exporter = JobsExporter(1.0, discover=lambda: {{job.pid for job in jobs}})
             for _ in range(4):
                 exporter.tick()
                 time.sleep(0.3)  # past the sweep's pace: each tick may start a sweep

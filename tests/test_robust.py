@@ -571,3 +571,25 @@ def test_an_alert_whose_evidence_holds_a_bool_replays() -> None:
     back = parse_line(1, line)
     assert not hasattr(back, "reason"), back
     assert back.alerts[0].evidence["fits"] is True  # type: ignore[union-attr]
+
+
+def test_advise_gives_the_count_of_failed_ticks_it_promised(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """advise's first failed tick says "the count is given at the end": it must be. Found in
+    review: advise moved onto the watch (which reports a failed tick) without its end line."""
+    from dlmon.launch.advise import advise_pid
+
+    monkeypatch.setattr("dlmon.flow.watch.Sampler", lambda pid, **_: FailingSampler(pid, {2}))
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        assert advise_pid(sleeper.pid, 2.0, as_json=True) == 0
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    out, err = capsys.readouterr()
+    assert json.loads(out)["snapshots"] == 2
+    said = err.splitlines()
+    assert len(said) == 2 and "count is given at the end" in said[0], said
+    first = f"Input/output error (/proc/{sleeper.pid}/smaps_rollup)"
+    assert said[1] == f"dlmon: 1 sample failed during the watch (first: {first})"

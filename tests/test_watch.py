@@ -96,3 +96,24 @@ def test_the_live_source_is_the_same_watch(spawn: Spawn, tmp_path: Path) -> None
     replay = watch.replay_source(str(out), None)
     assert isinstance(replay, Seekable) and not isinstance(replay, HasFaults)
     assert os.path.getsize(out) > 47
+
+
+def test_only_the_watch_builder_makes_an_analyzer() -> None:
+    """Every command's analysis is the watch's (``advise`` and ``export --all-jobs`` built their
+    own): outside dlmon/analysis, the name ``Analyzer`` appears in dlmon/flow/watch.py only."""
+    import ast
+
+    root = Path(__file__).resolve().parent.parent / "dlmon"
+    named: list[str] = []
+    for path in sorted(root.rglob("*.py")):
+        where = path.relative_to(root.parent).as_posix()
+        if where.startswith("dlmon/analysis/") or where == "dlmon/flow/watch.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), where)):
+            names = [a.asname or a.name for a in node.names] if isinstance(node, ast.ImportFrom) else []
+            used = (isinstance(node, ast.Name) and node.id == "Analyzer") or (
+                isinstance(node, ast.Attribute) and node.attr == "Analyzer"  # analysis.Analyzer()
+            )
+            if used or "Analyzer" in names:
+                named.append(f"{where}:{node.lineno}")
+    assert named == []

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from dlmon.analysis import Analyzer
+from dlmon.collect.gpu_sweep import GpuSource
 from dlmon.collect.sampler import ExitCodeProvider, Sampler
 from dlmon.flow.loop import Faults, Pipeline, sample_until_done, stop_on_signals
 from dlmon.flow.recording import RecordWriter
@@ -71,10 +72,18 @@ class Watch:
             self.started = tuple(plug() for plug in self.options.plugs)
 
     def open_sampler(
-        self, pid: int, *, exit_code: ExitCodeProvider | None = None, unlimited_smaps: bool = False
+        self,
+        pid: int,
+        *,
+        exit_code: ExitCodeProvider | None = None,
+        unlimited_smaps: bool = False,
+        gpu_source: GpuSource | None = None,
     ) -> Sampler:
-        """The target's sampler; raises what :class:`Sampler` raises (NoSuchProcess, PermissionError)."""
-        self.sampler = Sampler(pid, exit_code=exit_code, unlimited_smaps=unlimited_smaps)
+        """The target's sampler (reading ``gpu_source``, a sweep shared with other watches, when
+        given); raises what :class:`Sampler` raises (NoSuchProcess, PermissionError)."""
+        self.sampler = Sampler(
+            pid, exit_code=exit_code, unlimited_smaps=unlimited_smaps, gpu_source=gpu_source
+        )
         self.exit_code = exit_code
         return self.sampler
 

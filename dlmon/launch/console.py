@@ -97,7 +97,7 @@ def open_sampler(
         raise Failed(f"cannot read process {pid}: {exc.strerror or exc}") from None
 
 
-def watch_of(pid: int, options: WatchOptions) -> Watch:
+def watch_of(pid: int, options: WatchOptions, *, unlimited_smaps: bool = False) -> Watch:
     """A watch in the usual order (:func:`dlmon.flow.watch.open_watch`): the process, the plugs,
     the record file; :class:`Failed` for a process not there or a required record unwritable."""
     from dlmon.collect.sampler import NoSuchProcess
@@ -105,7 +105,7 @@ def watch_of(pid: int, options: WatchOptions) -> Watch:
 
     watch = Watch(options)
     try:
-        watch.open_sampler(pid)
+        watch.open_sampler(pid, unlimited_smaps=unlimited_smaps)
     except NoSuchProcess:
         raise Failed(f"no such process: {pid}") from None
     except PermissionError as exc:
