@@ -38,6 +38,7 @@ from dlmon.agent._sites import (
     _tune_site,
     _user_site,
 )
+from dlmon.agent._workers import install_deferred_sigchld_observer
 
 MAX_LOADERS = 256  # live + retained dead loaders in the report
 MAX_LIVE_LOADERS = 256  # beyond this many live loaders, new ones are not measured (degraded)
@@ -95,6 +96,8 @@ def _late_attach(it: Any, data: Any, t0: int, t1: int, first: bool) -> None:
         c[1] += _probe_samples(st, data)
     except Exception:
         pass
+    if R.sigchld_deferred:
+        install_deferred_sigchld_observer()
 
 
 # ---------------------------------------------------------------------------------------------

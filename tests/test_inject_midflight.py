@@ -1,0 +1,157 @@
+"""A training started without dlmon, loaded mid-epoch with ``--inject``: the iterator that already
+runs (persistent workers, forked before the agent) is measured from its next batch, its workers
+carry their worker ids, and a worker killed after the load is recorded before torch raises."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conftest import Spawn
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = [
+    pytest.mark.skipif(shutil.which("gdb") is None, reason="gdb is not installed"),
+    pytest.mark.skipif(sys.version_info >= (3, 14), reason="3.14+ injects with sys.remote_exec"),
+]
+
+# One long epoch of one persistent iterator (2 fork workers), built and started before any agent.
+# It logs "unix_time batches" after every batch to LOG, for its own count of batches/s.
+TRAINER = """
+import os, sys, time
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+class Squares(Dataset):
+    def __len__(self):
+        return 1_000_000
+    def __getitem__(self, i):
+        return torch.tensor([float(i)])
+
+LOG, STOP = sys.argv[1], sys.argv[2]
+loader = DataLoader(Squares(), batch_size=4, num_workers=2, persistent_workers=True)
+it = iter(loader)
+print("READY", flush=True)
+print("WORKERS", *[w.pid for w in it._workers], flush=True)
+batches = 0
+with open(LOG, "w", buffering=1) as log:
+    for batch in it:
+        batches += 1
+        time.sleep(0.02)
+        log.write(f"{time.time()} {batches}\\n")
+        if os.path.exists(STOP):
+            break
+print("DONE", batches, flush=True)
+"""
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The agent's socket directory and a TMPDIR of this test's own; targets start without dlmon."""
+    tmp_path_factory.getbasetemp()
+    d = tempfile.mkdtemp(prefix="dlmon-midflight-", dir="/tmp")
+    os.chmod(d, 0o755)
+    tmp = os.path.join(d, "tmp")
+    os.mkdir(tmp, 0o755)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", d)
+    monkeypatch.setenv("TMPDIR", tmp)
+    monkeypatch.setattr(tempfile, "tempdir", tmp)
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    monkeypatch.delenv("DLMON_AGENT_DISABLE", raising=False)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def start_trainer(spawn: Spawn, log: Path, stop: Path) -> tuple[int, list[int]]:
+    wrapper = (
+        f"import sys; sys.argv = ['-c', {str(log)!r}, {str(stop)!r}]; "
+        f"exec(compile({TRAINER!r}, '<trainer>', 'exec'))"
+    )
+    proc = spawn(wrapper)
+    assert proc.stdout is not None
+    words = proc.stdout.readline().split()
+    assert words[0] == "WORKERS", words
+    return proc.pid, [int(w) for w in words[1:]]
+
+
+def own_rate(log: Path, start: float, end: float) -> float:
+    """The trainer's own batches/s between two Unix times, from its log."""
+    rows = [line.split() for line in log.read_text().splitlines() if len(line.split()) == 2]
+    points = [(float(t), int(b)) for t, b in rows]
+    before = [p for p in points if p[0] <= start]
+    after = [p for p in points if p[0] >= end]
+    assert before and after, (start, end, points[:1], points[-1:])
+    (t0, b0), (t1, b1) = before[-1], after[0]
+    return (b1 - b0) / (t1 - t0)
+
+
+def test_an_iterator_running_before_the_load_is_measured_from_its_next_batch(
+    spawn: Spawn, clean_env: str, tmp_path: Path
+) -> None:
+    pytest.importorskip("torch")
+    log, stop = tmp_path / "log", tmp_path / "stop"
+    pid, workers = start_trainer(spawn, log, stop)
+    time.sleep(1.0)  # well into its one epoch
+    cmd = [sys.executable, "-m", "dlmon", "attach", str(pid), "--inject", "--once", "--json"]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    snap = json.loads(result.stdout)
+    time.sleep(0.5)  # the trainer's log past the snapshot's time
+    stop.touch()
+
+    (loader,) = snap["loaders"]
+    assert loader["persistent_workers"] is True and loader["num_workers"] == 2
+    assert loader["worker_pids"] == workers
+    assert loader["epochs_started"] == 0  # its epoch began before the agent: not counted as begun
+    ours = loader["batches_per_s"]
+    theirs = own_rate(log, snap["time"] - snap["interval_s"], snap["time"])
+    assert ours is not None and abs(ours - theirs) <= 0.1 * theirs, (ours, theirs)
+    assert len(loader["batches_per_worker"]) == 2 and min(loader["batches_per_worker"]) > 0
+    ids = {p["pid"]: p["worker_id"] for p in snap["processes"] if p["role"] == "worker"}
+    assert ids == {workers[0]: 0, workers[1]: 1}
+    assert snap["agent_note"] is None
+
+
+def test_a_worker_killed_after_the_load_is_journaled_before_torch_raises(
+    spawn: Spawn, clean_env: str, tmp_path: Path
+) -> None:
+    """The load runs in a thread of its own, where no signal handler can be set: the SIGCHLD
+    observer goes in front of torch's handler at the training thread's next batch."""
+    pytest.importorskip("torch")
+    from dlmon.agent._journal import DEATHS_SUFFIX
+    from dlmon.collect.agent_client import AgentClient
+    from dlmon.launch.inject import inject
+
+    log, stop = tmp_path / "log", tmp_path / "stop"
+    pid, workers = start_trainer(spawn, log, stop)
+    path = inject(pid)
+    client = AgentClient()
+    deadline = time.monotonic() + 20
+    raw: dict[str, object] = {}
+    while time.monotonic() < deadline:
+        raw = client.read_raw([pid]).get(pid, {})
+        loaders = raw.get("loaders") or []
+        if isinstance(loaders, list) and any(lo.get("batches_total") for lo in loaders):
+            break
+        time.sleep(0.1)
+    assert "sigchld" not in (raw.get("degraded") or {}), raw.get("degraded")
+    os.kill(workers[1], 9)  # nobody asks the agent again: only the observer can see it
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and os.path.exists(f"/proc/{pid}/stat"):
+        with open(f"/proc/{pid}/stat") as fh:
+            if fh.read().rsplit(")", 1)[1].split()[0] == "Z":
+                break
+        time.sleep(0.05)
+    journal = Path(os.path.dirname(path)) / f"{pid}{DEATHS_SUFFIX}"
+    deaths = [json.loads(line) for line in journal.read_text().splitlines()]
+    died = [d for d in deaths if d.get("pid") == workers[1]]
+    assert died and died[0]["worker_id"] == 1 and died[0]["signal_name"] == "SIGKILL", deaths
