@@ -102,6 +102,7 @@ def test_an_iterator_running_before_the_load_is_measured_from_its_next_batch(
     pid, workers = start_trainer(spawn, log, stop)
     time.sleep(1.0)  # well into its one epoch
     cmd = [sys.executable, "-m", "dlmon", "attach", str(pid), "--inject", "--once", "--json"]
+    before = time.time()
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     snap = json.loads(result.stdout)
@@ -119,6 +120,7 @@ def test_an_iterator_running_before_the_load_is_measured_from_its_next_batch(
     ids = {p["pid"]: p["worker_id"] for p in snap["processes"] if p["role"] == "worker"}
     assert ids == {workers[0]: 0, workers[1]: 1}
     assert snap["agent_note"] is None
+    assert before < snap["agent_loaded_unix_time"] < snap["time"] - snap["interval_s"]  # counts from then
 
 
 def test_a_worker_killed_after_the_load_is_journaled_before_torch_raises(

@@ -57,3 +57,19 @@ def test_a_job_that_never_had_an_agent_gets_the_hint() -> None:
     state = DashboardState()
     state.ingest(dataclasses.replace(make_snapshot(), loaders=()))
     assert AGENT_HINT.split("`")[0].strip() in _screen(state)
+
+
+def test_an_agent_loaded_into_the_running_job_says_from_when_it_counts() -> None:
+    """``attach --inject``: the counts begin at the load, not at the job's start; the panel says so
+    (local time), and a job whose agent started with it says nothing of the kind."""
+    import time
+
+    loaded = 1_796_000_000.0
+    state = DashboardState()
+    state.ingest(dataclasses.replace(make_snapshot(), agent_loaded_unix_time=loaded))
+    clock = time.strftime("%H:%M:%S", time.localtime(loaded))
+    assert f"agent loaded at {clock}; counts from then" in _screen(state)
+    assert f"since {clock}" in _screen(state, compact=True)
+    plain = DashboardState()
+    plain.ingest(make_snapshot())
+    assert "agent loaded" not in _screen(plain) and "since" not in _screen(plain, compact=True)

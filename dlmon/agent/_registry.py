@@ -150,6 +150,7 @@ class _Registry:
         # torch's SIGCHLD handler was there when the hooks were installed off the main thread (the
         # agent loaded into a running job): the observer goes in at the main thread's next batch
         self.sigchld_deferred = False
+        self.injected_unix_time: float | None = None  # loaded into the running process then
 
 
 R = _Registry()

@@ -62,7 +62,9 @@ def _dlmon_load(root, modules, status):
             finally:
                 for path in (root, root + "/dlmon", root + "/dlmon/agent"):
                     sys.path_importer_cache.pop(path, None)
-        agent.start()
+        # start_injected: the replies say from when the counts run (an older dlmon.agent the
+        # training imported itself has start() only)
+        getattr(agent, "start_injected", agent.start)()
         path = agent.serving_path()
         if path:
             line = "ok " + path
