@@ -214,9 +214,10 @@ rank_option = click.option("--rank", "rank", type=click.IntRange(0), metavar="N"
 @click.option("--once", is_flag=True, help="Take two samples ~1 s apart (so rates exist), print one, exit.")
 @click.option("--json", "as_json", is_flag=True, help="Print snapshots as JSON.")
 @click.option(
-    "--inject",
-    is_flag=True,
-    help="Load the agent into PID first (gdb on Python 3.9-3.13, sys.remote_exec on 3.14+).",
+    "--inject/--no-inject",
+    default=None,
+    help="Load the agent into PID first (gdb on Python 3.9-3.13, sys.remote_exec on 3.14+); "
+    "--no-inject: never offer it. Default: the dashboard of a job without the agent offers it (press i).",
 )
 @click.option("--prometheus", metavar="[HOST:]PORT", help=PROMETHEUS_HELP)
 @click.option("--force", is_flag=True, help=FORCE_HELP)
@@ -227,7 +228,7 @@ def attach(
     record_path: str | None,
     once: bool,
     as_json: bool,
-    inject: bool,
+    inject: bool | None,
     prometheus: str | None = None,
     force: bool = False,
     rank: int | None = None,

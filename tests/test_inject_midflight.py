@@ -1,6 +1,7 @@
-"""A training started without dlmon, loaded mid-epoch with ``--inject``: the iterator that already
-runs (persistent workers, forked before the agent) is measured from its next batch, its workers
-carry their worker ids, and a worker killed after the load is recorded before torch raises."""
+"""A training started without dlmon, loaded mid-epoch with ``--inject`` (or ``i`` on the dashboard):
+the iterator that already runs (persistent workers, forked before the agent) is measured from its
+next batch, its workers carry their worker ids, and a worker killed after the load is recorded
+before torch raises."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from test_ui_terminal import Tmux
 
 from conftest import Spawn
 
@@ -157,3 +159,85 @@ def test_a_worker_killed_after_the_load_is_journaled_before_torch_raises(
     deaths = [json.loads(line) for line in journal.read_text().splitlines()]
     died = [d for d in deaths if d.get("pid") == workers[1]]
     assert died and died[0]["worker_id"] == 1 and died[0]["signal_name"] == "SIGKILL", deaths
+
+
+# -- how it starts: the dashboard offers the agent (press i), --no-inject never does ----------------
+
+
+@pytest.fixture
+def terminal(clean_env: str) -> Iterator[Tmux]:
+    if shutil.which("tmux") is None:
+        pytest.skip("needs tmux")
+    t = Tmux(f"offer{os.getpid()}-{time.monotonic_ns()}")
+    env = {**os.environ, "PS1": "$ ", "TERM": "xterm-256color", "PYTHONPATH": str(ROOT)}
+    env.pop("NO_COLOR", None)
+    subprocess.run(
+        [
+            "tmux",
+            "-L",
+            t.socket,
+            "new-session",
+            "-d",
+            "-s",
+            "t",
+            "-x",
+            "220",
+            "-y",
+            "50",
+            "bash --norc --noprofile",
+        ],
+        check=True,
+        env=env,
+        cwd=ROOT,
+    )
+    yield t
+    subprocess.run(["tmux", "-L", t.socket, "kill-server"], capture_output=True)
+
+
+def flat(screen: str) -> str:
+    """The screen's words in order, box drawing and line breaks gone (a panel wraps its lines)."""
+    return " ".join("".join(c if c.isascii() else " " for c in screen).split())
+
+
+def test_attach_offers_the_agent_and_loads_it_when_i_is_pressed(
+    spawn: Spawn, terminal: Tmux, tmp_path: Path
+) -> None:
+    pytest.importorskip("torch")
+    from dlmon.collect.agent_client import AgentClient
+
+    pid, workers = start_trainer(spawn, tmp_path / "log", tmp_path / "stop")
+    terminal("send-keys", "-t", "t", f"{sys.executable} -m dlmon attach {pid}", "Enter")
+    offer = f"press i to load the agent into pid {pid} (gdb; ~60 ms pause)"
+    deadline = time.monotonic() + 30
+    while offer not in flat(terminal.screen()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    screen = terminal.screen()
+    assert offer in flat(screen), screen
+    assert str(workers[0]) in screen  # the outside figures are there before any agent
+    assert AgentClient.find_socket(pid) is None  # offered, not loaded
+
+    terminal("send-keys", "-t", "t", "i")
+    deadline = time.monotonic() + 40
+    while "counts from then" not in flat(terminal.screen()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    screen = terminal.screen()
+    assert "agent loaded at" in flat(screen) and "counts from then" in flat(screen), screen
+    assert "batch/s" in screen and offer not in flat(screen)
+    assert AgentClient.find_socket(pid) is not None
+    terminal("send-keys", "-t", "t", "q")
+
+
+def test_attach_with_no_inject_never_offers_the_agent(spawn: Spawn, terminal: Tmux, tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    from dlmon.collect.agent_client import AgentClient
+
+    pid, workers = start_trainer(spawn, tmp_path / "log", tmp_path / "stop")
+    terminal("send-keys", "-t", "t", f"{sys.executable} -m dlmon attach {pid} --no-inject", "Enter")
+    screen = terminal.wait_for("No DataLoader figures")
+    assert str(workers[0]) in terminal.wait_for(str(workers[0]))
+    terminal("send-keys", "-t", "t", "i")  # reverses the sort, nothing else
+    time.sleep(3.0)
+    screen = terminal.screen()
+    assert "press i" not in flat(screen) and "No DataLoader figures" in screen, screen
+    assert AgentClient.find_socket(pid) is None
+    terminal("send-keys", "-t", "t", "q")

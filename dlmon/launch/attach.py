@@ -37,13 +37,16 @@ def attach(
     *,
     once: bool,
     as_json: bool,
-    inject: bool,
+    inject: bool | None,
     plugs: tuple[Plug, ...],
     rank: int | None,
     dashboard: Dashboard,
 ) -> int:
     """Watch ``target`` (its arguments checked): the dashboard in a terminal, else a line (or a
-    JSON object) per sample on stdout; ``once``: one sample, printed."""
+    JSON object) per sample on stdout; ``once``: one sample, printed.
+
+    ``inject``: True loads the agent first; None offers it on the dashboard of a job without one
+    ("press i"); False never does."""
     if inject:
         from dlmon.launch.inject import InjectError
         from dlmon.launch.inject import inject as inject_agent
@@ -57,7 +60,7 @@ def attach(
         return 0
     no_terminal = terminal_problem()
     if not no_terminal and not as_json:
-        return attach_dashboard(target, interval, record_path, plugs, rank, dashboard)
+        return attach_dashboard(target, interval, record_path, plugs, rank, dashboard, offer=inject is None)
     if sys.stdout.isatty() and not as_json:  # a terminal that cannot show the dashboard
         echo(f"{no_terminal}: printing one line per sample instead")
     from dlmon.model.format import one_line
@@ -94,6 +97,8 @@ def attach_dashboard(
     plugs: tuple[Plug, ...],
     rank: int | None,
     dashboard: Dashboard,
+    *,
+    offer: bool = False,
 ) -> int:
     from dlmon.collect.sampler import NoSuchProcess
 
@@ -106,6 +111,10 @@ def attach_dashboard(
         raise Failed(f"no such process: {pid}") from None
     watch.open_record()  # a failure is said after the dashboard (recording stopped early)
     source = watch.live_source()
+    if offer:  # the outside figures at once; the agent on request
+        from dlmon.launch.agent_offer import offer_for
+
+        source.agent_loader = offer_for(pid)
     say_record_opened(source.writer)
     report_screenshots(dashboard(source, interval=interval, rank=rank))
     report_faults(watch.faults)

@@ -23,6 +23,11 @@ def throughput_lines(state: DashboardState, width: int, compact: bool, rows: int
         return ((("waiting for data…", "dim"),),)
     lead = [label("DATA", 5)] if compact else []
     if not s.loaders:
+        if state.agent_offer is not None and not state.loaders:
+            style = "warn" if "press i to try again" in state.agent_offer else "key"
+            if not compact:
+                return wrap(state.agent_offer, width, style)
+            return (fit([[(state.agent_offer, style)]], width, lead=lead),)
         if state.loaders and not s.agent_note:  # the agent answered before: not a job without one
             last = max(h.last_seen for h in state.loaders.values())
             ended = "the training has exited" if not s.target.alive else "its DataLoaders have ended"
