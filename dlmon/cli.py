@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
 import threading
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -16,7 +14,6 @@ import click
 from dlmon import __version__
 
 if TYPE_CHECKING:
-    from dlmon.collect.sampler import Sampler
     from dlmon.flow.sources import Source
     from dlmon.flow.watch import Plug, Watch
     from dlmon.launch.runner import Training
@@ -91,15 +88,6 @@ def call(body: Callable[..., int | None], *args: Any, **kwargs: Any) -> NoReturn
     except Failed as exc:
         fail(exc.message, exc.code)
     sys.exit(code or 0)
-
-
-def open_sampler(pid: int, *, unlimited_smaps: bool = False) -> Sampler:
-    from dlmon.launch.console import Failed, open_sampler
-
-    try:
-        return open_sampler(pid, unlimited_smaps=unlimited_smaps)
-    except Failed as exc:
-        fail(exc.message, exc.code)
 
 
 def check_record(path: str, force: bool = False) -> None:
@@ -198,6 +186,7 @@ PROMETHEUS_HELP = (
 )
 
 
+INJECT_FIRST_HELP = "Load the agent into PID first (gdb on Python 3.9-3.13, sys.remote_exec on 3.14+)."
 RANK_HELP = (
     "Show only rank N of a distributed job (torchrun, SLURM: RANK as the agent read it) and what "
     "belongs to no rank."
@@ -284,7 +273,10 @@ def dashboard(source: Source, **kw: Any) -> DashboardResult:
     "--duration", default=None, metavar="S", help="Stop after S seconds (default: until the target exits)."
 )
 @click.option("--force", is_flag=True, help=FORCE_HELP)
-def record(pid: str, output: str, interval: str, duration: str | None, force: bool = False) -> None:
+@click.option("--inject", is_flag=True, help=INJECT_FIRST_HELP)
+def record(
+    pid: str, output: str, interval: str, duration: str | None, force: bool = False, inject: bool = False
+) -> None:
     """Record snapshots of PID to FILE without a dashboard, one JSON object per line."""
     target = parse_pid(pid)
     seconds = interval_seconds(interval)
@@ -292,7 +284,7 @@ def record(pid: str, output: str, interval: str, duration: str | None, force: bo
     check_record(output, force)
     from dlmon.launch.attach import record as record_body
 
-    call(record_body, target, output, seconds, limit)
+    call(record_body, target, output, seconds, limit, inject=inject)
 
 
 class _RunCommand(click.Command):
@@ -458,45 +450,18 @@ def remind_unwatched(except_pid: int | None = None) -> None:
 @click.argument("pid")
 @click.option("--seconds", default="5", metavar="S", help="How long to measure before advising (default 5).")
 @click.option("--json", "as_json", is_flag=True, help="Print the advice as JSON.")
-def advise(pid: str, seconds: str, as_json: bool) -> None:
+@click.option("--inject", is_flag=True, help=INJECT_FIRST_HELP)
+def advise(pid: str, seconds: str, as_json: bool, inject: bool = False) -> None:
     """Measure PID for a few seconds and advise on num_workers, batch size and memory.
 
     Uses the seed's rule, peak ~ (num_workers + 1) x batch_size x memory per sample, fed with
     measured per-worker memory and the real (cgroup-aware) headroom.
     """
-
-    from dlmon.analysis import Analyzer, advice_to_dict, advise, format_advice
-    from dlmon.collect.procfs import smaps_unreadable
-
     target = parse_pid(pid)
     duration = positive_seconds(seconds, "--seconds")
-    sampler = open_sampler(target, unlimited_smaps=True)
-    denied = smaps_unreadable(target)
-    if denied:
-        sampler.close()
-        fail(f"cannot read the memory of process {target}: {denied} (run dlmon as its user, or as root)")
-    analyzer = Analyzer()
-    history = [analyzer(sampler.sample())]
-    if not history[0].target.alive:
-        sampler.close()
-        fail(f"process {target} has exited (it is a zombie): nothing left to measure")
-    deadline = time.monotonic() + duration
-    while time.monotonic() < deadline and history[-1].target.alive:
-        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
-        history.append(analyzer(sampler.sample()))
-    sampler.close()
-    if not history[-1].target.alive:
-        history.pop()
-        click.echo(
-            f"dlmon: process {target} exited during the measurement: advice from its "
-            f"{len(history)} sample(s) before that",
-            err=True,
-        )
-    result = advise(history)
-    if as_json:
-        click.echo(json.dumps(advice_to_dict(result), indent=2, allow_nan=False))
-    else:
-        click.echo(format_advice(result))
+    from dlmon.launch.advise import advise as advise_body
+
+    call(advise_body, target, duration, as_json, inject=inject)
 
 
 @main.command()
@@ -561,26 +526,24 @@ def speed_factor(text: str) -> float:
 @click.option("--prometheus", metavar="[HOST:]PORT", required=True, help=PROMETHEUS_HELP)
 @click.option("--interval", default="1", metavar="S", help=INTERVAL_HELP)
 @click.option("--all-jobs", is_flag=True, help="Every training job of this user (a `job` label each).")
-def export_command(pid: str | None, prometheus: str, interval: str, all_jobs: bool) -> None:
+@click.option("--inject", is_flag=True, help=INJECT_FIRST_HELP + " Not with --all-jobs.")
+def export_command(
+    pid: str | None, prometheus: str, interval: str, all_jobs: bool, inject: bool = False
+) -> None:
     """Serve PID's snapshots (or, with --all-jobs, every job's) as Prometheus metrics, headless,
     until PID exits or Ctrl-C."""
     if all_jobs == (pid is not None):
         fail("give a PID or --all-jobs (one of the two)")
+    if all_jobs and inject:
+        fail("--inject loads the agent into one PID; it cannot be combined with --all-jobs")
     seconds = interval_seconds(interval)
     if pid is None:
         _export_all_jobs(prometheus, seconds)
         return
     target = parse_pid(pid)
-    from dlmon.flow.watch import WatchOptions
-    from dlmon.launch.console import Failed, watch_of
-    from dlmon.launch.session import AlertLog
+    from dlmon.launch.export_watch import export
 
-    try:
-        watch = watch_of(target, WatchOptions(seconds, plugs=plugs(prometheus), sinks=(AlertLog(),)))
-    except Failed as exc:
-        fail(exc.message, exc.code)
-    reason = watch.run()
-    click.echo(f"dlmon: export stopped ({reason.replace('_', ' ')})", err=True)
+    call(export, target, seconds, plugs(prometheus), inject=inject)
 
 
 def _export_all_jobs(prometheus: str, seconds: float) -> None:

@@ -241,3 +241,88 @@ def test_attach_with_no_inject_never_offers_the_agent(spawn: Spawn, terminal: Tm
     assert "press i" not in flat(screen) and "No DataLoader figures" in screen, screen
     assert AgentClient.find_socket(pid) is None
     terminal("send-keys", "-t", "t", "q")
+
+
+# -- record, advise and export take --inject too ------------------------------------------------------
+
+
+def dlmon(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dlmon", *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT
+    )
+
+
+def snapshots(path: Path) -> list[dict[str, object]]:
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [x for x in lines if x.get("type") == "snapshot"]
+
+
+def test_record_inject_records_the_loader_and_the_report_counts_from_the_load(
+    spawn: Spawn, clean_env: str, tmp_path: Path
+) -> None:
+    """A recording begun 10 s and more after the load: its report's epochs count from the load,
+    not from the job's start (which it said before the agent told when it was loaded)."""
+    pytest.importorskip("torch")
+    pid, workers = start_trainer(spawn, tmp_path / "log", tmp_path / "stop")
+    first = tmp_path / "first.jsonl"
+    got = dlmon("record", str(pid), "--inject", "-o", str(first), "--duration", "3", "--interval", "0.5")
+    assert got.returncode == 0, got.stderr
+    last = snapshots(first)[-1]
+    (loader,) = last["loaders"]  # type: ignore[misc]
+    assert loader["batches_total"] > 0 and loader["worker_pids"] == workers
+    loaded = last["agent_loaded_unix_time"]
+    assert isinstance(loaded, float) and loaded <= float(last["time"])  # type: ignore[arg-type]
+
+    time.sleep(max(0.0, loaded + 11 - time.time()))  # past the report's 10 s
+    later = tmp_path / "later.jsonl"
+    got = dlmon("record", str(pid), "-o", str(later), "--duration", "2", "--interval", "0.5")
+    assert got.returncode == 0, got.stderr
+    report = dlmon("report", str(later))
+    assert report.returncode == 0, report.stderr
+    epochs = next(x for x in report.stdout.splitlines() if "epochs finished" in x)
+    clock = time.strftime("%H:%M:%S", time.localtime(loaded))
+    assert "counted from the agent's load into the running job at" in epochs and clock in epochs, epochs
+    assert "job's start" not in report.stdout
+
+
+def test_advise_inject_advises_from_the_loader(spawn: Spawn, clean_env: str, tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    pid, _ = start_trainer(spawn, tmp_path / "log", tmp_path / "stop")
+    got = dlmon("advise", str(pid), "--inject", "--seconds", "2", "--json")
+    assert got.returncode == 0, got.stderr
+    advice = json.loads(got.stdout)
+    assert advice["has_agent"] is True and advice["num_workers"] == 2 and advice["persistent_workers"] is True
+    assert advice["data_wait_fraction"] is not None
+
+
+def test_export_inject_serves_the_loaders_metrics(spawn: Spawn, clean_env: str, tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    import re
+    import signal
+    import urllib.request
+
+    pid, _ = start_trainer(spawn, tmp_path / "log", tmp_path / "stop")
+    cmd = [sys.executable, "-m", "dlmon", "export", str(pid), "--inject", "--prometheus", "127.0.0.1:0"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        found = re.search(r"http://(127\.0\.0\.1:\d+)/metrics", line)
+        assert found, line
+        deadline = time.monotonic() + 20
+        batches = 0.0
+        while time.monotonic() < deadline and batches <= 0:
+            with urllib.request.urlopen(f"http://{found.group(1)}/metrics", timeout=5) as answer:
+                text = answer.read().decode()
+            got = re.search(rf'^dlmon_loader_batches_total\{{loader="{pid}:1"[^}}]*\}} (\S+)$', text, re.M)
+            batches = float(got.group(1)) if got else 0.0
+            time.sleep(0.3)
+        assert batches > 0
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=20)
+
+
+def test_export_inject_with_all_jobs_is_refused_in_one_line() -> None:
+    got = dlmon("export", "--all-jobs", "--inject", "--prometheus", "127.0.0.1:0", timeout=30)
+    assert got.returncode == 2 and got.stderr.count("\n") == 1 and "--all-jobs" in got.stderr, got.stderr

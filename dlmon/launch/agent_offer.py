@@ -1,6 +1,7 @@
-"""The dashboard's offer to load the agent into a job that has none (``dlmon attach PID``).
+"""Loading the agent into a watched job: first (``--inject`` of attach, record, advise, export),
+or on request from the dashboard of a job that has none (``dlmon attach PID``).
 
-Made here, where loading is allowed, and handed to the UI through the live source
+The offer is made here, where loading is allowed, and handed to the UI through the live source
 (:class:`dlmon.flow.sources.AgentLoader`): the UI shows :attr:`AgentOffer.offer` and calls
 :meth:`AgentOffer.load` on a thread of its own when the user presses ``i``.
 """
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 
 from dlmon.collect.agent_client import AgentClient
 from dlmon.launch import gdb_inject
+from dlmon.launch.console import Failed
 from dlmon.launch.inject import InjectError, inject, unsupported_reason
 from dlmon.launch.target_python import ProcAccessError, read_target
 
@@ -50,3 +52,12 @@ def offer_for(pid: int) -> AgentOffer | None:
     if unsupported_reason(target, pid, gdb=gdb_inject.find_gdb()) is not None or target.version is None:
         return None
     return AgentOffer(pid, "sys.remote_exec" if target.version >= (3, 14) else "gdb")
+
+
+def load_first(pid: int) -> None:
+    """``--inject``: load the agent before the watch opens (a no-op where it serves already);
+    :class:`Failed` with the one line that says why it cannot."""
+    try:
+        inject(pid)
+    except InjectError as exc:
+        raise Failed(str(exc)) from None

@@ -48,13 +48,9 @@ def attach(
     ``inject``: True loads the agent first; None offers it on the dashboard of a job without one
     ("press i"); False never does."""
     if inject:
-        from dlmon.launch.inject import InjectError
-        from dlmon.launch.inject import inject as inject_agent
+        from dlmon.launch.agent_offer import load_first
 
-        try:
-            inject_agent(target)
-        except InjectError as exc:
-            raise Failed(str(exc)) from None
+        load_first(target)
     if once:
         attach_once(target, as_json)
         return 0
@@ -142,8 +138,13 @@ def attach_once(pid: int, as_json: bool) -> None:
         click.echo(one_line(snapshot))
 
 
-def record(target: int, output: str, interval: float, duration: float | None) -> int:
-    """Record ``target`` to ``output`` (checked) until it exits, the duration, or Ctrl-C."""
+def record(target: int, output: str, interval: float, duration: float | None, *, inject: bool = False) -> int:
+    """Record ``target`` to ``output`` (checked) until it exits, the duration, or Ctrl-C;
+    ``inject``: load the agent into it first."""
+    if inject:
+        from dlmon.launch.agent_offer import load_first
+
+        load_first(target)
     last = LastSnapshot()
     options = WatchOptions(
         interval, output, record_required=True, duration=duration, sinks=(AlertLog(), last), report=say
