@@ -326,3 +326,25 @@ def test_export_inject_serves_the_loaders_metrics(spawn: Spawn, clean_env: str, 
 def test_export_inject_with_all_jobs_is_refused_in_one_line() -> None:
     got = dlmon("export", "--all-jobs", "--inject", "--prometheus", "127.0.0.1:0", timeout=30)
     assert got.returncode == 2 and got.stderr.count("\n") == 1 and "--all-jobs" in got.stderr, got.stderr
+
+
+def test_a_load_that_cannot_be_done_says_why_and_the_watch_goes_on(spawn: Spawn, terminal: Tmux) -> None:
+    """Every thread of the job sleeps with the GIL released: no safe point within the load's 10 s.
+    The reason takes the offer's place, the job runs on untouched, and i offers to try again."""
+    proc = spawn('print("READY", flush=True)\nimport time; time.sleep(600)')
+    terminal("send-keys", "-t", "t", f"{sys.executable} -m dlmon attach {proc.pid}", "Enter")
+    deadline = time.monotonic() + 30
+    while "press i to load the agent" not in flat(terminal.screen()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    terminal("send-keys", "-t", "t", "i")
+    deadline = time.monotonic() + 40
+    while "press i to try again" not in flat(terminal.screen()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    screen = flat(terminal.screen())
+    assert f"process {proc.pid} ran no Python within 10 s" in screen and "press i to try again" in screen, (
+        screen
+    )
+    assert proc.poll() is None and str(proc.pid) in screen  # running, and still watched
+    with open(f"/proc/{proc.pid}/status") as fh:
+        assert "TracerPid:\t0" in fh.read()  # gdb is gone
+    terminal("send-keys", "-t", "t", "q")
