@@ -16,7 +16,8 @@ from dlmon.launch.console import Failed
 from dlmon.launch.inject import InjectError, inject, unsupported_reason
 from dlmon.launch.target_python import ProcAccessError, read_target
 
-# docs/performance.md: the target's longest pause while gdb loads the agent (median 55 ms, max 68)
+# docs/performance.md: the target's longest pause while gdb loads the agent, on an idle machine
+# (median 55 ms, max 68; 83 to 121 ms median on a busy one)
 GDB_PAUSE = "~60 ms pause"
 
 

@@ -363,8 +363,9 @@ class DlmonApp(App[DashboardResult]):
         if self.rank is not None:
             snapshot = only_rank(snapshot, self.rank)
         self.state.ingest(snapshot)  # with the analyzer's failure count, which each snapshot carries
-        if snapshot.loaders and self.state.agent_offer is not None and not self._agent_loading:
-            self.agent_loader = None  # an agent answers: nothing left to offer
+        ended = not snapshot.target.alive
+        if (snapshot.loaders or ended) and self.state.agent_offer is not None and not self._agent_loading:
+            self.agent_loader = None  # an agent answers, or the job is gone: nothing left to offer
             self.state.agent_offer = None
         self._schedule_render()
 

@@ -23,7 +23,7 @@ def throughput_lines(state: DashboardState, width: int, compact: bool, rows: int
         return ((("waiting for data…", "dim"),),)
     lead = [label("DATA", 5)] if compact else []
     if not s.loaders:
-        if state.agent_offer is not None and not state.loaders:
+        if state.agent_offer is not None and not state.loaders and s.target.alive:
             style = "warn" if "press i to try again" in state.agent_offer else "key"
             if not compact:
                 return wrap(state.agent_offer, width, style)
