@@ -113,6 +113,7 @@ def test_an_iterator_running_before_the_load_is_measured_from_its_next_batch(
 
     (loader,) = snap["loaders"]
     assert loader["persistent_workers"] is True and loader["num_workers"] == 2
+    assert loader["multiprocessing_context"] == "fork"  # from its workers: the loader is out of reach
     assert loader["worker_pids"] == workers
     assert loader["epochs_started"] == 0  # its epoch began before the agent: not counted as begun
     ours = loader["batches_per_s"]

@@ -481,7 +481,13 @@ def _read_iter_settings(ls: _LoaderState, it: Any) -> None:
     s["persistent_workers"] = bool(getattr(it, "_persistent_workers", False))
     s["drop_last"] = getattr(it, "_drop_last", None)
     s["timeout"] = getattr(it, "_timeout", None)
-    s["multiprocessing_context"] = None
+    # the loader is out of reach: its workers' Process class says how they were started (a
+    # context's ForkProcess...), or the plain Process class the default start method
+    workers = getattr(it, "_workers", None) or ()
+    method = getattr(type(workers[0]), "_start_method", None) if workers else None
+    s["multiprocessing_context"] = (
+        method if isinstance(method, str) else _mp_context_name(None) if workers else None
+    )
     s["collated"] = bool(getattr(it, "_auto_collation", True))
     s["dataset_kind"] = None
     ds = getattr(it, "_dataset", None)
