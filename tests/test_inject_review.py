@@ -78,3 +78,29 @@ def test_a_batch_taken_while_the_load_thread_patches_still_gets_the_sigchld_obse
     """
     got = run_script(code, env, tmp_path)
     assert got == {"observer": True, "degraded": None}, got
+
+
+def test_an_iterator_built_in_a_thread_does_not_unsay_an_observer_already_in(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """A DataLoader iterated in a thread of its own (a prefetcher) after the observer went in from
+    the main thread: the observer is still there, so the agent must not say it is not installed
+    and deaths are only polled (it said so, for the rest of the job)."""
+    pytest.importorskip("torch")
+    code = """
+        import json, signal, threading
+        import dlmon.agent
+        dlmon.agent.start()
+        from torch.utils.data import DataLoader
+        list(DataLoader(list(range(8)), batch_size=2, num_workers=1))  # the observer goes in here
+        t = threading.Thread(target=lambda: list(DataLoader(list(range(8)), batch_size=2, num_workers=1)))
+        t.start()
+        t.join(60)
+        handler = signal.getsignal(signal.SIGCHLD)
+        print(json.dumps({
+            "observer": bool(getattr(handler, "__dlmon_observer__", False)),
+            "degraded": dlmon.agent.counters()["degraded"].get("sigchld"),
+        }))
+    """
+    got = run_script(code, env, tmp_path)
+    assert got == {"observer": True, "degraded": None}, got

@@ -145,6 +145,8 @@ def _install_sigchld_observer() -> None:
     (perhaps after torch's) is left exactly as it is, and deaths are then found when polled.
     """
     if threading.current_thread() is not threading.main_thread():
+        if getattr(signal.getsignal(signal.SIGCHLD), "__dlmon_observer__", False):
+            return  # in already (an iterator built in a thread after the main thread's)
         R.sigchld_deferred = True  # signal.signal works in the main thread only
         R.degraded["sigchld"] = (
             "handler not installed yet (not the main thread): at the main thread's next batch; "
