@@ -237,9 +237,14 @@ class MainScreen(Screen[None]):
         self.query_one(WorkersPanel).set_sort(key)
 
     def action_invert_sort(self) -> None:
-        if self.dlmon.state.agent_offer is not None and self.dlmon.agent_loader is not None:
+        """``i``: loads the agent while the Throughput panel offers it on the screen; else, and
+        zoomed into another panel, where the offer is not shown, reverses the workers table."""
+        if self.dlmon.agent_offered() and self.zoomed in (None, "throughput"):
             self.dlmon.load_agent()  # the Throughput panel says "press i to load the agent"
             return
+        self.reverse_sort()
+
+    def reverse_sort(self) -> None:
         workers = self.query_one(WorkersPanel)
         workers.set_sort(workers.table.sort, not workers.table.reverse)
 
@@ -370,6 +375,13 @@ class DlmonApp(App[DashboardResult]):
         self._schedule_render()
 
     # ---- loading the agent on request (`i` while offered) ------------------------------------
+    def agent_offered(self) -> bool:
+        return self.agent_loader is not None and self.state.agent_offer is not None
+
+    def _job_gone(self) -> bool:
+        latest = self.state.latest
+        return self.state.end_reason is not None or (latest is not None and not latest.target.alive)
+
     def load_agent(self) -> None:
         loader = self.agent_loader
         if loader is None or self._agent_loading:
@@ -385,13 +397,16 @@ class DlmonApp(App[DashboardResult]):
 
     def on_agent_load_ended(self, message: AgentLoadEnded) -> None:
         self._agent_loading = False
-        if message.why is None:
+        if self._job_gone():  # it ended during the load: its pid may be another process's by now
+            self.agent_loader = None
+            self._say_offer(None)
+        elif message.why is None:
             self.agent_loader = None
             self._say_offer("agent loaded: its DataLoader figures come from the next batch")
         else:
             self._say_offer(f"{message.why} (press i to try again)")
 
-    def _say_offer(self, line: str) -> None:
+    def _say_offer(self, line: str | None) -> None:
         self.state.agent_offer = line
         self.state.version += 1
         self._schedule_render()
@@ -418,6 +433,9 @@ class DlmonApp(App[DashboardResult]):
 
     def on_source_ended(self, message: SourceEnded) -> None:
         self.state.end(message.reason)
+        if not self._agent_loading:  # nothing is watched any more: nothing to load into
+            self.agent_loader = None
+            self.state.agent_offer = None
         self._charts_due = True  # no later tick will move the charts on to the last samples
         latest = self.state.latest
         if latest is not None and not latest.target.alive:
@@ -625,11 +643,13 @@ class DlmonApp(App[DashboardResult]):
                     "Sort the workers table",
                     _bind(main.action_sort, sort),
                 )
-            yield SystemCommand(
-                "Reverse the sort",
-                "Reverse the table order (i; loads the agent while offered)",
-                main.action_invert_sort,
-            )
+            yield SystemCommand("Reverse the sort", "Reverse the table order (i)", main.reverse_sort)
+            if self.agent_offered():
+                yield SystemCommand(
+                    "Load the agent",
+                    "Load dlmon's agent into the job for its DataLoader figures (i, while offered)",
+                    self.load_agent,
+                )
             yield SystemCommand(
                 "Open worker detail",
                 "The selected row's figures and history (enter)",
