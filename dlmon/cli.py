@@ -14,7 +14,6 @@ import click
 from dlmon import __version__
 
 if TYPE_CHECKING:
-    from dlmon.collect.sampler import Sampler
     from dlmon.flow.sources import Source
     from dlmon.flow.watch import Plug, Watch
     from dlmon.launch.runner import Training
@@ -89,15 +88,6 @@ def call(body: Callable[..., int | None], *args: Any, **kwargs: Any) -> NoReturn
     except Failed as exc:
         fail(exc.message, exc.code)
     sys.exit(code or 0)
-
-
-def open_sampler(pid: int, *, unlimited_smaps: bool = False) -> Sampler:
-    from dlmon.launch.console import Failed, open_sampler
-
-    try:
-        return open_sampler(pid, unlimited_smaps=unlimited_smaps)
-    except Failed as exc:
-        fail(exc.message, exc.code)
 
 
 def check_record(path: str, force: bool = False) -> None:
@@ -214,6 +204,7 @@ prometheus_pids_option = click.option(
     "every restart would add series; a worker is keyed by loader and worker_id either way).",
 )
 
+INJECT_FIRST_HELP = "Load the agent into PID first (gdb on Python 3.9-3.13, sys.remote_exec on 3.14+)."
 RANK_HELP = (
     "Show only rank N of a distributed job (torchrun, SLURM: RANK as the agent read it) and what "
     "belongs to no rank."
@@ -230,9 +221,10 @@ rank_option = click.option("--rank", "rank", type=click.IntRange(0), metavar="N"
 @click.option("--once", is_flag=True, help="Take two samples ~1 s apart (so rates exist), print one, exit.")
 @click.option("--json", "as_json", is_flag=True, help="Print snapshots as JSON.")
 @click.option(
-    "--inject",
-    is_flag=True,
-    help="Load the agent into PID first (gdb on Python 3.9-3.13, sys.remote_exec on 3.14+).",
+    "--inject/--no-inject",
+    default=None,
+    help="Load the agent into PID first (gdb on Python 3.9-3.13, sys.remote_exec on 3.14+); "
+    "--no-inject: never offer it. Default: the dashboard of a job without the agent offers it (press i).",
 )
 @click.option("--prometheus", metavar="[HOST:]PORT", help=PROMETHEUS_HELP)
 @prometheus_pids_option
@@ -244,7 +236,7 @@ def attach(
     record_path: str | None,
     once: bool,
     as_json: bool,
-    inject: bool,
+    inject: bool | None,
     prometheus: str | None = None,
     force: bool = False,
     rank: int | None = None,
@@ -300,7 +292,10 @@ def dashboard(source: Source, **kw: Any) -> DashboardResult:
     "--duration", default=None, metavar="S", help="Stop after S seconds (default: until the target exits)."
 )
 @click.option("--force", is_flag=True, help=FORCE_HELP)
-def record(pid: str, output: str, interval: str, duration: str | None, force: bool = False) -> None:
+@click.option("--inject", is_flag=True, help=INJECT_FIRST_HELP)
+def record(
+    pid: str, output: str, interval: str, duration: str | None, force: bool = False, inject: bool = False
+) -> None:
     """Record snapshots of PID to FILE without a dashboard, one JSON object per line."""
     target = parse_pid(pid)
     seconds = interval_seconds(interval)
@@ -308,7 +303,7 @@ def record(pid: str, output: str, interval: str, duration: str | None, force: bo
     check_record(output, force)
     from dlmon.launch.attach import record as record_body
 
-    call(record_body, target, output, seconds, limit)
+    call(record_body, target, output, seconds, limit, inject=inject)
 
 
 class _RunCommand(click.Command):
@@ -476,16 +471,16 @@ def remind_unwatched(except_pid: int | None = None) -> None:
 @click.argument("pid")
 @click.option("--seconds", default="5", metavar="S", help="How long to measure before advising (default 5).")
 @click.option("--json", "as_json", is_flag=True, help="Print the advice as JSON.")
-def advise(pid: str, seconds: str, as_json: bool) -> None:
+@click.option("--inject", is_flag=True, help=INJECT_FIRST_HELP)
+def advise(pid: str, seconds: str, as_json: bool, inject: bool = False) -> None:
     """Measure PID for a few seconds and advise on num_workers, batch size and memory.
 
     Uses the seed's rule, peak ~ (num_workers + 1) x batch_size x memory per sample, fed with
     measured per-worker memory and the real (cgroup-aware) headroom.
     """
-
     from dlmon.launch.advise import advise_pid
 
-    call(advise_pid, parse_pid(pid), positive_seconds(seconds, "--seconds"), as_json=as_json)
+    call(advise_pid, parse_pid(pid), positive_seconds(seconds, "--seconds"), as_json=as_json, inject=inject)
 
 
 @main.command()
@@ -551,26 +546,24 @@ def speed_factor(text: str) -> float:
 @prometheus_pids_option
 @click.option("--interval", default="1", metavar="S", help=INTERVAL_HELP)
 @click.option("--all-jobs", is_flag=True, help="Every training job of this user (a `job` label each).")
-def export_command(pid: str | None, prometheus: str, interval: str, all_jobs: bool) -> None:
+@click.option("--inject", is_flag=True, help=INJECT_FIRST_HELP + " Not with --all-jobs.")
+def export_command(
+    pid: str | None, prometheus: str, interval: str, all_jobs: bool, inject: bool = False
+) -> None:
     """Serve PID's snapshots (or, with --all-jobs, every job's) as Prometheus metrics, headless,
     until PID exits or Ctrl-C."""
     if all_jobs == (pid is not None):
         fail("give a PID or --all-jobs (one of the two)")
+    if all_jobs and inject:
+        fail("--inject loads the agent into one PID; it cannot be combined with --all-jobs")
     seconds = interval_seconds(interval)
     if pid is None:
         _export_all_jobs(prometheus, seconds)
         return
     target = parse_pid(pid)
-    from dlmon.flow.watch import WatchOptions
-    from dlmon.launch.console import Failed, watch_of
-    from dlmon.launch.session import AlertLog
+    from dlmon.launch.export_watch import export
 
-    try:
-        watch = watch_of(target, WatchOptions(seconds, plugs=plugs(prometheus), sinks=(AlertLog(),)))
-    except Failed as exc:
-        fail(exc.message, exc.code)
-    reason = watch.run()
-    click.echo(f"dlmon: export stopped ({reason.replace('_', ' ')})", err=True)
+    call(export, target, seconds, plugs(prometheus), inject=inject)
 
 
 def _export_all_jobs(prometheus: str, seconds: float) -> None:

@@ -122,6 +122,7 @@ def counters_reply(**given: Any) -> wire.CountersReply:
         "num_threads": None,
         "num_threads_time_ns": None,
         "rank": None,
+        "injected_unix_time": None,
     }
     args.update(given)
     return wire.counters_reply(**args)

@@ -140,6 +140,26 @@ CASES = [
         "permission denied",
         prefix=tuple(DROP_PTRACE),
     ),
+    # -- issue 23: --inject on record, advise, export ------------------------------------------------
+    Case(
+        "record-inject-not-python",
+        ("record", "{pid}", "-o", "{tmp}/i.jsonl", "--inject"),
+        2,
+        "look like CPython",
+    ),
+    Case("advise-inject-no-such-process", ("advise", "{gone}", "--inject"), 2, "no such process"),
+    Case(
+        "export-inject-no-such-process",
+        ("export", "{gone}", "--inject", "--prometheus", "0"),
+        2,
+        "no such process",
+    ),
+    Case(
+        "export-inject-all-jobs",
+        ("export", "--all-jobs", "--inject", "--prometheus", "0"),
+        2,
+        "cannot be combined with --all-jobs",
+    ),
     # -- output to a full disk ------------------------------------------------------------------
     Case(
         "attach-once-json-to-dev-full",

@@ -247,6 +247,7 @@ def test_rates_wait_fraction_pids_and_batches_per_worker(
     assert fl["batches_per_worker"] == [per_worker.get(w, 0) for w in range(num_workers)]
     assert fl["epochs_started"] == 1 and fl["epochs"] == 0
     assert fl["startup_wait_ns_total"] > 0
+    assert final.get("injected_unix_time", "missing") is None  # started with the job: counts from its start
     script_wait = sum(r[1] - r[0] for r in log[1:])
     assert abs(fl["wait_ns_total"] - script_wait) <= 0.05 * script_wait
     if num_workers:

@@ -57,3 +57,32 @@ def test_a_job_that_never_had_an_agent_gets_the_hint() -> None:
     state = DashboardState()
     state.ingest(dataclasses.replace(make_snapshot(), loaders=()))
     assert AGENT_HINT.split("`")[0].strip() in _screen(state)
+
+
+def test_an_agent_loaded_into_the_running_job_says_from_when_it_counts() -> None:
+    """``attach --inject``: the counts begin at the load, not at the job's start; the panel says so
+    (local time), and a job whose agent started with it says nothing of the kind."""
+    import time
+
+    loaded = 1_796_000_000.0
+    state = DashboardState()
+    state.ingest(dataclasses.replace(make_snapshot(), agent_loaded_unix_time=loaded))
+    clock = time.strftime("%H:%M:%S", time.localtime(loaded))
+    assert f"agent loaded at {clock}; counts from then" in _screen(state)
+    assert f"since {clock}" in _screen(state, compact=True)
+    plain = DashboardState()
+    plain.ingest(make_snapshot())
+    assert "agent loaded" not in _screen(plain) and "since" not in _screen(plain, compact=True)
+
+
+def test_the_offer_to_load_the_agent_takes_the_hints_place_while_the_job_runs() -> None:
+    state = DashboardState()
+    state.agent_offer = "no agent in this job: press i to load the agent into pid 42 (gdb; ~60 ms pause)"
+    live = dataclasses.replace(make_snapshot(), loaders=())
+    state.ingest(live)
+    for compact in (False, True):
+        screen = _screen(state, compact)
+        assert "press i to load the agent into pid 42" in screen and "dlmon run" not in screen, screen
+    ended = dataclasses.replace(live, target=dataclasses.replace(live.target, alive=False, exit_code=0))
+    state.ingest(ended)
+    assert "press i" not in _screen(state) and "press i" not in _screen(state, compact=True)

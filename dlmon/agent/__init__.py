@@ -23,12 +23,13 @@ import atexit
 import contextlib
 import os
 import threading
+import time
 from typing import Any
 
 from dlmon.agent import _hooks, _journal, _last_words, _rank, wire
 from dlmon.agent._paths import socket_dir, socket_path
 
-__all__ = ["arm", "counters", "serving_path", "socket_dir", "socket_path", "start"]
+__all__ = ["arm", "counters", "serving_path", "socket_dir", "socket_path", "start", "start_injected"]
 
 _lock = threading.Lock()
 # The Server while serving. Not named ``_server``: importing the submodule dlmon.agent._server
@@ -49,6 +50,15 @@ def start() -> None:
     try:
         _start()
     except Exception as exc:  # the training must run whatever happens here
+        _hooks.R.degraded["start"] = f"{type(exc).__name__}: {exc}"[:300]
+
+
+def start_injected() -> None:
+    """``start()`` for an agent loaded into the process while it runs (``dlmon attach --inject``):
+    its replies say from when it counts. An agent already serving is left as it was. Never raises."""
+    try:
+        _start(injected=True)
+    except Exception as exc:
         _hooks.R.degraded["start"] = f"{type(exc).__name__}: {exc}"[:300]
 
 
@@ -94,7 +104,7 @@ def _arm() -> None:
         _hooks.R.on_first_iter = start
 
 
-def _start() -> None:
+def _start(injected: bool = False) -> None:
     global _serving, _started_pid, _server_error, _atexit_registered
     if _disabled():
         return
@@ -118,6 +128,8 @@ def _start() -> None:
             return
         _serving = srv
         _started_pid = pid
+        if injected:
+            _hooks.R.injected_unix_time = time.time()
         _last_words.install()  # its lines go to the journal, which exists from now on
         _server_error = None
         _hooks.R.degraded.pop("server", None)
@@ -132,6 +144,7 @@ def _after_fork_child() -> None:
     _lock = threading.Lock()  # another thread may have held it at fork time
     _hooks.R.lock = threading.Lock()
     _hooks.R.on_first_iter = None  # a forked child does not start an agent of its own
+    _hooks.R.injected_unix_time = None
     srv = _serving
     _serving = None
     _started_pid = None

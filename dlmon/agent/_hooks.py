@@ -204,6 +204,27 @@ def _patch_all(dl: ModuleType) -> None:
     loader_cls = getattr(dl, "DataLoader", None)
     mp_cls = getattr(dl, "_MultiProcessingDataLoaderIter", None)
 
+    # 0. SIGCHLD observer, chained in front of torch's handler. First: loaded off the main thread
+    #    into a running job, this is where the observer is deferred to the main thread's next
+    #    batch, and that batch must not come through the patched __next__ before the deferral
+    #    is set (a running iterator passes through _late_attach once only).
+    sh = None
+    try:
+        utils = getattr(dl, "_utils", None) or sys.modules.get("torch.utils.data._utils")
+        sh = getattr(utils, "signal_handling", None)
+        if sh is None:
+            raise AttributeError("no torch.utils.data._utils.signal_handling")
+        if not hasattr(os, "waitid") or not hasattr(os, "WNOWAIT"):
+            raise AttributeError("os.waitid with WNOWAIT is not available on this platform")
+        set_h = sh._set_SIGCHLD_handler
+        if not _is_ours(set_h):
+            sh._set_SIGCHLD_handler = _mark(_make_set_sigchld(set_h), set_h, "sigchld")
+        _ok("sigchld")
+        if getattr(sh, "_SIGCHLD_handler_set", False):  # torch's handler is already there
+            _install_sigchld_observer()
+    except Exception as exc:
+        _fail("sigchld", f"{type(exc).__name__}: {exc}; deaths found only when polled")
+
     # 1. __next__: the throughput/wait counters. Without it nothing else is worth much.
     try:
         if base is None:
@@ -254,10 +275,7 @@ def _patch_all(dl: ModuleType) -> None:
 
     # 4. worker pids: dataloader.py calls _utils.signal_handling._set_worker_pids(...) through the
     #    module attribute, so that attribute is where it is looked up and where it is patched.
-    sh = None
     try:
-        utils = getattr(dl, "_utils", None) or sys.modules.get("torch.utils.data._utils")
-        sh = getattr(utils, "signal_handling", None)
         if sh is None:
             raise AttributeError("no torch.utils.data._utils.signal_handling")
         set_orig = sh._set_worker_pids
@@ -299,21 +317,6 @@ def _patch_all(dl: ModuleType) -> None:
             R.degraded["batches_per_worker"] = "derived from _task_info (in-order batches only)"
     except Exception as exc:
         _fail("batches_per_worker", exc)
-
-    # 6. SIGCHLD observer, chained in front of torch's handler.
-    try:
-        if sh is None:
-            raise AttributeError("no torch.utils.data._utils.signal_handling")
-        if not hasattr(os, "waitid") or not hasattr(os, "WNOWAIT"):
-            raise AttributeError("os.waitid with WNOWAIT is not available on this platform")
-        set_h = sh._set_SIGCHLD_handler
-        if not _is_ours(set_h):
-            sh._set_SIGCHLD_handler = _mark(_make_set_sigchld(set_h), set_h, "sigchld")
-        _ok("sigchld")
-        if getattr(sh, "_SIGCHLD_handler_set", False):  # torch's handler is already there
-            _install_sigchld_observer()
-    except Exception as exc:
-        _fail("sigchld", f"{type(exc).__name__}: {exc}; deaths found only when polled")
 
     # 7. worker start: a stack-dump handler in each forked worker, for hang diagnosis.
     try:

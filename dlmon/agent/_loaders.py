@@ -38,6 +38,7 @@ from dlmon.agent._sites import (
     _tune_site,
     _user_site,
 )
+from dlmon.agent._workers import install_deferred_sigchld_observer
 
 MAX_LOADERS = 256  # live + retained dead loaders in the report
 MAX_LIVE_LOADERS = 256  # beyond this many live loaders, new ones are not measured (degraded)
@@ -95,6 +96,8 @@ def _late_attach(it: Any, data: Any, t0: int, t1: int, first: bool) -> None:
         c[1] += _probe_samples(st, data)
     except Exception:
         pass
+    if R.sigchld_deferred:
+        install_deferred_sigchld_observer()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -478,7 +481,13 @@ def _read_iter_settings(ls: _LoaderState, it: Any) -> None:
     s["persistent_workers"] = bool(getattr(it, "_persistent_workers", False))
     s["drop_last"] = getattr(it, "_drop_last", None)
     s["timeout"] = getattr(it, "_timeout", None)
-    s["multiprocessing_context"] = None
+    # the loader is out of reach: its workers' Process class says how they were started (a
+    # context's ForkProcess...), or the plain Process class the default start method
+    workers = getattr(it, "_workers", None) or ()
+    method = getattr(type(workers[0]), "_start_method", None) if workers else None
+    s["multiprocessing_context"] = (
+        method if isinstance(method, str) else _mp_context_name(None) if workers else None
+    )
     s["collated"] = bool(getattr(it, "_auto_collation", True))
     s["dataset_kind"] = None
     ds = getattr(it, "_dataset", None)

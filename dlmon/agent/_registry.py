@@ -147,6 +147,10 @@ class _Registry:
         self.lock = threading.Lock()  # only for creating loaders; never taken on the hot path
         # called once, at the first iterator built in this process (dlmon.agent.arm())
         self.on_first_iter: Callable[[], None] | None = None
+        # torch's SIGCHLD handler was there when the hooks were installed off the main thread (the
+        # agent loaded into a running job): the observer goes in at the main thread's next batch
+        self.sigchld_deferred = False
+        self.injected_unix_time: float | None = None  # loaded into the running process then
 
 
 R = _Registry()

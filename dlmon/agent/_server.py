@@ -688,4 +688,5 @@ def build_counters(server: Server | None) -> wire.CountersReply:
         num_threads=R.num_threads,
         num_threads_time_ns=R.num_threads_ns,
         rank=_rank.current(),
+        injected_unix_time=R.injected_unix_time,
     )

@@ -145,8 +145,15 @@ def _install_sigchld_observer() -> None:
     (perhaps after torch's) is left exactly as it is, and deaths are then found when polled.
     """
     if threading.current_thread() is not threading.main_thread():
-        R.degraded["sigchld"] = "handler not installed (not the main thread); deaths found when polled"
+        if getattr(signal.getsignal(signal.SIGCHLD), "__dlmon_observer__", False):
+            return  # in already (an iterator built in a thread after the main thread's)
+        R.sigchld_deferred = True  # signal.signal works in the main thread only
+        R.degraded["sigchld"] = (
+            "handler not installed yet (not the main thread): at the main thread's next batch; "
+            "until then deaths are found when polled"
+        )
         return
+    R.sigchld_deferred = False
     prev = signal.getsignal(signal.SIGCHLD)
     if getattr(prev, "__dlmon_observer__", False):
         return
@@ -163,6 +170,17 @@ def _install_sigchld_observer() -> None:
     observer.__dlmon_observer__ = True  # type: ignore[attr-defined]
     signal.signal(signal.SIGCHLD, observer)
     _ok("sigchld")
+
+
+def install_deferred_sigchld_observer() -> None:
+    """In an iterator's first batch seen by the agent (off the per-batch path): the observer that
+    could not be installed from the thread that loaded the agent, now from the main thread."""
+    if R.sigchld_deferred and threading.current_thread() is threading.main_thread():
+        try:
+            _install_sigchld_observer()
+        except Exception as exc:
+            R.sigchld_deferred = False
+            _fail("sigchld", exc)
 
 
 def scan_worker_deaths() -> None:

@@ -161,6 +161,9 @@ class CountersReply(TypedDict):
     num_threads: int | None
     num_threads_time_ns: int | None
     rank: RankWire | None
+    # Unix time the agent was loaded into this process while it ran (``attach --inject``): every
+    # count begins then. None when it started with the process (``dlmon run``, ``start()``).
+    injected_unix_time: float | None
 
 
 class ThreadWire(TypedDict):
@@ -347,6 +350,7 @@ def counters_reply(
     num_threads: int | None,
     num_threads_time_ns: int | None,
     rank: RankWire | None,
+    injected_unix_time: float | None,
 ) -> CountersReply:
     return {
         "v": WIRE_VERSION,
@@ -368,6 +372,7 @@ def counters_reply(
         "num_threads": num_threads,
         "num_threads_time_ns": num_threads_time_ns,
         "rank": rank,
+        "injected_unix_time": injected_unix_time,
     }
 
 

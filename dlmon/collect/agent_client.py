@@ -43,6 +43,7 @@ from dlmon.collect.agent_decode import (
     _journal_exception,
     _Prev,
     convert_one,
+    injected_at,
     listed,
     main_stack,
     merge_torch_memory,
@@ -378,6 +379,7 @@ class AgentClient:
         pinned_source: str | None = None
         pids: list[int] = []
         ranks: dict[int, RankInfo] = {}
+        injected: dict[int, float] = {}
         for pid in sorted(p for p in raw if isinstance(p, int)):
             if not wire.speaks_this_version(raw[pid]):
                 self._other_version[pid] = wire.version_of(raw[pid])
@@ -393,6 +395,9 @@ class AgentClient:
             self._prev[pid] = prev
             pids.append(pid)
             rank = wire_rank(raw[pid].get("rank"))
+            at = injected_at(raw[pid])
+            if at is not None:
+                injected[pid] = at
             if rank is not None:
                 ranks[pid] = rank
                 ls = [with_rank(x, rank) for x in ls]
@@ -419,6 +424,7 @@ class AgentClient:
             torch_versions=MappingProxyType(versions),
             degraded=MappingProxyType(degraded),
             ranks=MappingProxyType(ranks),
+            injected=MappingProxyType(injected),
         )
 
 

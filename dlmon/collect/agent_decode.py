@@ -31,6 +31,7 @@ _EMPTY_STR: Mapping[str, str] = MappingProxyType({})
 _EMPTY_RANKS: Mapping[int, RankInfo] = MappingProxyType({})
 _EMPTY_INT: Mapping[int, int] = MappingProxyType({})
 _EMPTY_VER: Mapping[int, str | None] = MappingProxyType({})
+_EMPTY_TIME: Mapping[int, float] = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +81,8 @@ class AgentReading:
     torch_versions: Mapping[int, str | None] = field(default_factory=lambda: _EMPTY_VER)
     degraded: Mapping[str, str] = field(default_factory=lambda: _EMPTY_STR)  # "pid:hook" -> reason
     ranks: Mapping[int, RankInfo] = field(default_factory=lambda: _EMPTY_RANKS)  # pid -> its rank
+    # pid -> Unix time its agent was loaded into it while it ran (attach --inject): counts from then
+    injected: Mapping[int, float] = field(default_factory=lambda: _EMPTY_TIME)
 
 
 @dataclass(slots=True)
@@ -169,6 +172,11 @@ def check_reply(obj: Any, pid: int) -> dict[str, Any] | None:
     if _int(obj.get("time_ns")) is None or not isinstance(obj.get("loaders", []), list):
         return None
     return obj
+
+
+def injected_at(reply: Mapping[str, Any]) -> float | None:
+    """When the agent was loaded into its running process (``attach --inject``); None: at its start."""
+    return _num(reply.get("injected_unix_time"))
 
 
 def version_note(pid: int, version: object) -> str:

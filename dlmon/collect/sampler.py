@@ -227,6 +227,7 @@ class Sampler:
             cgroup=cgroup,
             loaders=reading.loaders if reading else (),
             pinned=reading.pinned if reading else None,
+            agent_loaded_unix_time=max(reading.injected.values()) if reading and reading.injected else None,
             agent_note=self._agent.note(),
             worker_deaths=self._agent.known_deaths(),
             exceptions=self._agent.known_exceptions(),

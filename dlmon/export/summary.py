@@ -287,6 +287,8 @@ class RunSummary:
     verdict: str | None = None
     exceptions: tuple[TrainingException, ...] = ()  # what the agent's journal told (cumulative)
     job_start: float | None = None  # Unix time the job started (the agent's counters count from it)
+    # the agent was loaded into the running job then (attach --inject): its counters count from it
+    agent_loaded: float | None = None
 
     @property
     def duration_s(self) -> float | None:
@@ -361,6 +363,7 @@ class Summarizer:
         self._first_seen: dict[tuple[int, int], float] = {}  # the current tree only: bounded
         self.last: CheckedSnapshot | Snapshot | None = None
         self.job_start: float | None = None
+        self.agent_loaded: float | None = None
 
     def feed(self, record: CheckedRecord) -> None:
         if isinstance(record, CheckedSnapshot):
@@ -386,6 +389,8 @@ class Summarizer:
         if self.start is None:
             self.start, self.host, self.command = now, s["host"], target["cmdline"]
             self.job_start = target["start_unix_time"]
+        if s["agent_loaded_unix_time"] is not None:  # the latest load: a restarted agent counts anew
+            self.agent_loaded = max(self.agent_loaded or 0.0, s["agent_loaded_unix_time"])
         # the earliest to the latest: a clock that stepped back (kept by the reader) spans no less
         self.start = min(self.start, now)
         self.end = now if self.end is None else max(self.end, now)
@@ -540,6 +545,7 @@ class Summarizer:
             verdict=self._verdict(last),
             exceptions=last.exceptions if last is not None else (),
             job_start=self.job_start,
+            agent_loaded=self.agent_loaded,
         )
 
     @staticmethod

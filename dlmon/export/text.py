@@ -86,8 +86,20 @@ LATE_START_S = 10.0
 
 
 def counted_since(summary: RunSummary) -> str | None:
-    """'counted from the job's start at HH:MM:SS, 0:42:00 before this recording began', or None."""
-    job, start = summary.job_start, summary.start
+    """'counted from the job's start at HH:MM:SS, 0:42:00 before this recording began', or None.
+
+    An agent loaded into the running job (attach --inject) counts from its load instead: said
+    when that is away from the recording's start (loaded long before it, or during it)."""
+    job, start, loaded = summary.job_start, summary.start, summary.agent_loaded
+    if loaded is not None and start is not None:
+        gap = loaded - start
+        if abs(gap) < LATE_START_S:
+            return None
+        when = "after" if gap > 0 else "before"
+        return (
+            f"counted from the agent's load into the running job at {clock(loaded)}, "
+            f"{span(abs(gap))} {when} this recording began"
+        )
     if job is None or start is None or start - job < LATE_START_S:
         return None
     return f"counted from the job's start at {clock(job)}, {span(start - job)} before this recording began"

@@ -93,6 +93,28 @@ class Paced(Protocol):
     interval: float
 
 
+class AgentLoader(Protocol):
+    """Loads dlmon's agent into the watched job when the user asks (``dlmon attach`` of a job
+    without one): made by dlmon/launch, which alone may load it."""
+
+    @property
+    def offer(self) -> str:
+        """The one line that offers it: "press i to load the agent into pid 4242 (gdb; ~60 ms pause)"."""
+        ...
+
+    def load(self) -> str | None:
+        """Load it (blocks for up to seconds; never on the UI thread): None once the agent serves,
+        else the one line that says why not. Never raises."""
+        ...
+
+
+@runtime_checkable
+class Injectable(Protocol):
+    """A live watch whose job has no agent yet and could be given one (``agent_loader`` not None)."""
+
+    agent_loader: AgentLoader | None
+
+
 class LiveSource:
     """Samples a running process on a daemon thread, every ``interval`` seconds."""
 
@@ -127,6 +149,7 @@ class LiveSource:
         self.interval = interval
         self.analyzer = analyzer
         self._log_path = log_path
+        self.agent_loader: AgentLoader | None = None  # set by `dlmon attach` for a job without the agent
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         cmd = self.sampler.cmdline or f"pid {pid}"

@@ -22,9 +22,14 @@ from dlmon.model import Snapshot
 MAX_TICK_S = 1.0
 
 
-def advise_pid(pid: int, seconds: float, *, as_json: bool) -> int:
+def advise_pid(pid: int, seconds: float, *, as_json: bool, inject: bool = False) -> int:
     """Measure ``pid`` for ``seconds`` and print the advice; :class:`Failed` for a process that
-    cannot be measured (its memory unreadable, already exited)."""
+    cannot be measured (its memory unreadable, already exited). ``inject``: load the agent into it
+    first, so that the loader figures count."""
+    if inject:
+        from dlmon.launch.agent_offer import load_first
+
+        load_first(pid)
     history: list[Snapshot] = []
 
     def keep(snapshot: Snapshot) -> None:

@@ -42,6 +42,7 @@ def _dlmon_load(root, modules, status):
         agent = sys.modules.get("dlmon.agent")
         if agent is None:
             import importlib, importlib.machinery, importlib.util
+            ours = ["dlmon.agent." + name for name in modules] + ["dlmon.agent"]
             try:
                 # sys.path stays untouched: the training's PathFinder may be iterating it
                 if "dlmon" not in sys.modules:
@@ -50,19 +51,24 @@ def _dlmon_load(root, modules, status):
                         raise ImportError("no dlmon package in " + root)
                     package = importlib.util.module_from_spec(spec)
                     sys.modules["dlmon"] = package
-                    try:
-                        spec.loader.exec_module(package)
-                    except BaseException:
-                        sys.modules.pop("dlmon", None)
-                        raise
+                    ours.append("dlmon")
+                    spec.loader.exec_module(package)
                 # the submodules follow dlmon.__path__ (the stage)
                 agent = importlib.import_module("dlmon.agent")
                 for name in modules:
                     importlib.import_module("dlmon.agent." + name)
+            except BaseException:
+                # nothing half-imported stays (the stage gone under us): a later load would find
+                # this stage's dlmon in sys.modules and import nothing from its gone directory
+                for name in ours:
+                    sys.modules.pop(name, None)
+                raise
             finally:
                 for path in (root, root + "/dlmon", root + "/dlmon/agent"):
                     sys.path_importer_cache.pop(path, None)
-        agent.start()
+        # start_injected: the replies say from when the counts run (an older dlmon.agent the
+        # training imported itself has start() only)
+        getattr(agent, "start_injected", agent.start)()
         path = agent.serving_path()
         if path:
             line = "ok " + path

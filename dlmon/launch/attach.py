@@ -37,27 +37,26 @@ def attach(
     *,
     once: bool,
     as_json: bool,
-    inject: bool,
+    inject: bool | None,
     plugs: tuple[Plug, ...],
     rank: int | None,
     dashboard: Dashboard,
 ) -> int:
     """Watch ``target`` (its arguments checked): the dashboard in a terminal, else a line (or a
-    JSON object) per sample on stdout; ``once``: one sample, printed."""
-    if inject:
-        from dlmon.launch.inject import InjectError
-        from dlmon.launch.inject import inject as inject_agent
+    JSON object) per sample on stdout; ``once``: one sample, printed.
 
-        try:
-            inject_agent(target)
-        except InjectError as exc:
-            raise Failed(str(exc)) from None
+    ``inject``: True loads the agent first; None offers it on the dashboard of a job without one
+    ("press i"); False never does."""
+    if inject:
+        from dlmon.launch.agent_offer import load_first
+
+        load_first(target)
     if once:
         attach_once(target, as_json)
         return 0
     no_terminal = terminal_problem()
     if not no_terminal and not as_json:
-        return attach_dashboard(target, interval, record_path, plugs, rank, dashboard)
+        return attach_dashboard(target, interval, record_path, plugs, rank, dashboard, offer=inject is None)
     if sys.stdout.isatty() and not as_json:  # a terminal that cannot show the dashboard
         echo(f"{no_terminal}: printing one line per sample instead")
     from dlmon.model.format import one_line
@@ -94,6 +93,8 @@ def attach_dashboard(
     plugs: tuple[Plug, ...],
     rank: int | None,
     dashboard: Dashboard,
+    *,
+    offer: bool = False,
 ) -> int:
     from dlmon.collect.sampler import NoSuchProcess
 
@@ -106,6 +107,10 @@ def attach_dashboard(
         raise Failed(f"no such process: {pid}") from None
     watch.open_record()  # a failure is said after the dashboard (recording stopped early)
     source = watch.live_source()
+    if offer:  # the outside figures at once; the agent on request
+        from dlmon.launch.agent_offer import offer_for
+
+        source.agent_loader = offer_for(pid)
     say_record_opened(source.writer)
     report_screenshots(dashboard(source, interval=interval, rank=rank))
     report_faults(watch.faults)
@@ -133,8 +138,13 @@ def attach_once(pid: int, as_json: bool) -> None:
         click.echo(one_line(snapshot))
 
 
-def record(target: int, output: str, interval: float, duration: float | None) -> int:
-    """Record ``target`` to ``output`` (checked) until it exits, the duration, or Ctrl-C."""
+def record(target: int, output: str, interval: float, duration: float | None, *, inject: bool = False) -> int:
+    """Record ``target`` to ``output`` (checked) until it exits, the duration, or Ctrl-C;
+    ``inject``: load the agent into it first."""
+    if inject:
+        from dlmon.launch.agent_offer import load_first
+
+        load_first(target)
     last = LastSnapshot()
     options = WatchOptions(
         interval, output, record_required=True, duration=duration, sinks=(AlertLog(), last), report=say

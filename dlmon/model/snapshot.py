@@ -429,6 +429,9 @@ class Snapshot:
     analysis_error: str | None = None
     # exceptions that left a DataLoader or ended a thread of the training, cumulative (its last words)
     exceptions: tuple[TrainingException, ...] = ()
+    # the agent was loaded into the running job then (``attach --inject``): its loader counts begin
+    # there, not at the job's start. None: it started with the job, or there is no agent
+    agent_loaded_unix_time: float | None = None
 
     def workers(self) -> tuple[ProcessSample, ...]:
         return tuple(p for p in self.processes if p.role == "worker")

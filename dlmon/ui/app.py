@@ -25,7 +25,7 @@ from textual.screen import Screen
 from textual.widget import Widget
 from textual.widgets import Footer
 
-from dlmon.flow.sources import HasFaults, Paced, Seekable, Source
+from dlmon.flow.sources import AgentLoader, HasFaults, Injectable, Paced, Seekable, Source
 from dlmon.model import Snapshot
 from dlmon.model.format import children_left
 from dlmon.ui.columns import SORT_ORDER, SORTS
@@ -86,6 +86,14 @@ class SourceEnded(Message):
         self.reason = reason
 
 
+class AgentLoadEnded(Message):
+    """The load of the agent the user asked for is over: ``why`` it failed, None if it serves."""
+
+    def __init__(self, why: str | None) -> None:
+        super().__init__()
+        self.why = why
+
+
 class MainScreen(Screen[None]):
     """All panels at once, collapsing to one-liners on small terminals; one panel in full on demand."""
 
@@ -99,7 +107,7 @@ class MainScreen(Screen[None]):
         Binding("0,escape", "overview", "All panels", show=False),
         Binding("z", "zoom", "Zoom panel", show=False),
         *(Binding(s.binding, f"sort('{key}')", s.description, show=False) for key, s in SORTS.items()),
-        Binding("i", "invert_sort", "Reverse sort", show=False),
+        Binding("i", "invert_sort", "Reverse sort (load the agent, while offered)", show=False),
         Binding("greater_than_sign", "sort_step(1)", "Next sort column", show=False),
         Binding("less_than_sign", "sort_step(-1)", "Previous sort column", show=False),
     ]
@@ -229,6 +237,14 @@ class MainScreen(Screen[None]):
         self.query_one(WorkersPanel).set_sort(key)
 
     def action_invert_sort(self) -> None:
+        """``i``: loads the agent while the Throughput panel offers it on the screen; else, and
+        zoomed into another panel, where the offer is not shown, reverses the workers table."""
+        if self.dlmon.agent_offered() and self.zoomed in (None, "throughput"):
+            self.dlmon.load_agent()  # the Throughput panel says "press i to load the agent"
+            return
+        self.reverse_sort()
+
+    def reverse_sort(self) -> None:
         workers = self.query_one(WorkersPanel)
         workers.set_sort(workers.table.sort, not workers.table.reverse)
 
@@ -284,6 +300,13 @@ class DlmonApp(App[DashboardResult]):
         self.boot_time = boot_time
         self.clock_ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
         self.state = DashboardState(rank=self.rank)
+        # a job without the agent that dlmon could load it into (`dlmon attach`): offered on screen
+        self.agent_loader: AgentLoader | None = (
+            source.agent_loader if isinstance(source, Injectable) else None
+        )
+        self._agent_loading = False
+        if self.agent_loader is not None:
+            self.state.agent_offer = self.agent_loader.offer
         self.paused = False
         self.renders = 0  # how many times the panels were redrawn (tests, benchmarks)
         self.screenshots: list[str] = []
@@ -345,6 +368,47 @@ class DlmonApp(App[DashboardResult]):
         if self.rank is not None:
             snapshot = only_rank(snapshot, self.rank)
         self.state.ingest(snapshot)  # with the analyzer's failure count, which each snapshot carries
+        ended = not snapshot.target.alive
+        if (snapshot.loaders or ended) and self.state.agent_offer is not None and not self._agent_loading:
+            self.agent_loader = None  # an agent answers, or the job is gone: nothing left to offer
+            self.state.agent_offer = None
+        self._schedule_render()
+
+    # ---- loading the agent on request (`i` while offered) ------------------------------------
+    def agent_offered(self) -> bool:
+        return self.agent_loader is not None and self.state.agent_offer is not None
+
+    def _job_gone(self) -> bool:
+        latest = self.state.latest
+        return self.state.end_reason is not None or (latest is not None and not latest.target.alive)
+
+    def load_agent(self) -> None:
+        loader = self.agent_loader
+        if loader is None or self._agent_loading:
+            return
+        self._agent_loading = True
+        self._say_offer("loading the agent into the job…")
+        threading.Thread(target=self._load_agent, args=(loader,), name="dlmon-inject", daemon=True).start()
+
+    def _load_agent(self, loader: AgentLoader) -> None:
+        why = loader.load()  # seconds, through gdb: never on the UI thread
+        with contextlib.suppress(RuntimeError):
+            self.post_message(AgentLoadEnded(why))
+
+    def on_agent_load_ended(self, message: AgentLoadEnded) -> None:
+        self._agent_loading = False
+        if self._job_gone():  # it ended during the load: its pid may be another process's by now
+            self.agent_loader = None
+            self._say_offer(None)
+        elif message.why is None:
+            self.agent_loader = None
+            self._say_offer("agent loaded: its DataLoader figures come from the next batch")
+        else:
+            self._say_offer(f"{message.why} (press i to try again)")
+
+    def _say_offer(self, line: str | None) -> None:
+        self.state.agent_offer = line
+        self.state.version += 1
         self._schedule_render()
 
     def on_sought(self, message: Sought) -> None:
@@ -369,6 +433,9 @@ class DlmonApp(App[DashboardResult]):
 
     def on_source_ended(self, message: SourceEnded) -> None:
         self.state.end(message.reason)
+        if not self._agent_loading:  # nothing is watched any more: nothing to load into
+            self.agent_loader = None
+            self.state.agent_offer = None
         self._charts_due = True  # no later tick will move the charts on to the last samples
         latest = self.state.latest
         if latest is not None and not latest.target.alive:
@@ -576,7 +643,13 @@ class DlmonApp(App[DashboardResult]):
                     "Sort the workers table",
                     _bind(main.action_sort, sort),
                 )
-            yield SystemCommand("Reverse the sort", "Reverse the table order (i)", main.action_invert_sort)
+            yield SystemCommand("Reverse the sort", "Reverse the table order (i)", main.reverse_sort)
+            if self.agent_offered():
+                yield SystemCommand(
+                    "Load the agent",
+                    "Load dlmon's agent into the job for its DataLoader figures (i, while offered)",
+                    self.load_agent,
+                )
             yield SystemCommand(
                 "Open worker detail",
                 "The selected row's figures and history (enter)",

@@ -6,6 +6,7 @@ Missing values never become 0: table cells show an en dash, summaries ``n/a`` (a
 from __future__ import annotations
 
 import math
+import time
 
 from dlmon.model.format import human_bytes, human_rate, percent
 
@@ -13,6 +14,7 @@ __all__ = [
     "DASH",
     "NA",
     "cbytes",
+    "clock",
     "cpct",
     "duration",
     "human_bytes",
@@ -69,6 +71,11 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
     if numerator is None or denominator is None or denominator <= 0:
         return None
     return numerator / denominator
+
+
+def clock(unix_time: float) -> str:
+    """``14:02:11``, local time."""
+    return time.strftime("%H:%M:%S", time.localtime(unix_time))
 
 
 def duration(seconds: float | None, missing: str = NA) -> str:

@@ -140,6 +140,9 @@ class DashboardState:
         self.first_time: float | None = None
         self.analysis_errors = 0  # detector failures the analyzer swallowed (it never raises)
         self.analysis_error: str | None = None  # the newest of them, "ValueError: ..."
+        # the Throughput panel's line while a job without the agent could be given one: the offer
+        # ("press i to load the agent ..."), then how the load went
+        self.agent_offer: str | None = None
         self._order = 0
         self._worker_slots: dict[tuple[int, int], RowKey] = {}  # live workers' rows by identity
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dlmon.analysis.startup import startup_of
 from dlmon.analysis.wait import by_process, job_wall_wait
 from dlmon.model import LoaderSample
-from dlmon.ui.fmt import NA, cpct, duration
+from dlmon.ui.fmt import NA, clock, cpct, duration
 from dlmon.ui.state import DashboardState
 from dlmon.ui.text import BAR, SEP, Line, Lines, Span, clip, fit, wrap
 from dlmon.ui.views.common import label, rate_text, wait_style
@@ -23,6 +23,11 @@ def throughput_lines(state: DashboardState, width: int, compact: bool, rows: int
         return ((("waiting for data…", "dim"),),)
     lead = [label("DATA", 5)] if compact else []
     if not s.loaders:
+        if state.agent_offer is not None and not state.loaders and s.target.alive:
+            style = "warn" if "press i to try again" in state.agent_offer else "key"
+            if not compact:
+                return wrap(state.agent_offer, width, style)
+            return (fit([[(state.agent_offer, style)]], width, lead=lead),)
         if state.loaders and not s.agent_note:  # the agent answered before: not a job without one
             last = max(h.last_seen for h in state.loaders.values())
             ended = "the training has exited" if not s.target.alive else "its DataLoaders have ended"
@@ -32,6 +37,13 @@ def throughput_lines(state: DashboardState, width: int, compact: bool, rows: int
             return wrap(s.agent_note or AGENT_HINT, width, "warn" if s.agent_note else "dim")
         return (fit([[(s.agent_note or AGENT_HINT_SHORT, "dim")]], width, lead=lead),)
     out: list[Line] = []
+    if s.agent_loaded_unix_time is not None:  # loaded into the running job: nothing counted before
+        if compact:
+            lead = [*lead, (f"since {clock(s.agent_loaded_unix_time)} ", "dim")]
+        else:
+            out.extend(
+                wrap(f"agent loaded at {clock(s.agent_loaded_unix_time)}; counts from then", width, "dim")
+            )
     if s.agent_note and not compact:  # one rank's agent of another version or silent: its loaders are missing
         out.extend(wrap(s.agent_note, width, "warn"))
     loaders = list(s.loaders) if not compact else list(s.loaders[:1])
