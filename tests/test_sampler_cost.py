@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -1208,6 +1209,21 @@ class StillTree:
         self.proc.stdin.flush()
         assert self.proc.stdout.readline().strip() == "DONE"
 
+    def wait_until_quiet(self, pid: int) -> None:
+        """Until ``pid``'s faults and RSS stayed the same for 0.2 s: a process answering DONE still
+        faults on its way back to reading stdin, and a movement the tracker saw one tick later
+        made the whole tree due again (seen failing ~1 run in 3, on the old code too)."""
+        last, same = None, 0
+        for _ in range(200):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            now = (fields[7], fields[9], fields[21])  # minflt, majflt, rss
+            same = same + 1 if now == last else 0
+            if same == 4:
+                return
+            last = now
+            time.sleep(0.05)
+        raise AssertionError(f"process {pid} never stood still")
+
     def still(self) -> dict[int, bool]:
         return {s.pid: s.pss_still for s in self.samples}
 
@@ -1252,6 +1268,7 @@ def test_a_still_tree_is_read_again_only_every_few_minutes_and_at_the_steady_cad
 
     tick(1.0)  # a quiet tick: the idle rows are built once more, then copied while idle
     tree.command(str(8 * MiB))  # the main faults memory in: its own reading and its sharers' are due
+    tree.wait_until_quiet(main)
     assert tick(1.0) == {main}  # moved past the threshold: at the moved cadence
     assert tree.tracker.rows_shown_again_quiet == len(tree.pids) - 1  # the children's rows, copied
     assert tree.still() == {pid: pid == main for pid in tree.pids}  # ... with the tree's news
