@@ -262,7 +262,10 @@ dist.destroy_process_group()
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stderr[-2000:]
     snapshots = [json.loads(line) for line in out.read_text().splitlines()][:-1]
-    best = max(snapshots, key=lambda s: len(s["loaders"]))
+    # both ranks' loaders, then their workers: a worker just forked is not named pt_data_worker yet
+    best = max(
+        snapshots, key=lambda s: (len(s["loaders"]), sum(p["role"] == "worker" for p in s["processes"]))
+    )
     assert len(best["loaders"]) == 2
     rank_pids = {loader["pid"] for loader in best["loaders"]}
     assert len(rank_pids) == 2 and best["target"]["pid"] not in rank_pids  # torchrun is the target
