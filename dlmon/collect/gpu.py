@@ -368,14 +368,7 @@ class GpuCollector:
         with self._lock:
             if self._initialized:
                 self._query("nvmlShutdown")
-            self._initialized = False
-            self._failure = None
-            self._next_attempt = float("-inf")
-            self._handles.clear()
-            self._static.clear()
-            self._mig_mode.clear()
-            self._minor.clear()
-            self._no_aggregate.clear()
+            self._restart()
             self._last_reading.clear()
             self._backoff.clear()
 
