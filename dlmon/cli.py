@@ -593,7 +593,6 @@ def _export_all_jobs(prometheus: str, seconds: float) -> None:
 
 
 MAX_CLUSTER_TIMEOUT_S = 600
-MAX_HOSTS_FILE_CHARS = 16 * 1024 * 1024
 MAX_CLUSTER_WINDOW_S = 3600
 
 
@@ -651,7 +650,7 @@ def cluster(
       dlmon cluster --prometheus http://prometheus:9090 --job training
     """
     from dlmon.cluster.command import ClusterFailed, ClusterOptions, run_cluster
-    from dlmon.cluster.hosts import MAX_NODES, HostsError, expand_nodelist, read_hosts_file, with_port
+    from dlmon.cluster.hosts import HostsError, resolve_nodes
 
     timeout_s = positive_seconds(timeout, "--timeout")
     window_s = positive_seconds(window, "--window", allow_zero=True)
@@ -662,36 +661,17 @@ def cluster(
     if window_s > MAX_CLUSTER_WINDOW_S:
         fail(f"--window must be at most {MAX_CLUSTER_WINDOW_S} seconds, not {window!r}")
     interval_s = interval_seconds(interval)
-    named = list(nodes)
-    if hosts_file is not None:
-        try:
-            with open(hosts_file, encoding="utf-8") as fh:
-                text = fh.read(MAX_HOSTS_FILE_CHARS + 1)  # /dev/zero would be read for ever
-        except (OSError, UnicodeDecodeError) as exc:
-            fail(f"cannot read --hosts-file {hosts_file}: {getattr(exc, 'strerror', None) or exc}")
-        if len(text) > MAX_HOSTS_FILE_CHARS:
-            fail(
-                f"--hosts-file {hosts_file} is longer than {MAX_HOSTS_FILE_CHARS >> 20} MiB "
-                "(not a list of nodes)"
-            )
-        named += read_hosts_file(text)
-    if len(named) > MAX_NODES:
-        fail(f"more than {MAX_NODES} nodes named")
+    addresses: tuple[str, ...] = ()
     if prometheus_url is not None:
-        if named:
+        if nodes or hosts_file is not None:
             fail("give nodes to scrape or --prometheus URL, not both")
     else:
         if job is not None or match is not None:
             fail("--job and --match select series on a Prometheus server: give --prometheus URL")
-        if not named and os.environ.get("SLURM_JOB_NODELIST"):
-            try:
-                named = expand_nodelist(os.environ["SLURM_JOB_NODELIST"])
-            except HostsError as exc:
-                fail(f"SLURM_JOB_NODELIST: {exc}")
-        if not named:
-            fail("name the nodes (HOST:PORT ..., --hosts-file FILE, SLURM_JOB_NODELIST) or --prometheus URL")
-    # a node named twice (an argument and the hosts file, HOST and HOST:9108) is one row, read once
-    addresses = tuple(dict.fromkeys(with_port(n, port) for n in named))
+        try:
+            addresses = resolve_nodes(nodes, hosts_file, port, os.environ.get("SLURM_JOB_NODELIST"))
+        except HostsError as exc:
+            fail(str(exc))
     options = ClusterOptions(addresses, prometheus_url, job, match, timeout_s, window_s)
     screen = None  # --json without --once: one JSON line every --interval
     if not once and not as_json:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 MAX_NODES = 100_000  # node[1-99999999] is a typo, not a cluster
+MAX_HOSTS_FILE_CHARS = 16 * 1024 * 1024
 
 
 class HostsError(ValueError):
@@ -88,3 +89,38 @@ def with_port(node: str, port: int) -> str:
     if "://" in node or re.search(r"(^[^:]*|\]):\d+$", node):
         return node
     return f"{node}:{port}"
+
+
+def resolve_nodes(
+    nodes: tuple[str, ...], hosts_file: str | None, port: int, slurm_nodelist: str | None
+) -> tuple[str, ...]:
+    """The HOST:PORT addresses to read: the arguments and the hosts file, else SLURM's node list;
+    a node named twice (an argument and the file, HOST and HOST:PORT) once. HostsError with the
+    user's one line for what cannot be read, or for no node at all."""
+    named = list(nodes)
+    if hosts_file is not None:
+        try:
+            with open(hosts_file, encoding="utf-8") as fh:
+                text = fh.read(MAX_HOSTS_FILE_CHARS + 1)  # /dev/zero would be read for ever
+        except (OSError, UnicodeDecodeError) as exc:
+            raise HostsError(
+                f"cannot read --hosts-file {hosts_file}: {getattr(exc, 'strerror', None) or exc}"
+            ) from None
+        if len(text) > MAX_HOSTS_FILE_CHARS:
+            raise HostsError(
+                f"--hosts-file {hosts_file} is longer than {MAX_HOSTS_FILE_CHARS >> 20} MiB "
+                "(not a list of nodes)"
+            )
+        named += read_hosts_file(text)
+    if len(named) > MAX_NODES:
+        raise HostsError(f"more than {MAX_NODES} nodes named")
+    if not named and slurm_nodelist:
+        try:
+            named = expand_nodelist(slurm_nodelist)
+        except HostsError as exc:
+            raise HostsError(f"SLURM_JOB_NODELIST: {exc}") from None
+    if not named:
+        raise HostsError(
+            "name the nodes (HOST:PORT ..., --hosts-file FILE, SLURM_JOB_NODELIST) or --prometheus URL"
+        )
+    return tuple(dict.fromkeys(with_port(n, port) for n in named))
