@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from dlmon.analysis.detectors._base import duration
 from dlmon.cluster.promapi import PrometheusError, read_prometheus
 from dlmon.cluster.scrape import scrape_nodes
 from dlmon.cluster.view import ClusterView, NodeRow, cluster_view
@@ -84,7 +85,7 @@ def node_cells(node: NodeRow) -> tuple[str, ...]:
         if node.gpu_memory_total_bytes is None
         else f"{human_bytes(node.gpu_memory_used_bytes)}/{human_bytes(node.gpu_memory_total_bytes)}"
     )
-    oom = "n/a" if node.time_to_oom_s is None else f"{node.time_to_oom_s / 60:.0f} min"
+    oom = "n/a" if node.time_to_oom_s is None else duration(node.time_to_oom_s)
     verdict = node.verdict.reason if node.verdict else "ok"
     if node.notes:
         verdict += " · " + " · ".join(node.notes)

@@ -28,6 +28,7 @@ from dlmon.model import (
     Snapshot,
     TargetInfo,
 )
+from dlmon.model.format import DEAD_STATES
 
 ExitCodeProvider = Callable[[], "int | None"]
 
@@ -144,7 +145,7 @@ class Sampler:
         gpu = self._gpu.sample()  # on the GPU thread; CPU counted from its sweep
         gpu_status, gpus = gpu.status, gpu.devices
         if any(g.unattributed_processes for g in gpus):  # a container: NVML's pids are the host's
-            live_pids = [p.pid for p in processes if p.state not in ("Z", "X")]
+            live_pids = [p.pid for p in processes if p.state not in DEAD_STATES]
             holders = self._holders.read(live_pids)
             if holders is not None:  # else no GPU's processes are certainly not the job's
                 gpus = with_other_processes(gpus, holders)

@@ -17,7 +17,7 @@ from textual.widgets import DataTable, Footer, Static
 from textual.widgets.data_table import CellDoesNotExist, RowDoesNotExist
 
 from dlmon.cluster.command import HEADERS, ClusterFailed, node_cells
-from dlmon.cluster.view import ClusterView, NodeRow, RankRow
+from dlmon.cluster.view import SEVERITY, ClusterView, NodeRow, RankRow
 
 Reader = Callable[[], ClusterView]
 _STYLE = {3: "bold red", 2: "yellow", 1: "cyan", 0: ""}
@@ -100,9 +100,7 @@ class ClusterApp(App[int]):
         self._reading = False
         self._view = view
         line = Text("straggler: ", style="bold")
-        severity = (
-            {"critical": 3, "warning": 2, "info": 1}.get(view.straggler.severity, 0) if view.straggler else 0
-        )
+        severity = SEVERITY.get(view.straggler.severity, 0) if view.straggler else 0
         line.append(view.straggler_note, style=_STYLE[severity])
         self.query_one("#straggler", Static).update(line)
         answered = sum(1 for n in view.nodes if n.answered)
