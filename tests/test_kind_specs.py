@@ -1,19 +1,32 @@
-"""Every alert kind has its whole spec in one registry line, and nothing about a kind is missing."""
+"""Every alert kind is its detector module and one registry line, and nothing about a kind is missing.
+
+A kind's module holds its name, its detector and its numbers; its registry line names all three.
+Forgetting the line leaves a detector (or a numbers class) of the package that no line names:
+the first test fails. A detector reading numbers no line names fails on every job
+(``Thresholds`` refuses them), the healthy one at the end included."""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import inspect
+import pkgutil
 import re
+import sys
 from pathlib import Path
 
+import pytest
 from scenarios.synth import GIB, MAIN_PID, MIB, disk, gpu, loader, proc, snap
 
+import dlmon.analysis.detectors as detectors_package
 from dlmon.analysis import Analyzer
+from dlmon.analysis.detectors import Context, Thresholds
 from dlmon.analysis.detectors.registry import (
     CAUSE_ORDER,
     DEFAULT_HOLDS,
     DETECTORS,
     ENDINGS,
+    NUMBERS,
     SPEC_BY_KIND,
     SPECS,
 )
@@ -26,6 +39,57 @@ DOC = Path(__file__).resolve().parent.parent / "docs" / "detectors.md"
 def test_every_kind_has_exactly_one_spec_in_the_order_of_kinds() -> None:
     assert tuple(s.name for s in SPECS) == KINDS
     assert len(SPEC_BY_KIND) == len(SPECS)
+
+
+def _package_members() -> tuple[set[object], set[type]]:
+    """Every ``detect_*`` function and every ``*Numbers`` dataclass defined in a module of
+    dlmon/analysis/detectors."""
+    detectors: set[object] = set()
+    numbers: set[type] = set()
+    for info in pkgutil.iter_modules(detectors_package.__path__):
+        module = importlib.import_module(f"{detectors_package.__name__}.{info.name}")
+        for name, value in vars(module).items():
+            if getattr(value, "__module__", None) != module.__name__:
+                continue  # imported from elsewhere
+            if name.startswith("detect_") and inspect.isfunction(value):
+                detectors.add(value)
+            if name.endswith("Numbers") and inspect.isclass(value) and dataclasses.is_dataclass(value):
+                numbers.add(value)
+    return detectors, numbers
+
+
+def test_every_detector_and_its_numbers_are_in_a_registry_line() -> None:
+    """A new kind's module without its KindSpec line (or a line without its ``numbers=``) fails here."""
+    detectors, numbers = _package_members()
+    assert detectors, "the premise: the package's detectors are found"
+    assert {d.__name__ for d in detectors} - {s.detector.__name__ for s in SPECS} == set()
+    assert {n.__name__ for n in numbers} - {n.__name__ for n in NUMBERS} == set()
+
+
+def test_a_kinds_name_and_numbers_live_in_its_detectors_module() -> None:
+    for spec in SPECS:
+        module = sys.modules[spec.detector.__module__]
+        assert spec.name in {v for k, v in vars(module).items() if k.isupper() and isinstance(v, str)}, (
+            spec.name
+        )
+        if spec.numbers is not None:
+            assert spec.numbers.__module__ == module.__name__, spec.name
+            assert dataclasses.is_dataclass(spec.numbers), spec.name
+            spec.numbers()  # every number has its default
+    names = [f.name for n in NUMBERS for f in dataclasses.fields(n)]
+    assert len(names) == len(set(names)), "a number's name alone must say whose it is (Thresholds.<name>)"
+
+
+def test_numbers_no_registry_line_names_are_refused() -> None:
+    @dataclasses.dataclass(frozen=True)
+    class StrayNumbers:
+        limit: float = 1.0
+
+    ctx = Context.from_history(_healthy_job(2))
+    with pytest.raises(LookupError, match="StrayNumbers"):
+        ctx.numbers(StrayNumbers)
+    with pytest.raises(LookupError, match="StrayNumbers"):
+        Thresholds(StrayNumbers())
 
 
 def test_every_spec_is_complete() -> None:

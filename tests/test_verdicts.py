@@ -23,7 +23,8 @@ from test_analysis_scenarios import (
 )
 
 from dlmon.analysis import Analyzer
-from dlmon.analysis.detectors import DEFAULT_THRESHOLDS, GrowthWindow
+from dlmon.analysis.detectors import GrowthWindow, Thresholds
+from dlmon.analysis.detectors.memory import MemoryNumbers
 from dlmon.analysis.stats import median
 from dlmon.model import Alert, Snapshot
 from dlmon.ui.fmt import DASH
@@ -35,13 +36,13 @@ pytest.importorskip("torch")
 # The 10-min window squeezed into 90 s (same 5 MiB/min bar, 45 s of readings): a run of ~100 s
 # then passes through every window the detector has, not only the 60 s one. It is stricter than
 # the real 10-min window, which needs 240 s of readings and averages over more.
-SCALED = dataclasses.replace(
-    DEFAULT_THRESHOLDS,
+SCALED_MEMORY = MemoryNumbers(
     growth_windows=(
-        *DEFAULT_THRESHOLDS.growth_windows,
+        *MemoryNumbers().growth_windows,
         GrowthWindow("10 min/90 s", 90.0, 45.0, 6, 5.0 * MIB / 60),
     ),
 )
+SCALED = Thresholds(SCALED_MEMORY)
 
 
 def _watch(pid: int) -> Watch:
@@ -59,7 +60,9 @@ def _staircase_watch(pid: int) -> Watch:
     epochs of minutes, 120 s is less than one."""
     w = Watch(pid)
     w.analyzer = Analyzer(
-        cores=w.analyzer.cores, thresholds=dataclasses.replace(SCALED, growth_warmup_s=30.0), strict=True
+        cores=w.analyzer.cores,
+        thresholds=Thresholds(dataclasses.replace(SCALED_MEMORY, growth_warmup_s=30.0)),
+        strict=True,
     )
     return w
 

@@ -36,8 +36,8 @@ from dlmon.analysis.detectors.registry import (
     Resumption,
 )
 from dlmon.analysis.digest import Digest, DigestLimits
-from dlmon.analysis.kinds import SEVERITY_RANK
 from dlmon.analysis.recent import RecentIndex
+from dlmon.analysis.severity import SEVERITY_RANK
 from dlmon.model import Alert, Snapshot
 
 _DEFAULT_HOLD = Hold(3.0, 15.0)  # a detector outside the registry's (a test's)

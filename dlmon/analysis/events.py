@@ -6,7 +6,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dlmon.analysis.kinds import SEVERITY_RANK
+from dlmon.analysis.severity import SEVERITY_RANK
 from dlmon.model import Alert
 
 RAISED = "raised"

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from dlmon.analysis.detectors._base import Thresholds
-from dlmon.analysis.kinds import MEMORY_GROWTH
+from dlmon.analysis.detectors._base import DEFAULT_THRESHOLDS, Thresholds
+from dlmon.analysis.detectors.memory import MEMORY_GROWTH, MemoryNumbers
 from dlmon.model import Alert
 
 GROWING = "growing"
@@ -41,7 +41,7 @@ def growth_reading(
 ) -> GrowthReading:
     """``watched_s``: how long the job has been watched (the rule's warm-up counts from its first
     reading); None when unknown."""
-    cfg = config or Thresholds()
+    cfg = (config or DEFAULT_THRESHOLDS).of(MemoryNumbers)
     for alert in alerts:
         if alert.kind == MEMORY_GROWTH:
             e = alert.evidence

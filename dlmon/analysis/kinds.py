@@ -1,45 +1,53 @@
-"""Alert kinds and severities, exactly as they appear in JSON (``Alert.kind``, ``Alert.severity``)."""
+"""Alert kinds and severities, exactly as they appear in JSON (``Alert.kind``, ``Alert.severity``).
+
+A kind's name lives in its detector module and its place in ``detectors/registry.py``; ``KINDS``
+is the registry's order. The names below are re-exported for the code that names a kind (the
+UI's stall column, the detail screen): a new kind needs no line here.
+"""
 
 from __future__ import annotations
 
-MEMORY_GROWTH = "memory_growth"
-ZOMBIE_WORKER = "zombie_worker"
-ORPHAN_WORKER = "orphan_worker"
-WORKER_DIED = "worker_died"
-LEAKED_WORKERS = "leaked_workers"
-IO_SATURATION = "io_saturation"
-INPUT_BOUND = "input_bound"
-SHM_EXHAUSTION = "shm_exhaustion"
-OVERSUBSCRIPTION = "oversubscription"
-VRAM_PRESSURE = "vram_pressure"
-SWAP_ACTIVITY = "swap_activity"
-TRAINER_DIED = "trainer_died"
-STALL = "stall"
-FD_EXHAUSTION = "fd_exhaustion"
-EXCEPTION_DEATH = "exception_death"
-STRAGGLER = "straggler"
-
-KINDS: tuple[str, ...] = (
-    MEMORY_GROWTH,
-    ZOMBIE_WORKER,
-    ORPHAN_WORKER,
-    WORKER_DIED,
+from dlmon.analysis.detectors.exceptions import EXCEPTION_DEATH
+from dlmon.analysis.detectors.fds import FD_EXHAUSTION
+from dlmon.analysis.detectors.gpu import VRAM_PRESSURE
+from dlmon.analysis.detectors.io import IO_SATURATION
+from dlmon.analysis.detectors.loader import INPUT_BOUND, OVERSUBSCRIPTION, SHM_EXHAUSTION
+from dlmon.analysis.detectors.memory import MEMORY_GROWTH, SWAP_ACTIVITY
+from dlmon.analysis.detectors.processes import (
     LEAKED_WORKERS,
-    IO_SATURATION,
-    INPUT_BOUND,
-    SHM_EXHAUSTION,
-    OVERSUBSCRIPTION,
-    VRAM_PRESSURE,
-    SWAP_ACTIVITY,
+    ORPHAN_WORKER,
     TRAINER_DIED,
-    STALL,
-    FD_EXHAUSTION,
-    EXCEPTION_DEATH,
-    STRAGGLER,
+    WORKER_DIED,
+    ZOMBIE_WORKER,
 )
+from dlmon.analysis.detectors.registry import SPECS
+from dlmon.analysis.detectors.stall import STALL
+from dlmon.analysis.detectors.straggler import STRAGGLER
+from dlmon.analysis.severity import CRITICAL, INFO, SEVERITIES, SEVERITY_RANK, WARNING
 
-INFO = "info"
-WARNING = "warning"
-CRITICAL = "critical"
-SEVERITIES: tuple[str, ...] = (INFO, WARNING, CRITICAL)
-SEVERITY_RANK: dict[str, int] = {INFO: 0, WARNING: 1, CRITICAL: 2}
+KINDS: tuple[str, ...] = tuple(s.name for s in SPECS)
+
+__all__ = [
+    "CRITICAL",
+    "EXCEPTION_DEATH",
+    "FD_EXHAUSTION",
+    "INFO",
+    "INPUT_BOUND",
+    "IO_SATURATION",
+    "KINDS",
+    "LEAKED_WORKERS",
+    "MEMORY_GROWTH",
+    "ORPHAN_WORKER",
+    "OVERSUBSCRIPTION",
+    "SEVERITIES",
+    "SEVERITY_RANK",
+    "SHM_EXHAUSTION",
+    "STALL",
+    "STRAGGLER",
+    "SWAP_ACTIVITY",
+    "TRAINER_DIED",
+    "VRAM_PRESSURE",
+    "WARNING",
+    "WORKER_DIED",
+    "ZOMBIE_WORKER",
+]

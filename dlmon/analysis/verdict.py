@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from dlmon.analysis.detectors.registry import CAUSE_ORDER
-from dlmon.analysis.kinds import SEVERITY_RANK
+from dlmon.analysis.severity import SEVERITY_RANK
 from dlmon.model import Alert, Snapshot
 
 

@@ -10,7 +10,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from dlmon.analysis.detectors import straggler as local
-from dlmon.analysis.detectors._base import Thresholds, duration
+from dlmon.analysis.detectors._base import duration
+from dlmon.analysis.detectors.loader import LoaderNumbers
 from dlmon.cluster.exposition import Series
 from dlmon.cluster.readings import NodeReading
 from dlmon.model.format import human_bytes
@@ -19,7 +20,7 @@ SEVERITY = {"critical": 3, "warning": 2, "info": 1}
 CLOCK_TOLERANCE_S = 5.0  # beyond a few sample intervals: the node's clock is not this machine's
 SWAP_BYTES = local.SWAP_BYTES
 CPU_GAP_CORES = local.CPU_GAP_PERCENT / 100  # per worker, as the local detector compares them
-BUSY_WORKER_CORES = Thresholds().busy_cpu_percent / 100
+BUSY_WORKER_CORES = LoaderNumbers().busy_cpu_percent / 100
 IO_BUSY = 0.5  # a node's busiest disk (or io pressure) this far up ...
 IO_GAP = 0.25  # ... and this much above every other node's
 

@@ -136,7 +136,7 @@ class StallProbe:
 
     def __init__(self, agent: AgentClient, rule: StallRule = STALL_RULE) -> None:
         self._agent = agent
-        self._rule = rule  # the stall detector's (Thresholds.stall_rule)
+        self._rule = rule  # the stall detector's (StallNumbers.stall_rule)
         self._watch: dict[str, _LoaderWatch] = {}
         self._crash_read: set[int] = set()
         self.error: str | None = None  # the last failure, swallowed

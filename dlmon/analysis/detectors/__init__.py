@@ -13,7 +13,6 @@ from dlmon.analysis.detectors._base import (
     AlertKey,
     Candidate,
     Context,
-    GrowthWindow,
     Headroom,
     JobTree,
     Thresholds,
@@ -24,7 +23,7 @@ from dlmon.analysis.detectors.fds import detect_fd_exhaustion
 from dlmon.analysis.detectors.gpu import detect_vram_pressure
 from dlmon.analysis.detectors.io import detect_io_saturation
 from dlmon.analysis.detectors.loader import detect_input_bound, detect_oversubscription, detect_shm_exhaustion
-from dlmon.analysis.detectors.memory import detect_memory_growth, detect_swap_activity
+from dlmon.analysis.detectors.memory import GrowthWindow, detect_memory_growth, detect_swap_activity
 from dlmon.analysis.detectors.processes import (
     detect_leaked_workers,
     detect_orphan_worker,

@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from dlmon.analysis.digest import Digest
 from dlmon.analysis.recent import RecentIndex
 from dlmon.model import ProcessSample, Snapshot
 from dlmon.model.format import DEAD_STATES, human_bytes
-from dlmon.model.stall_rule import STALL_RULE, StallRule
 
 Evidence = Mapping[str, float | int | str | None]
 AlertKey = tuple[str, str]  # (kind, key)
@@ -44,109 +43,77 @@ class Candidate:
     evidence: Evidence = field(default_factory=lambda: _EMPTY)
 
 
-@dataclass(frozen=True, slots=True)
-class GrowthWindow:
-    """One window memory_growth looks through, with what must hold in it to call it growth."""
-
-    name: str
-    window_s: float
-    min_span_s: float  # the fresh readings in it must cover this much time
-    min_points: int
-    min_slope_bytes_per_s: float
-
-
-@dataclass(frozen=True, slots=True)
 class Thresholds:
-    """Every number the detectors decide with (documented in docs/detectors.md)."""
+    """Every number the detectors decide with (documented in docs/detectors.md).
 
-    # memory_growth: three views of the job (PSS total, workers USS, RssAnon) over three windows
-    growth_windows: tuple[GrowthWindow, ...] = (
-        GrowthWindow("60 s", 60.0, 35.0, 4, 1.0 * MIB),  # >= 60 MiB/min, seen within a minute
-        GrowthWindow("10 min", 600.0, 240.0, 6, 5.0 * MIB / 60),  # >= 5 MiB/min
-        GrowthWindow("60 min", 3600.0, 1200.0, 8, 1.0 * MIB / 60),  # >= 1 MiB/min
-    )
-    growth_min_score: float = 0.6  # Mann-Kendall S: share of rising minus falling pairs
-    growth_hold_score: float = 0.35  # ... while already raised
-    growth_hold_slope: float = 0.5  # while raised, half the window's slope keeps it
-    growth_min_levelling: float = 0.5  # recent slope / slope: below this it is levelling off
-    growth_hold_levelling: float = 0.2  # ... while already raised
-    growth_step_span_s: float = 15.0  # a rise done within this is one step (PSS is re-read every 10 s)
-    growth_lookback_factor: float = 5.0  # a new rise must pass the highest level of 5 windows back
-    growth_tolerance_bytes: float = 1.0 * MIB  # changes smaller than this are ties (noise)
-    growth_warmup_s: float = 120.0  # no growth is raised in the watch's first 2 minutes ...
-    growth_warmup_max_eta_s: float = 300.0  # ... unless the limit is nearer than this at the rate
-    growth_critical_eta_s: float = 600.0
-    growth_info_eta_s: float = 6 * 3600.0
-    process_growth_min_bytes_per_s: float = 2 * 1024.0  # ~0.12 MiB/min: a process "grows"
-    in_step_ratio: float = 4.0  # growing workers' rates within this factor: "in step"
-    # zombie / orphan / died / leaked
-    death_window_s: float = 900.0  # a worker death stays an alert this long
-    oom_slack_s: float = 10.0  # OOM counters are compared this far either side of a death
-    vanished_s: float = 3.0  # a listed worker pid missing this long has vanished
-    leak_generations: int = 3  # worker generations alive at once (without the agent)
-    generation_gap_s: float = 2.0  # workers started further apart are different generations
-    clock_ticks_per_s: int = 100  # start_time unit (USER_HZ; 100 on every Linux we know)
-    # io_saturation
-    io_window_s: float = 10.0
-    io_util_percent: float = 80.0
-    io_hold_util_percent: float = 65.0
-    io_pressure_percent: float = 10.0  # PSI io some avg10
-    io_queue_depth: float = 16.0  # aqu-sz
-    io_await_factor: float = 2.0  # await this many times the low-load baseline ...
-    io_await_extra_ms: float = 2.0  # ... and at least this much above it
-    io_dstate_fraction: float = 0.3  # share of ticks with a job process in D state
-    io_job_read_bytes_per_s: float = 1e6  # the job reads from disk at all
-    # input_bound
-    input_window_s: float = 10.0
-    input_wait_fraction: float = 0.2
-    input_hold_wait_fraction: float = 0.15
-    input_critical_wait_fraction: float = 0.5
-    busy_cpu_percent: float = 85.0  # a worker near one core
-    idle_cpu_percent: float = 60.0
-    main_busy_cpu_percent: float = 90.0
-    # shm_exhaustion
-    shm_free_fraction: float = 0.10
-    shm_free_bytes: float = 64.0 * MIB
-    shm_critical_free_fraction: float = 0.02
-    shm_hold_factor: float = 1.25  # a raised alert clears only above 1.25x the threshold
-    default_prefetch_factor: int = 2
-    shm_min_batch_bytes: float = 256 * 1024  # smaller worker RssShmem is no batch-size estimate
-    # oversubscription
-    oversub_window_s: float = 10.0
-    oversub_thread_factor: float = 2.0  # workers x threads >= 2x cores is "well above"
-    oversub_nvcsw_per_s: float = 100.0  # median involuntary switches per worker per second
-    oversub_cpu_pressure_percent: float = 40.0  # PSI cpu some avg10, an alternative witness
-    oversub_busy_fraction: float = 0.5  # workers use at least half of the cores
-    # vram_pressure
-    vram_used_fraction: float = 0.95
-    vram_hold_used_fraction: float = 0.92
-    vram_critical_used_fraction: float = 0.98
-    vram_fragmentation_ratio: float = 1.5  # reserved / allocated
-    vram_fragmentation_bytes: float = 1.0 * GIB  # and reserved - allocated at least this
-    # swap_activity
-    swap_window_s: float = 30.0
-    swap_job_rise_bytes: float = 8.0 * MIB
-    swap_machine_rise_bytes: float = 32.0 * MIB
-    swap_critical_memory_pressure: float = 20.0  # PSI memory some avg10
-    # stall: the rule is shared with the stack probe (dlmon.collect.stacks), which must get the same
-    stall_rule: StallRule = STALL_RULE
-    stall_outside_min_s: float = 60.0  # the trainer outside the loader: no batch for this long, and asleep
-    # a call this long and 5 intervals: no input_bound verdict (a hang, or one)
-    stall_suspect_min_s: float = 2.0
-    stall_suspect_intervals: float = 5.0
-    stall_critical_s: float = 300.0
-    stall_sleeping_cpu_percent: float = 5.0
-    # fd_exhaustion
-    fd_trend_window_s: float = 60.0
-    fd_min_trend_span_s: float = 10.0
-    fd_min_trend_points: int = 4
-    fd_high_fraction: float = 0.8
-    fd_hold_fraction: float = 0.7
-    fd_critical_fraction: float = 0.95
-    fd_eta_s: float = 600.0  # growing steadily and out within 10 min
-    fd_critical_eta_s: float = 60.0
-    fd_late_share: float = 0.25  # a leak at a steady rate rises by half its window's rise in the later half
-    fd_min_growth: int = 32  # a rise smaller than this over the window is noise (sockets, pipes come and go)
+    Each detector module keeps its own numbers in a frozen dataclass with their defaults
+    (``StallNumbers`` in stall.py, ...), named by its kinds' ``KindSpec(numbers=...)``; a detector
+    reads them with ``ctx.numbers(StallNumbers)``, so mypy knows every field it reads. A
+    Thresholds holds the ones a run sets otherwise: ``Thresholds(StallNumbers(stall_critical_s=60))``;
+    the others are their class's defaults. Reading a number by its name alone
+    (``DEFAULT_THRESHOLDS.stall_rule``) still works, outside the type checker's sight.
+    """
+
+    __slots__ = ("_given",)
+
+    def __init__(self, *numbers: object) -> None:
+        for n in numbers:
+            _declared(type(n))
+        self._given: Mapping[type, object] = MappingProxyType({type(n): n for n in numbers})
+
+    def of(self, numbers: type[T]) -> T:
+        """The numbers of this class: the ones given, else its defaults."""
+        given = self._given.get(numbers)
+        return given if isinstance(given, numbers) else _defaults(numbers)
+
+    def replace(self, *numbers: object) -> Thresholds:
+        """These numbers instead of the ones of their class given so far."""
+        return Thresholds(*self._given.values(), *numbers)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Thresholds) and self._given == other._given
+
+    def __hash__(self) -> int:
+        return hash(tuple(sorted(self._given.items(), key=lambda kv: kv[0].__qualname__)))
+
+    def __repr__(self) -> str:
+        return f"Thresholds({', '.join(repr(n) for n in self._given.values())})"
+
+    if not TYPE_CHECKING:  # code reads ctx.numbers(X).field, which mypy checks; this is for people
+
+        def __getattr__(self, name: str) -> object:
+            if not name.startswith("_"):
+                for numbers in _declared_numbers():
+                    if name in {f.name for f in fields(numbers)}:
+                        return getattr(self.of(numbers), name)
+            raise AttributeError(f"no detector has a number called {name!r}")
+
+
+_DEFAULTS: dict[type, object] = {}
+
+
+def _declared_numbers() -> tuple[type, ...]:
+    from dlmon.analysis.detectors.registry import NUMBERS  # the registry imports every detector
+
+    return NUMBERS
+
+
+def _declared(numbers: type) -> None:
+    if numbers not in _declared_numbers():
+        raise LookupError(
+            f"{numbers.__qualname__} are no kind's numbers: "
+            "name them in its registry line (KindSpec(numbers=...))"
+        )
+
+
+def _defaults(numbers: type[T]) -> T:
+    found = _DEFAULTS.get(numbers)
+    if isinstance(found, numbers):
+        return found
+    _declared(numbers)
+    made = numbers()
+    _DEFAULTS[numbers] = made
+    return made
 
 
 DEFAULT_THRESHOLDS = Thresholds()
@@ -232,6 +199,10 @@ class Context:
         if self.index is not None:
             return self.index.memoized(start, key, compute)
         return [compute(s) for s in self.recent[start:]]
+
+    def numbers(self, numbers: type[T]) -> T:
+        """A detector's numbers (its module's frozen dataclass), as this run sets them."""
+        return self.config.of(numbers)
 
     def is_active(self, kind: str, key: str) -> bool:
         return (kind, key) in self.active

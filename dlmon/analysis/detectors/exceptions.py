@@ -20,9 +20,11 @@ import os
 from collections.abc import Sequence
 
 from dlmon.analysis.detectors._base import Candidate, Context, describe_headroom, headroom, size
-from dlmon.analysis.kinds import CRITICAL, EXCEPTION_DEATH
+from dlmon.analysis.severity import CRITICAL
 from dlmon.model import LoaderSample, Snapshot
 from dlmon.model.snapshot import TrainingException
+
+EXCEPTION_DEATH = "exception_death"
 
 SHM = "shm_exhausted"
 FDS = "too_many_open_files"

@@ -10,16 +10,35 @@ from __future__ import annotations
 
 import bisect
 import itertools
+from dataclasses import dataclass
 
-from dlmon.analysis.detectors._base import Candidate, Context, Thresholds, duration
+from dlmon.analysis.detectors._base import Candidate, Context, duration
 from dlmon.analysis.digest import process_label
-from dlmon.analysis.kinds import CRITICAL, FD_EXHAUSTION, WARNING
+from dlmon.analysis.severity import CRITICAL, WARNING
 from dlmon.model.format import DEAD_STATES
+
+FD_EXHAUSTION = "fd_exhaustion"
+
+
+@dataclass(frozen=True, slots=True)
+class FdNumbers:
+    """fd_exhaustion's numbers (docs/detectors.md)."""
+
+    fd_trend_window_s: float = 60.0
+    fd_min_trend_span_s: float = 10.0
+    fd_min_trend_points: int = 4
+    fd_high_fraction: float = 0.8
+    fd_hold_fraction: float = 0.7
+    fd_critical_fraction: float = 0.95
+    fd_eta_s: float = 600.0  # growing steadily and out within 10 min
+    fd_critical_eta_s: float = 60.0
+    fd_late_share: float = 0.25  # a leak at a steady rate rises by half its window's rise in the later half
+    fd_min_growth: int = 32  # a rise smaller than this over the window is noise (sockets, pipes come and go)
 
 
 def _trend(ctx: Context, pid: int, start_time: int) -> tuple[float | None, int, float]:
     """(fds per second over the window, readings, seconds covered); None when not a steady rise."""
-    cfg = ctx.config
+    cfg = ctx.numbers(FdNumbers)
     index = ctx.index
     if index is None:
         pts = [
@@ -54,7 +73,7 @@ def _trend(ctx: Context, pid: int, start_time: int) -> tuple[float | None, int, 
     return rise / span, n, span
 
 
-def _judge(cfg: Thresholds, pts: list[tuple[float, int]]) -> tuple[float | None, int, float]:
+def _judge(cfg: FdNumbers, pts: list[tuple[float, int]]) -> tuple[float | None, int, float]:
     if len(pts) < cfg.fd_min_trend_points:
         return None, len(pts), 0.0
     span = pts[-1][0] - pts[0][0]
@@ -72,7 +91,7 @@ def _judge(cfg: Thresholds, pts: list[tuple[float, int]]) -> tuple[float | None,
 
 
 def detect_fd_exhaustion(ctx: Context) -> list[Candidate]:
-    cfg = ctx.config
+    cfg = ctx.numbers(FdNumbers)
     out: list[Candidate] = []
     for p in ctx.latest.processes:
         if p.state in DEAD_STATES or p.num_fds is None or not p.fd_limit:

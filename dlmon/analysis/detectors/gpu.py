@@ -2,10 +2,25 @@
 
 from __future__ import annotations
 
-from dlmon.analysis.detectors._base import Candidate, Context, size
+from dataclasses import dataclass
+
+from dlmon.analysis.detectors._base import GIB, Candidate, Context, size
 from dlmon.analysis.job_gpus import job_tensor_gpus
-from dlmon.analysis.kinds import CRITICAL, VRAM_PRESSURE, WARNING
+from dlmon.analysis.severity import CRITICAL, WARNING
 from dlmon.model import GpuDevice, Snapshot
+
+VRAM_PRESSURE = "vram_pressure"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuNumbers:
+    """vram_pressure's numbers (docs/detectors.md)."""
+
+    vram_used_fraction: float = 0.95
+    vram_hold_used_fraction: float = 0.92
+    vram_critical_used_fraction: float = 0.98
+    vram_fragmentation_ratio: float = 1.5  # reserved / allocated
+    vram_fragmentation_bytes: float = 1.0 * GIB  # and reserved - allocated at least this
 
 
 def _jobs_gpus(s: Snapshot) -> set[str]:
@@ -32,7 +47,7 @@ def _others_only(g: GpuDevice) -> bool:
 def detect_vram_pressure(ctx: Context) -> list[Candidate]:
     """Only GPUs this job uses: a colleague's full GPU on the same machine is not this job's
     problem (it shows on the GPU panel)."""
-    cfg = ctx.config
+    cfg = ctx.numbers(GpuNumbers)
     out: list[Candidate] = []
     mine = _jobs_gpus(ctx.latest)
     for gpu in ctx.latest.gpus:

@@ -6,10 +6,27 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dlmon.analysis.detectors._base import Candidate, Context, duration, size
-from dlmon.analysis.kinds import CRITICAL, INFO, IO_SATURATION, WARNING
+from dlmon.analysis.severity import CRITICAL, INFO, WARNING
 from dlmon.analysis.stats import mean, quantile
 from dlmon.model import DiskSample, Snapshot
 from dlmon.model.format import DEAD_STATES
+
+IO_SATURATION = "io_saturation"
+
+
+@dataclass(frozen=True, slots=True)
+class IoNumbers:
+    """io_saturation's numbers (docs/detectors.md)."""
+
+    io_window_s: float = 10.0
+    io_util_percent: float = 80.0
+    io_hold_util_percent: float = 65.0
+    io_pressure_percent: float = 10.0  # PSI io some avg10
+    io_queue_depth: float = 16.0  # aqu-sz
+    io_await_factor: float = 2.0  # await this many times the low-load baseline ...
+    io_await_extra_ms: float = 2.0  # ... and at least this much above it
+    io_dstate_fraction: float = 0.3  # share of ticks with a job process in D state
+    io_job_read_bytes_per_s: float = 1e6  # the job reads from disk at all
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +60,7 @@ def disk_loads(ctx: Context) -> list[DiskLoad]:
 
 
 def _disk_loads(ctx: Context) -> list[DiskLoad]:
-    cfg = ctx.config
+    cfg = ctx.numbers(IoNumbers)
     window = ctx.window(cfg.io_window_s)
     s = ctx.latest
     out: list[DiskLoad] = []
@@ -56,7 +73,7 @@ def _disk_loads(ctx: Context) -> list[DiskLoad]:
 
 
 def _disk_load(ctx: Context, name: str, window: Sequence[Snapshot]) -> DiskLoad | None:
-    cfg = ctx.config
+    cfg = ctx.numbers(IoNumbers)
     samples = [d for s in window for d in s.disks if d.name == name]
     utils = [d.util_percent for d in samples if d.util_percent is not None]
     if len(utils) < 2:
@@ -134,7 +151,7 @@ def disk_busy_elsewhere(job_writes: float) -> str:
 
 def saturated_disks(ctx: Context, held: frozenset[str] = frozenset()) -> list[DiskLoad]:
     """Disks that are saturated now: busy near 100% with at least one witness of queueing."""
-    cfg = ctx.config
+    cfg = ctx.numbers(IoNumbers)
     out = []
     for load in disk_loads(ctx):
         threshold = cfg.io_hold_util_percent if load.name in held else cfg.io_util_percent
@@ -144,7 +161,7 @@ def saturated_disks(ctx: Context, held: frozenset[str] = frozenset()) -> list[Di
 
 
 def detect_io_saturation(ctx: Context) -> list[Candidate]:
-    cfg = ctx.config
+    cfg = ctx.numbers(IoNumbers)
     s = ctx.latest
     held = frozenset(key[5:] for kind, key in ctx.active if kind == IO_SATURATION and key.startswith("disk:"))
     loads = saturated_disks(ctx, held)
@@ -160,10 +177,14 @@ def detect_io_saturation(ctx: Context) -> list[Candidate]:
         for p in s.processes
         if p.state not in DEAD_STATES and p.write_bytes_per_s is not None
     )
+    from dlmon.analysis.detectors.loader import LoaderNumbers  # loader.py imports this module
+
+    input_bound = ctx.numbers(LoaderNumbers)
     waits = [
         (loader, loader.data_wait_fraction)
         for loader in s.loaders
-        if loader.data_wait_fraction is not None and loader.data_wait_fraction >= cfg.input_wait_fraction
+        if loader.data_wait_fraction is not None
+        and loader.data_wait_fraction >= input_bound.input_wait_fraction
     ]
     out: list[Candidate] = []
     for load in loads:

@@ -6,13 +6,42 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 
-from dlmon.analysis.detectors._base import Candidate, Context, duration, size
-from dlmon.analysis.detectors.io import DiskLoad, disk_loads, saturated_disks
-from dlmon.analysis.kinds import CRITICAL, INPUT_BOUND, OVERSUBSCRIPTION, SHM_EXHAUSTION, WARNING
+from dlmon.analysis.detectors._base import MIB, Candidate, Context, duration, size
+from dlmon.analysis.detectors.io import DiskLoad, IoNumbers, disk_loads, saturated_disks
+from dlmon.analysis.severity import CRITICAL, WARNING
 from dlmon.analysis.stats import mean, median
 from dlmon.analysis.wait import by_process, combine_shares, own_share, snapshot_shares
 from dlmon.model import LoaderSample, Snapshot
 from dlmon.model.format import DEAD_STATES
+
+INPUT_BOUND = "input_bound"
+SHM_EXHAUSTION = "shm_exhaustion"
+OVERSUBSCRIPTION = "oversubscription"
+
+
+@dataclass(frozen=True, slots=True)
+class LoaderNumbers:
+    """input_bound's, shm_exhaustion's and oversubscription's numbers (docs/detectors.md)."""
+
+    input_window_s: float = 10.0
+    input_wait_fraction: float = 0.2
+    input_hold_wait_fraction: float = 0.15
+    input_critical_wait_fraction: float = 0.5
+    busy_cpu_percent: float = 85.0  # a worker near one core
+    idle_cpu_percent: float = 60.0
+    main_busy_cpu_percent: float = 90.0
+    shm_free_fraction: float = 0.10
+    shm_free_bytes: float = 64.0 * MIB
+    shm_critical_free_fraction: float = 0.02
+    shm_hold_factor: float = 1.25  # a raised alert clears only above 1.25x the threshold
+    default_prefetch_factor: int = 2
+    shm_min_batch_bytes: float = 256 * 1024  # smaller worker RssShmem is no batch-size estimate
+    oversub_window_s: float = 10.0
+    oversub_thread_factor: float = 2.0  # workers x threads >= 2x cores is "well above"
+    oversub_nvcsw_per_s: float = 100.0  # median involuntary switches per worker per second
+    oversub_cpu_pressure_percent: float = 40.0  # PSI cpu some avg10, an alternative witness
+    oversub_busy_fraction: float = 0.5  # workers use at least half of the cores
+
 
 NO_WORKERS = "no_workers"
 IO = "io"
@@ -81,7 +110,7 @@ def _read_disk(ctx: Context, workers: WorkerStats) -> DiskLoad | None:
     (aqu-sz, await above its baseline) or, without those, while the workers are in D state ≥ 30%
     of the time. Which disk a worker reads is not mapped (no cheap /proc view of it): the busiest
     one that qualifies. The machine's IO pressure and other processes' D states are no proof."""
-    cfg = ctx.config
+    cfg = ctx.numbers(IoNumbers)
     if not workers.read_bytes_per_s or workers.dstate <= 0:
         return None
     candidates = []
@@ -109,7 +138,7 @@ def detect_input_bound(ctx: Context) -> list[Candidate]:
     its loaders, and named after the loader(s) that cost it. A loader iterated a small share of
     the time (validation bursts) waits a high share of its own time without costing the job
     much: it is never the verdict then, and its own figure is given beside the job's."""
-    cfg = ctx.config
+    cfg = ctx.numbers(LoaderNumbers)
     s = ctx.latest
     if not s.loaders:
         return []
@@ -149,7 +178,7 @@ def _role_note(loader: LoaderSample) -> str:
 def _what(ctx: Context, wait: float, window: Sequence[Snapshot], shares: _Shares) -> tuple[str, float | None]:
     """The sentence naming the loader(s) that cost the job its wait, with each other loader that
     waits much of its own time but costs the job little; and the first one's own share."""
-    cfg = ctx.config
+    cfg = ctx.numbers(LoaderNumbers)
     over = f"(mean over {duration(cfg.input_window_s)})"
     named = shares.culprits
     if len(named) == 1:
@@ -174,7 +203,7 @@ def _what(ctx: Context, wait: float, window: Sequence[Snapshot], shares: _Shares
 def _input_bound(
     ctx: Context, loader: LoaderSample, wait: float, n: int, window: Sequence[Snapshot], shares: _Shares
 ) -> Candidate:
-    cfg = ctx.config
+    cfg = ctx.numbers(LoaderNumbers)
     cores = ctx.cores
     with_workers = [x for x in ctx.latest.loaders if (x.num_workers or 0) > 0]
     pids: set[int] | None = set(loader.worker_pids) if loader.worker_pids else None
@@ -294,7 +323,7 @@ def _input_bound(
 
 
 def detect_shm_exhaustion(ctx: Context) -> list[Candidate]:
-    cfg = ctx.config
+    cfg = ctx.numbers(LoaderNumbers)
     s = ctx.latest
     shm = s.shm
     if shm is None or shm.available_bytes is None or not shm.total_bytes:
@@ -370,7 +399,7 @@ def detect_shm_exhaustion(ctx: Context) -> list[Candidate]:
 
 
 def detect_oversubscription(ctx: Context) -> list[Candidate]:
-    cfg = ctx.config
+    cfg = ctx.numbers(LoaderNumbers)
     cores = ctx.cores
     workers = ctx.tree().workers()
     nw = len(workers)

@@ -7,11 +7,10 @@ import math
 from dataclasses import dataclass
 
 from dlmon.analysis.detectors._base import (
+    MIB,
     Candidate,
     Context,
-    GrowthWindow,
     Headroom,
-    Thresholds,
     describe_headroom,
     duration,
     headroom,
@@ -20,10 +19,55 @@ from dlmon.analysis.detectors._base import (
     sum_known,
 )
 from dlmon.analysis.digest import Digest, Series
-from dlmon.analysis.kinds import CRITICAL, INFO, MEMORY_GROWTH, SWAP_ACTIVITY, WARNING
+from dlmon.analysis.severity import CRITICAL, INFO, WARNING
 from dlmon.analysis.stats import Trend, median, saturation_rest, subsample, theil_sen, trend
 from dlmon.model import ProcessSample, Snapshot
 from dlmon.model.format import DEAD_STATES
+
+MEMORY_GROWTH = "memory_growth"
+SWAP_ACTIVITY = "swap_activity"
+
+
+@dataclass(frozen=True, slots=True)
+class GrowthWindow:
+    """One window memory_growth looks through, with what must hold in it to call it growth."""
+
+    name: str
+    window_s: float
+    min_span_s: float  # the fresh readings in it must cover this much time
+    min_points: int
+    min_slope_bytes_per_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryNumbers:
+    """memory_growth's numbers (three views of the job: PSS total, workers' USS, RssAnon, over
+    three windows) and swap_activity's; docs/detectors.md says what each does."""
+
+    growth_windows: tuple[GrowthWindow, ...] = (
+        GrowthWindow("60 s", 60.0, 35.0, 4, 1.0 * MIB),  # >= 60 MiB/min, seen within a minute
+        GrowthWindow("10 min", 600.0, 240.0, 6, 5.0 * MIB / 60),  # >= 5 MiB/min
+        GrowthWindow("60 min", 3600.0, 1200.0, 8, 1.0 * MIB / 60),  # >= 1 MiB/min
+    )
+    growth_min_score: float = 0.6  # Mann-Kendall S: share of rising minus falling pairs
+    growth_hold_score: float = 0.35  # ... while already raised
+    growth_hold_slope: float = 0.5  # while raised, half the window's slope keeps it
+    growth_min_levelling: float = 0.5  # recent slope / slope: below this it is levelling off
+    growth_hold_levelling: float = 0.2  # ... while already raised
+    growth_step_span_s: float = 15.0  # a rise done within this is one step (PSS is re-read every 10 s)
+    growth_lookback_factor: float = 5.0  # a new rise must pass the highest level of 5 windows back
+    growth_tolerance_bytes: float = 1.0 * MIB  # changes smaller than this are ties (noise)
+    growth_warmup_s: float = 120.0  # no growth is raised in the watch's first 2 minutes ...
+    growth_warmup_max_eta_s: float = 300.0  # ... unless the limit is nearer than this at the rate
+    growth_critical_eta_s: float = 600.0
+    growth_info_eta_s: float = 6 * 3600.0
+    process_growth_min_bytes_per_s: float = 2 * 1024.0  # ~0.12 MiB/min: a process "grows"
+    in_step_ratio: float = 4.0  # growing workers' rates within this factor: "in step"
+    swap_window_s: float = 30.0
+    swap_job_rise_bytes: float = 8.0 * MIB
+    swap_machine_rise_bytes: float = 32.0 * MIB
+    swap_critical_memory_pressure: float = 20.0  # PSI memory some avg10
+
 
 COPY_ON_READ = "copy_on_read"
 MAIN_PROCESS = "main_process"
@@ -33,7 +77,9 @@ UNATTRIBUTED = "unattributed"
 _PROCESS_POINTS = 12  # per-process attribution: a cheaper Theil-Sen
 
 
-def is_growth(t: Trend, window: GrowthWindow, cfg: Thresholds, held: bool, prior_high: float | None) -> bool:
+def is_growth(
+    t: Trend, window: GrowthWindow, cfg: MemoryNumbers, held: bool, prior_high: float | None
+) -> bool:
     """The rule: a robust slope above the window's rate, mostly rising pairs, a real net rise
     that is neither one jump nor given back by drops, not levelling off, and (to raise) a new
     high above anything in the lookback before the window (a sawtooth's next tooth is not).
@@ -130,7 +176,9 @@ def _series(digest: Digest, name: str) -> Series:
     return digest.workers_uss if name == WORKERS_USS else digest.job_anon
 
 
-def _job_trend(digest: Digest, name: str, end: float, window: GrowthWindow, cfg: Thresholds) -> Trend | None:
+def _job_trend(
+    digest: Digest, name: str, end: float, window: GrowthWindow, cfg: MemoryNumbers
+) -> Trend | None:
     points = _series(digest, name).between(end - window.window_s, end)
     if len(points) < window.min_points or points[-1][0] - points[0][0] < window.min_span_s:
         return None
@@ -163,7 +211,7 @@ def attribute(
     now: float,
     window_s: float,
     job_slope: float,
-    cfg: Thresholds,
+    cfg: MemoryNumbers,
     anon: bool = False,
     trainer_only: bool = False,
 ) -> Attribution:
@@ -344,7 +392,7 @@ def growth(ctx: Context) -> tuple[GrowthWindow, str, Trend] | None:
     the workers die and respawn every epoch, each new one counting the trainer's copy-on-write
     pages whole in its RssAnon and having no PSS reading yet, so the job's totals are a sawtooth
     (or have no complete reading at all) while the trainer's leak rises underneath."""
-    cfg = ctx.config
+    cfg = ctx.numbers(MemoryNumbers)
     digest = ctx.digest
     held = ctx.is_active(MEMORY_GROWTH, "job")
     for window in cfg.growth_windows:
@@ -395,7 +443,7 @@ def _warming_up(ctx: Context, name: str, series: Series, start: float, end: floa
     the loop has run ``growth_warmup_s`` such a window raises only a rise that keeps its rate
     (``TRAINER_EARLY_LEVELLING``): the loop's own warm-up (caching allocators reaching their size,
     lazily loaded kernels, batches of a new largest size) slows as it fills, a leak does not."""
-    cfg = ctx.config
+    cfg = ctx.numbers(MemoryNumbers)
     training = ctx.digest.training_seen
     trainer = name == TRAINER_ANON and training is not None and start >= training + TRAINER_LEVEL_S
     if trainer and training is not None and end >= training + cfg.growth_warmup_s:
@@ -413,7 +461,7 @@ def _warming_up(ctx: Context, name: str, series: Series, start: float, end: floa
 
 
 def detect_memory_growth(ctx: Context) -> list[Candidate]:
-    cfg = ctx.config
+    cfg = ctx.numbers(MemoryNumbers)
     digest = ctx.digest
     found = growth(ctx)
     if found is None:
@@ -586,7 +634,7 @@ def _spread(snaps: list[Snapshot], k: int = 5) -> list[Snapshot]:
 
 
 def detect_swap_activity(ctx: Context) -> list[Candidate]:
-    cfg = ctx.config
+    cfg = ctx.numbers(MemoryNumbers)
     window = list(ctx.window(cfg.swap_window_s))
     if len(window) < 2 or window[-1].time - window[0].time < 0.3 * cfg.swap_window_s:
         return []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 from dlmon.analysis.detectors._base import (
     MIB,
@@ -18,19 +19,29 @@ from dlmon.analysis.detectors._base import (
     sum_known,
 )
 from dlmon.analysis.digest import process_label
-from dlmon.analysis.kinds import (
-    CRITICAL,
-    INFO,
-    LEAKED_WORKERS,
-    ORPHAN_WORKER,
-    TRAINER_DIED,
-    WARNING,
-    WORKER_DIED,
-    ZOMBIE_WORKER,
-)
+from dlmon.analysis.severity import CRITICAL, INFO, WARNING
 from dlmon.model import ProcessSample, Snapshot, WorkerDeath
 from dlmon.model.format import DEAD_STATES, SIGKILL, signal_name
 from dlmon.model.snapshot import KernelEvent, ProcessStack, StackFrame
+
+ZOMBIE_WORKER = "zombie_worker"
+ORPHAN_WORKER = "orphan_worker"
+WORKER_DIED = "worker_died"
+LEAKED_WORKERS = "leaked_workers"
+TRAINER_DIED = "trainer_died"
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessNumbers:
+    """The numbers of the kinds about the job's processes: zombies, orphans, deaths, leaked workers."""
+
+    death_window_s: float = 900.0  # a worker death stays an alert this long
+    oom_slack_s: float = 10.0  # OOM counters are compared this far either side of a death
+    vanished_s: float = 3.0  # a listed worker pid missing this long has vanished
+    leak_generations: int = 3  # worker generations alive at once (without the agent)
+    generation_gap_s: float = 2.0  # workers started further apart are different generations
+    clock_ticks_per_s: int = 100  # start_time unit (USER_HZ; 100 on every Linux we know)
+
 
 SIGBUS = 7
 SIGSEGV = 11
@@ -143,7 +154,7 @@ def death_time(ctx: Context, death: WorkerDeath) -> float:
 
 def _oom_increase(ctx: Context, when: float) -> tuple[int | None, str | None]:
     """(kills counted around the death, which counter) or (None, None) when unknown."""
-    slack = ctx.config.oom_slack_s
+    slack = ctx.numbers(ProcessNumbers).oom_slack_s
     digest = ctx.digest
     if not digest.oom or digest.oom[0].time > when:
         return None, None  # we were not watching before it died
@@ -178,7 +189,7 @@ def _other_sigkills(ctx: Context, pid: int, when: float) -> tuple[list[int], lis
     """(other workers SIGKILLed within the OOM slack of ``when`` that the kernel log does not name,
     the job's pids the kernel log names as OOM victims then): who shares an OOM count's rise."""
     s = ctx.latest
-    slack = ctx.config.oom_slack_s
+    slack = ctx.numbers(ProcessNumbers).oom_slack_s
     named = sorted(
         {
             e.pid
@@ -493,7 +504,7 @@ def _vanished(ctx: Context) -> list[Candidate]:
     s = ctx.latest
     if not s.loaders:
         return []
-    cfg = ctx.config
+    cfg = ctx.numbers(ProcessNumbers)
     present = {p.pid for p in s.processes}
     reported = {d.pid for d in s.worker_deaths}
     suspects = {
@@ -552,7 +563,7 @@ def _killed_without_agent(ctx: Context, reported: set[int]) -> list[Candidate]:
         if role is not None and role[0] != "worker":
             continue
         when = e.time if e.time is not None else s.time
-        if when < s.time - ctx.config.death_window_s:
+        if when < s.time - ctx.numbers(ProcessNumbers).death_window_s:
             continue
         death = WorkerDeath(e.pid, role[1] if role else None, None, 9, None, when, source="kernel")
         c = _death_candidate(ctx, death, when, headroom(s))
@@ -687,7 +698,7 @@ def detect_worker_died(ctx: Context) -> list[Candidate]:
     s = ctx.latest
     out: list[Candidate] = []
     recent = [(d, death_time(ctx, d)) for d in s.worker_deaths]
-    recent = [(d, when) for d, when in recent if when >= s.time - ctx.config.death_window_s]
+    recent = [(d, when) for d, when in recent if when >= s.time - ctx.numbers(ProcessNumbers).death_window_s]
     if recent:
         room = headroom(s)
         for death, when in recent:
@@ -715,7 +726,7 @@ def _generations(workers: list[ProcessSample], gap_ticks: float) -> list[list[Pr
 
 
 def detect_leaked_workers(ctx: Context) -> list[Candidate]:
-    cfg = ctx.config
+    cfg = ctx.numbers(ProcessNumbers)
     s = ctx.latest
     workers = ctx.tree().workers()
     if len(workers) < 2:

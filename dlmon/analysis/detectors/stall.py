@@ -19,12 +19,28 @@ from dataclasses import dataclass
 from dlmon.analysis.detectors._base import Candidate, Context, Evidence, duration
 from dlmon.analysis.detectors.processes import describe_frames, format_stack, latest_stack
 from dlmon.analysis.digest import Digest, LoaderProgress
-from dlmon.analysis.kinds import CRITICAL, STALL, WARNING
+from dlmon.analysis.severity import CRITICAL, WARNING
 from dlmon.analysis.stats import median
 from dlmon.model import LoaderSample, ProcessSample
 from dlmon.model.format import DEAD_STATES
 from dlmon.model.snapshot import ProcessStack
-from dlmon.model.stall_rule import pace_reading
+from dlmon.model.stall_rule import STALL_RULE, StallRule, pace_reading
+
+STALL = "stall"
+
+
+@dataclass(frozen=True, slots=True)
+class StallNumbers:
+    """stall's numbers. The rule is shared with the stack probe (dlmon.collect.stacks), which must
+    get the same."""
+
+    stall_rule: StallRule = STALL_RULE
+    stall_outside_min_s: float = 60.0  # the trainer outside the loader: no batch for this long, and asleep
+    # a call this long and 5 intervals: no input_bound verdict (a hang, or one)
+    stall_suspect_min_s: float = 2.0
+    stall_suspect_intervals: float = 5.0
+    stall_critical_s: float = 300.0
+    stall_sleeping_cpu_percent: float = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +118,7 @@ def quiet_input_bound(ctx: Context) -> frozenset[str]:
 
 
 def _quiet(ctx: Context) -> frozenset[str]:
-    cfg = ctx.config
+    cfg = ctx.numbers(StallNumbers)
     out: set[str] = set()
     for ls in ctx.latest.loaders:
         call = ls.in_call_s or 0.0
@@ -170,7 +186,7 @@ def detect_stall(ctx: Context) -> list[Candidate]:
     s = ctx.latest
     if not s.loaders or not s.target.alive:
         return []
-    cfg = ctx.config
+    cfg = ctx.numbers(StallNumbers)
     by_pid = {p.pid: p for p in s.processes if p.state not in DEAD_STATES}
     out: list[Candidate] = []
     paces = {ls.id: pace(ctx, ls.id) for ls in s.loaders if ls.alive}
@@ -252,7 +268,7 @@ def _loader_stall(
     return Candidate(
         STALL,
         f"stall:{ls.id}",
-        CRITICAL if call >= ctx.config.stall_critical_s else WARNING,
+        CRITICAL if call >= ctx.numbers(StallNumbers).stall_critical_s else WARNING,
         subject,
         message,
         advice,
@@ -266,7 +282,7 @@ def _lone_workers(
     """Workers that finished no batch for long while the loader went on (out-of-order delivery, or
     the others covering for it), asleep: stuck."""
     s = ctx.latest
-    cfg = ctx.config
+    cfg = ctx.numbers(StallNumbers)
     out: list[Candidate] = []
     limit = cfg.stall_rule.lone_threshold_s(p.usual_interval_s, len(ls.worker_pids))
     loader_moving = p.last_progress is not None and s.time - p.last_progress < limit
@@ -347,7 +363,7 @@ def _trainer_stall(
     return Candidate(
         STALL,
         f"stall:{ls.id}",
-        CRITICAL if quiet_for >= ctx.config.stall_critical_s else WARNING,
+        CRITICAL if quiet_for >= ctx.numbers(StallNumbers).stall_critical_s else WARNING,
         f"main (pid {trainer.pid})",
         f"The trainer (pid {trainer.pid}) has asked DataLoader {ls.label} for no batch for "
         f"{duration(quiet_for)} ({usual}) and is asleep outside the loader.{stuck}",

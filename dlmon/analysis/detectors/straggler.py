@@ -15,10 +15,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dlmon.analysis.detectors._base import Candidate, Context, duration, size
-from dlmon.analysis.detectors.loader import WorkerStats, _read_disk, _worker_stats
-from dlmon.analysis.kinds import CRITICAL, INFO, STRAGGLER, WARNING
+from dlmon.analysis.detectors.loader import LoaderNumbers, WorkerStats, _read_disk, _worker_stats
+from dlmon.analysis.severity import CRITICAL, INFO, WARNING
 from dlmon.analysis.stats import mean
 from dlmon.model import LoaderSample, RankInfo, Snapshot
+
+STRAGGLER = "straggler"
 
 WINDOW_S = 10.0
 MIN_SAMPLES = 4  # readings of every rank's loader in the window
@@ -150,7 +152,7 @@ def _causes(
 ) -> list[tuple[str, str, str]]:
     """(cause, why, advice) for each thing measured on the slow rank, and not on the others, that
     explains it, strongest first."""
-    cfg = ctx.config
+    cfg = ctx.numbers(LoaderNumbers)
     s = ctx.latest
     loader = slow.loader
     stats: WorkerStats = _worker_stats(window, set(loader.worker_pids))
@@ -237,7 +239,7 @@ def _unproven(ctx: Context, slow: _RankLoad, window: Sequence[Snapshot]) -> tupl
     """No difference measured between the slow rank and the others: with loaders equally near their
     limit, the slowest by a hair paces the job and takes all the waiting (the others' prefetch
     queues stay full), which looks the same from outside. Said as a possibility, not a verdict."""
-    cfg = ctx.config
+    cfg = ctx.numbers(LoaderNumbers)
     stats = _worker_stats(window, set(slow.loader.worker_pids))
     if stats.cpu is not None and stats.cpu < cfg.idle_cpu_percent:
         return (
