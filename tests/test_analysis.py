@@ -44,6 +44,7 @@ from dlmon.analysis import (
     format_event,
 )
 from dlmon.analysis.detectors import DETECTORS, detect_memory_growth, detect_worker_died
+from dlmon.analysis.detectors.memory import MemoryState
 from dlmon.analysis.digest import Digest, DigestLimits, Series
 from dlmon.analysis.stats import median, theil_sen, trend, trend_score
 from dlmon.model import Alert, Pressure, Snapshot, WorkerDeath
@@ -358,7 +359,7 @@ def test_cost_and_memory_stay_bounded_for_an_hour_of_33_processes() -> None:
     assert len(a.history()) <= 121
     assert len(a.digest.job_pss) <= a.digest.limits.job_points
     assert all(len(p.pss) <= a.digest.limits.process_points for p in a.digest.processes.values())
-    assert len(a.digest.memo) <= 1024
+    assert len(a.states.of(MemoryState)) <= 1024
 
 
 # -- zombie / orphan / died / leaked -----------------------------------------------------------

@@ -10,6 +10,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from dlmon.analysis import Analyzer
+from dlmon.analysis.detectors.memory import MemoryState
 from dlmon.model import Alert, CgroupMemory, LoaderSample, ProcessSample, Snapshot, WorkerDeath
 from dlmon.model.snapshot import KernelEvent, ProcessStack, StackFrame
 from tests.scenarios.synth import MAIN_PID, MIB, T0, loader, proc, snap
@@ -151,7 +152,7 @@ def test_a_trainer_stall_outlives_the_analysis_cache() -> None:
     outs, cached = [], []
     for s in history:
         outs.append(analyzer(s))
-        cached.append(len(analyzer.digest.memo))
+        cached.append(len(analyzer.states.of(MemoryState)))
     cleared = [k for k in range(run + 60, len(cached)) if cached[k] < cached[k - 1]]
     assert cleared, "the premise: the cache is cleared during the hang (after the stall is raised)"
     ticks = [k for k, s in enumerate(outs) if of_kind(s, "stall")]
@@ -222,7 +223,7 @@ def test_a_stuck_worker_keeps_its_age_when_the_analysis_cache_is_cleared() -> No
         if k >= 60:
             s = dataclasses.replace(s, stacks=(dataclasses.replace(hang, time=T0 + k),))
         if k % 100 == 99:
-            analyzer.digest.memo.clear()  # what a full cache does
+            analyzer.states.of(MemoryState).clear()  # what a full cache does
         out = analyzer(s)
     [stall] = of_kind(out, "stall")
     assert stall.evidence["where"] == "worker", stall.message

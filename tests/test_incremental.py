@@ -28,7 +28,7 @@ from dlmon.analysis import Analyzer
 from dlmon.analysis.detectors import Context
 from dlmon.analysis.detectors.fds import _trend
 from dlmon.analysis.detectors.processes import latest_stack
-from dlmon.analysis.detectors.stall import pace
+from dlmon.analysis.detectors.stall import StallState, pace
 from dlmon.analysis.digest import Digest
 from dlmon.analysis.recent import RecentIndex
 from dlmon.model import Snapshot
@@ -143,7 +143,7 @@ def _same_alerts(history: list[Snapshot], **kwargs: object) -> int:
         a, b = fast(s), slow(s)
         assert a.alerts == b.alerts, f"tick {i} at {s.time}"
         seen += len(a.alerts)
-    assert fast.digest.loader_progress == slow.digest.loader_progress
+    assert fast.states.of(StallState).loaders == slow.states.of(StallState).loaders
     return seen
 
 

@@ -29,7 +29,9 @@ from dlmon.analysis.detectors.registry import (
     NUMBERS,
     SPEC_BY_KIND,
     SPECS,
+    STATES,
 )
+from dlmon.analysis.detectors.stall import StallState
 from dlmon.analysis.kinds import KINDS
 from dlmon.model import Pressure, Snapshot
 
@@ -41,11 +43,12 @@ def test_every_kind_has_exactly_one_spec_in_the_order_of_kinds() -> None:
     assert len(SPEC_BY_KIND) == len(SPECS)
 
 
-def _package_members() -> tuple[set[object], set[type]]:
-    """Every ``detect_*`` function and every ``*Numbers`` dataclass defined in a module of
+def _package_members() -> tuple[set[object], set[type], set[type]]:
+    """Every ``detect_*`` function, ``*Numbers`` and ``*State`` dataclass defined in a module of
     dlmon/analysis/detectors."""
     detectors: set[object] = set()
     numbers: set[type] = set()
+    states: set[type] = set()
     for info in pkgutil.iter_modules(detectors_package.__path__):
         module = importlib.import_module(f"{detectors_package.__name__}.{info.name}")
         for name, value in vars(module).items():
@@ -55,15 +58,19 @@ def _package_members() -> tuple[set[object], set[type]]:
                 detectors.add(value)
             if name.endswith("Numbers") and inspect.isclass(value) and dataclasses.is_dataclass(value):
                 numbers.add(value)
-    return detectors, numbers
+            if name.endswith("State") and inspect.isclass(value) and dataclasses.is_dataclass(value):
+                states.add(value)
+    return detectors, numbers, states
 
 
 def test_every_detector_and_its_numbers_are_in_a_registry_line() -> None:
-    """A new kind's module without its KindSpec line (or a line without its ``numbers=``) fails here."""
-    detectors, numbers = _package_members()
+    """A new kind's module without its KindSpec line (or a line without its ``numbers=`` or
+    ``state=``) fails here."""
+    detectors, numbers, states = _package_members()
     assert detectors, "the premise: the package's detectors are found"
     assert {d.__name__ for d in detectors} - {s.detector.__name__ for s in SPECS} == set()
     assert {n.__name__ for n in numbers} - {n.__name__ for n in NUMBERS} == set()
+    assert {n.__name__ for n in states} - {n.__name__ for n in STATES} == set()
 
 
 def test_a_kinds_name_and_numbers_live_in_its_detectors_module() -> None:
@@ -76,6 +83,8 @@ def test_a_kinds_name_and_numbers_live_in_its_detectors_module() -> None:
             assert spec.numbers.__module__ == module.__name__, spec.name
             assert dataclasses.is_dataclass(spec.numbers), spec.name
             spec.numbers()  # every number has its default
+        if spec.state is not None:
+            assert spec.state.__module__ == module.__name__, spec.name
     names = [f.name for n in NUMBERS for f in dataclasses.fields(n)]
     assert len(names) == len(set(names)), "a number's name alone must say whose it is (Thresholds.<name>)"
 
@@ -90,6 +99,27 @@ def test_numbers_no_registry_line_names_are_refused() -> None:
         ctx.numbers(StrayNumbers)
     with pytest.raises(LookupError, match="StrayNumbers"):
         Thresholds(StrayNumbers())
+
+
+def test_a_detectors_state_is_the_analyzers_and_starts_over_with_a_new_target() -> None:
+    """Cross-tick memory is one typed object per stateful detector, made by the Analyzer from the
+    registry (never a cache in the digest), and a new target gets new ones."""
+
+    @dataclasses.dataclass
+    class StrayState:
+        seen: int = 0
+
+    analyzer = Analyzer(cores=8, strict=True)
+    job = _healthy_job(30)
+    for s in job:
+        analyzer(s)
+    stall = analyzer.states.of(StallState)
+    assert set(stall.loaders) == {job[-1].loaders[0].id}
+    assert {type(analyzer.states.of(cls)) for cls in STATES} == set(STATES)
+    with pytest.raises(LookupError, match="StrayState"):
+        analyzer.states.of(StrayState)
+    analyzer(dataclasses.replace(job[-1], target=dataclasses.replace(job[-1].target, pid=MAIN_PID + 99)))
+    assert analyzer.states.of(StallState) is not stall  # the old target's memory is gone with it
 
 
 def test_every_spec_is_complete() -> None:

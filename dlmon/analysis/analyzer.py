@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from dlmon.analysis.detectors import Candidate, Context, Thresholds
-from dlmon.analysis.detectors._base import DEFAULT_THRESHOLDS, AlertKey
+from dlmon.analysis.detectors._base import DEFAULT_THRESHOLDS, AlertKey, States
 from dlmon.analysis.detectors.registry import (
     DEFAULT_HOLDS,
     DETECTORS,
@@ -111,6 +111,7 @@ class Analyzer:
     def _reset(self) -> None:
         self._recent = RecentIndex(self.recent_s, self._max_recent)
         self.digest = Digest(self._limits)
+        self.states = States()  # each stateful detector's memory across ticks
         self._tracks: dict[AlertKey, _Track] = {}
         self._target: tuple[int, int | None] | None = None
         self._last_time: float | None = None
@@ -159,7 +160,9 @@ class Analyzer:
         # or a replayed machine's, not dlmon's
         cores = self.cores if self._cores_given else target_cores(s, self.cores)
         index = self._recent if self.incremental else None
-        ctx = Context(self._recent.snapshots(), self.digest, cores, self.thresholds, active, index)
+        ctx = Context(
+            self._recent.snapshots(), self.digest, cores, self.thresholds, active, index, self.states
+        )
         seen: set[AlertKey] = set()
         dropped: set[AlertKey] = set()
         for silences in _SILENCES:  # a hang is a stall, never "too few workers"
@@ -236,4 +239,4 @@ class Analyzer:
         """Whether the raised condition is over since it was last seen (a stall's loader delivered)."""
         if track.absent_since is None:
             return False
-        return resumption.over(self.digest, track.candidate.evidence, track.absent_since)
+        return resumption.over(self.states, track.candidate.evidence, track.absent_since)

@@ -26,7 +26,7 @@ from a sequence of snapshots (the pure form the detectors' tests use).
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from dlmon.analysis.stats import Point
@@ -137,7 +137,6 @@ class DigestLimits:
     forget_gone_s: float = 900.0  # series of vanished processes are kept this long
     max_processes: int = 512
     oom_records: int = 64
-    max_loaders: int = 256  # loaders whose progress the stall detector keeps (the agent reports <= 256)
 
 
 @dataclass(slots=True)
@@ -156,19 +155,6 @@ class WorkerSum:
         self.time_total += taken
         self.count += 1
         self.fresh = self.fresh or fresh
-
-
-@dataclass(slots=True)
-class LoaderProgress:
-    """What the stall detector must remember through a stall of any length. Not in ``memo``: that
-    is a cache, cleared when full (a memory_growth attribution in a job of 30 workers fills it
-    within minutes), and what a stall forgets cannot be computed again from the stalled ticks."""
-
-    batches: int  # its batch count as last seen
-    moved_at: float  # when the count last moved (or when the loader was first seen)
-    usual_interval_s: float | None = None  # median seconds per batch while it delivered
-    # (worker id, pid) -> (the worker's batch count, when that last moved)
-    workers: dict[tuple[int, int], tuple[int, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,16 +177,12 @@ class Digest:
     first_time: float | None = None
     last_time: float | None = None
     readings: int = 0  # fresh PSS readings taken in so far: a cheap change marker for caches
-    memo: dict[tuple[object, ...], object] = field(default_factory=dict)  # detectors' pure caches
     split: bool = False  # readings come without file-backed pages (smaps_rollup has Pss_File)
     worker_slots: dict[int, Identity] = field(default_factory=dict)  # worker id -> its newest process
     restarts: list[float] = field(default_factory=list)  # when a new generation of workers started
     # when the generation before ``restarts[0]`` started: the first tick with any worker (the
     # trainer's own start-up before it is no generation), then each restart trimmed from the list
     generation_start: float | None = None
-    # loader id -> its progress: the stall detector's memory past the recent window (bounded: see
-    # ``note_loader``)
-    loader_progress: dict[str, LoaderProgress] = field(default_factory=dict)
     main_anon: Series = field(init=False)  # the trainer's own RssAnon: no worker churn moves it
     training_seen: float | None = None  # first snapshot with DataLoader workers or batches: the loop runs
     # when a worker process was last seen for the first time: forked from the trainer then, its
@@ -376,23 +358,6 @@ class Digest:
                 break
             found = record
         return found
-
-    def remember(self, key: tuple[object, ...], value: object) -> None:
-        """Cache a pure result keyed by everything it depends on (bounded: cleared when full)."""
-        if len(self.memo) >= 1024:
-            self.memo.clear()
-        self.memo[key] = value
-
-    def note_loader(self, loader_id: str, progress: LoaderProgress, current: Callable[[], set[str]]) -> None:
-        """Keep ``progress`` for ``loader_id``. When full, the loaders that ``current()`` (the ids
-        in the recent snapshots) no longer lists are forgotten first: a job that builds a new
-        DataLoader every epoch must not make a long stall of another loader start over."""
-        if loader_id not in self.loader_progress and len(self.loader_progress) >= self.limits.max_loaders:
-            keep = current()
-            self.loader_progress = {k: v for k, v in self.loader_progress.items() if k in keep}
-            if len(self.loader_progress) >= self.limits.max_loaders:
-                self.loader_progress.clear()
-        self.loader_progress[loader_id] = progress
 
     def live(self) -> list[ProcessMemory]:
         return [t for t in self.processes.values() if t.alive]

@@ -89,6 +89,32 @@ class Thresholds:
             raise AttributeError(f"no detector has a number called {name!r}")
 
 
+class States:
+    """Each stateful detector's memory across ticks: one object of each class a registry line names
+    (``KindSpec(state=...)``), empty when the watch starts. The Analyzer owns one ``States`` (a new
+    target or a replay started over gets a new one); a detector reaches its own object with
+    ``ctx.state(StallState)``, typed, and nothing else of the analysis writes there."""
+
+    __slots__ = ("_by_type",)
+
+    def __init__(self) -> None:
+        self._by_type: dict[type, object] = {cls: cls() for cls in _declared_states()}
+
+    def of(self, state: type[T]) -> T:
+        found = self._by_type.get(state)
+        if not isinstance(found, state):
+            raise LookupError(
+                f"{state.__qualname__} is no kind's state: name it in its registry line (KindSpec(state=...))"
+            )
+        return found
+
+
+def _declared_states() -> tuple[type, ...]:
+    from dlmon.analysis.detectors.registry import STATES  # the registry imports every detector
+
+    return STATES
+
+
 _DEFAULTS: dict[type, object] = {}
 
 
@@ -128,7 +154,7 @@ class Context:
     without it (a context built from a list) the detectors scan ``recent``, with the same result.
     """
 
-    __slots__ = ("_memo", "_times", "active", "config", "cores", "digest", "index", "recent")
+    __slots__ = ("_memo", "_times", "active", "config", "cores", "digest", "index", "recent", "states")
 
     def __init__(
         self,
@@ -138,6 +164,7 @@ class Context:
         config: Thresholds = DEFAULT_THRESHOLDS,
         active: Iterable[AlertKey] = (),
         index: RecentIndex | None = None,
+        states: States | None = None,
     ) -> None:
         if not recent:
             raise ValueError("a context needs at least one snapshot")
@@ -149,6 +176,8 @@ class Context:
         self.cores = max(1, cores)
         self.config = config
         self.active = frozenset(active)
+        # the detectors' memory across ticks (the Analyzer's); a context of its own starts empty
+        self.states = states if states is not None else States()
         self._times: list[float] | None = None
         self._memo: dict[str, object] = {}
 
@@ -204,11 +233,16 @@ class Context:
         """A detector's numbers (its module's frozen dataclass), as this run sets them."""
         return self.config.of(numbers)
 
+    def state(self, state: type[T]) -> T:
+        """A stateful detector's own memory across ticks (its module's class, ``KindSpec(state=)``)."""
+        return self.states.of(state)
+
     def is_active(self, kind: str, key: str) -> bool:
         return (kind, key) in self.active
 
     def cached(self, name: str, compute: Callable[[], T]) -> T:
-        """``compute()`` once per context: views several detectors share."""
+        """``compute()`` once per context: views of this tick several detectors share (the job's
+        tree, the disks' loads). Nothing here outlives the tick: that is ``state``."""
         if name not in self._memo:
             self._memo[name] = compute()
         return self._memo[name]  # type: ignore[return-value]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dlmon.analysis.detectors._base import (
     MIB,
@@ -105,6 +105,38 @@ class ProcessGrowth:
     slope: float  # bytes/s of USS (PSS when USS is unknown, RssAnon for that signal)
 
 
+CACHE_LIMIT = 1024  # trends and slopes kept; cleared when full (each can be computed again)
+SlopeKey = tuple[bool, int, int, float, float, int]  # anon?, pid, start_time, window_s, end, points
+TrendKey = tuple[str, float, float, int]  # signal, window_s, end, points
+
+
+@dataclass(slots=True)
+class MemoryState:
+    """memory_growth's cache of pure results across ticks: a window ending on ``grid_end``'s grid
+    changes a few dozen times per window length, so its trend (and each process's slope in it)
+    is computed once, not every tick."""
+
+    slopes: dict[SlopeKey, float] = field(default_factory=dict)
+    trends: dict[TrendKey, Trend] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.slopes) + len(self.trends)
+
+    def clear(self) -> None:
+        self.slopes.clear()
+        self.trends.clear()
+
+    def keep_slope(self, key: SlopeKey, slope: float) -> None:
+        if len(self) >= CACHE_LIMIT:
+            self.clear()
+        self.slopes[key] = slope
+
+    def keep_trend(self, key: TrendKey, t: Trend) -> None:
+        if len(self) >= CACHE_LIMIT:
+            self.clear()
+        self.trends[key] = t
+
+
 def grid_end(t: float, window_s: float) -> float:
     """``t`` floored to a grid of 1/30 of the window (at least 2 s): a window's contents then
     change only a few dozen times per window length, so its trend is computed that often."""
@@ -112,7 +144,9 @@ def grid_end(t: float, window_s: float) -> float:
     return math.floor(t / step) * step
 
 
-def process_slopes(digest: Digest, now: float, window_s: float, anon: bool = False) -> list[ProcessGrowth]:
+def process_slopes(
+    digest: Digest, cache: MemoryState, now: float, window_s: float, anon: bool = False
+) -> list[ProcessGrowth]:
     """The USS (or with ``anon`` the RssAnon) slope of every live process with at least 3
     readings in the window (or, failing that, with one in it: its last 3 within twice the window)."""
     out: list[ProcessGrowth] = []
@@ -131,14 +165,12 @@ def process_slopes(digest: Digest, now: float, window_s: float, anon: bool = Fal
             points = series.between(end - 2 * window_s, end)[-3:]
             if len(points) < 3:
                 continue
-        key = ("anon" if anon else "uss", track.pid, track.start_time, window_s, end, len(points))
-        cached = digest.memo.get(key)
-        if isinstance(cached, float):
-            slope: float | None = cached
-        else:
+        key = (anon, track.pid, track.start_time, window_s, end, len(points))
+        slope = cache.slopes.get(key)
+        if slope is None:
             slope = theil_sen(subsample(points, _PROCESS_POINTS))
             if slope is not None:
-                digest.remember(key, slope)
+                cache.keep_slope(key, slope)
         if slope is not None:
             out.append(ProcessGrowth(track.label, track.role, track.pid, slope))
     return out
@@ -177,7 +209,7 @@ def _series(digest: Digest, name: str) -> Series:
 
 
 def _job_trend(
-    digest: Digest, name: str, end: float, window: GrowthWindow, cfg: MemoryNumbers
+    digest: Digest, cache: MemoryState, name: str, end: float, window: GrowthWindow, cfg: MemoryNumbers
 ) -> Trend | None:
     points = _series(digest, name).between(end - window.window_s, end)
     if len(points) < window.min_points or points[-1][0] - points[0][0] < window.min_span_s:
@@ -189,12 +221,12 @@ def _job_trend(
     if ends_rise < min_rise:
         return None
     key = (name, window.window_s, end, len(points))
-    cached = digest.memo.get(key)
-    if isinstance(cached, Trend):
+    cached = cache.trends.get(key)
+    if cached is not None:
         return cached
     t = trend(points, cfg.growth_tolerance_bytes, step_span_s=cfg.growth_step_span_s)
     if t is not None:
-        digest.remember(key, t)
+        cache.keep_trend(key, t)
     return t
 
 
@@ -208,6 +240,7 @@ class Attribution:
 
 def attribute(
     digest: Digest,
+    cache: MemoryState,
     now: float,
     window_s: float,
     job_slope: float,
@@ -217,7 +250,7 @@ def attribute(
 ) -> Attribution:
     """``trainer_only``: the growth was seen in the trainer's own series, so only its slope counts
     (a worker of this epoch rising through its short life is not what grew over the window)."""
-    slopes = process_slopes(digest, now, window_s, anon)
+    slopes = process_slopes(digest, cache, now, window_s, anon)
     if trainer_only:
         slopes = [g for g in slopes if g.role == "main"]
     label = "RssAnon" if anon else "anon PSS" if digest.split else "USS"
@@ -402,7 +435,7 @@ def growth(ctx: Context) -> tuple[GrowthWindow, str, Trend] | None:
             if last is None:
                 continue
             end = grid_end(last[0], window.window_s)
-            t = _job_trend(digest, name, end, window, cfg)
+            t = _job_trend(digest, ctx.state(MemoryState), name, end, window, cfg)
             if t is None:
                 continue
             start = end - window.window_s
@@ -473,7 +506,9 @@ def detect_memory_growth(ctx: Context) -> list[Candidate]:
     room = headroom(s)
     eta = None if room is None or rate <= 0 else room.bytes / rate
     trainer = signal == TRAINER_ANON
-    attribution = attribute(digest, now, window.window_s, rate, cfg, signal in ANON_SIGNALS, trainer)
+    attribution = attribute(
+        digest, ctx.state(MemoryState), now, window.window_s, rate, cfg, signal in ANON_SIGNALS, trainer
+    )
     ceiling = (
         copy_ceiling(list(ctx.tree().attached), digest.job_pss, now, window.window_s)
         if attribution.cause == COPY_ON_READ

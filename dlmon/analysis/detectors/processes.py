@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TypeVar
 
 from dlmon.analysis.detectors._base import (
     MIB,
@@ -41,6 +42,34 @@ class ProcessNumbers:
     leak_generations: int = 3  # worker generations alive at once (without the agent)
     generation_gap_s: float = 2.0  # workers started further apart are different generations
     clock_ticks_per_s: int = 100  # start_time unit (USER_HZ; 100 on every Linux we know)
+
+
+K = TypeVar("K")
+V = TypeVar("V")
+REMEMBERED_DEATHS = 256  # deaths whose black box (and a trainer's orphans) are kept
+
+
+@dataclass(slots=True)
+class ProcessState:
+    """What the death detectors saw when a death was first seen, which later ticks cannot see
+    again (the dead process leaves the recent window; a dead trainer's workers exit within
+    seconds): each death's black box, and the workers a dead trainer left alive."""
+
+    black_boxes: dict[tuple[int, int], dict[str, float | int | str | None]] = field(default_factory=dict)
+    trainer_orphans: dict[tuple[int, int | None], list[int]] = field(default_factory=dict)
+
+    def keep_box(self, key: tuple[int, int], box: dict[str, float | int | str | None]) -> None:
+        _keep(self.black_boxes, key, box)
+
+    def keep_orphans(self, key: tuple[int, int | None], pids: list[int]) -> None:
+        _keep(self.trainer_orphans, key, pids)
+
+
+def _keep(memory: dict[K, V], key: K, value: V) -> None:
+    """Bounded: the oldest is forgotten first (long past its alert's ``death_window_s``)."""
+    memory[key] = value
+    while len(memory) > REMEMBERED_DEATHS:
+        del memory[next(iter(memory))]
 
 
 SIGBUS = 7
@@ -485,11 +514,12 @@ def _death_candidate(
     else:
         return None
     evidence["cause"] = cause
-    memo_key = ("black_box", death.pid, round(when))
-    box = ctx.digest.memo.get(memo_key)
-    if not isinstance(box, dict):
+    state = ctx.state(ProcessState)
+    box_key = (death.pid, round(when))
+    box = state.black_boxes.get(box_key)
+    if box is None:
         box = black_box(ctx, death.pid)
-        ctx.digest.remember(memo_key, box)
+        state.keep_box(box_key, box)
     evidence.update(box)
     trail = describe_trail(box)
     if trail is not None and cause in ("oom_killer", "sigkill_unknown", "shm_exhausted"):
@@ -662,13 +692,13 @@ def detect_trainer_died(ctx: Context) -> list[Candidate]:
     evidence.update(box)
     trail = describe_trail(box)
     # the workers it left alive at its death: remembered, they exit within seconds of it
-    memo_key = ("trainer_orphans", t.pid, t.start_time)
-    orphans = ctx.digest.memo.get(memo_key)
-    if not isinstance(orphans, list):
+    state = ctx.state(ProcessState)
+    orphans = state.trainer_orphans.get((t.pid, t.start_time))
+    if orphans is None:
         orphans = sorted(
             p.pid for p in s.processes if p.pid != t.pid and p.state not in DEAD_STATES and p.role == "worker"
         )
-        ctx.digest.remember(memo_key, orphans)
+        state.keep_orphans((t.pid, t.start_time), orphans)
     if trail is not None:
         message += f"; {trail}"
     if orphans:

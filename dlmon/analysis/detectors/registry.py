@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from dlmon.analysis.detectors._base import Candidate, Context, Evidence
+from dlmon.analysis.detectors._base import Candidate, Context, Evidence, States
 from dlmon.analysis.detectors.exceptions import EXCEPTION_DEATH, detect_exception_death
 from dlmon.analysis.detectors.fds import FD_EXHAUSTION, FdNumbers, detect_fd_exhaustion
 from dlmon.analysis.detectors.gpu import VRAM_PRESSURE, GpuNumbers, detect_vram_pressure
@@ -31,6 +31,7 @@ from dlmon.analysis.detectors.memory import (
     MEMORY_GROWTH,
     SWAP_ACTIVITY,
     MemoryNumbers,
+    MemoryState,
     detect_memory_growth,
     detect_swap_activity,
 )
@@ -41,15 +42,22 @@ from dlmon.analysis.detectors.processes import (
     WORKER_DIED,
     ZOMBIE_WORKER,
     ProcessNumbers,
+    ProcessState,
     detect_leaked_workers,
     detect_orphan_worker,
     detect_trainer_died,
     detect_worker_died,
     detect_zombie_worker,
 )
-from dlmon.analysis.detectors.stall import STALL, StallNumbers, detect_stall, quiet_input_bound, stall_resumed
+from dlmon.analysis.detectors.stall import (
+    STALL,
+    StallNumbers,
+    StallState,
+    detect_stall,
+    quiet_input_bound,
+    stall_resumed,
+)
 from dlmon.analysis.detectors.straggler import STRAGGLER, detect_straggler
-from dlmon.analysis.digest import Digest
 
 Detector = Callable[[Context], list[Candidate]]
 
@@ -73,10 +81,11 @@ class Silences:
 
 @dataclass(frozen=True, slots=True)
 class Resumption:
-    """A raised alert whose condition is provably over (``over(digest, evidence, absent_since)``)
-    clears after ``clear_after_s`` instead of its hold's, and is not kept at the exit."""
+    """A raised alert whose condition is provably over (``over(states, evidence, absent_since)``,
+    reading its detector's state) clears after ``clear_after_s`` instead of its hold's, and is not
+    kept at the exit."""
 
-    over: Callable[[Digest, Evidence, float], bool]
+    over: Callable[[States, Evidence, float], bool]
     clear_after_s: float
 
 
@@ -98,11 +107,14 @@ class KindSpec:
     # the frozen dataclass of numbers its detector reads (``ctx.numbers(...)``), defaults included;
     # kinds of one module may share one
     numbers: type | None = None
+    # the class of its detector's memory across ticks (``ctx.state(...)``), made empty by the
+    # Analyzer when a watch starts; kinds of one module may share one
+    state: type | None = None
 
 
 SPECS: tuple[KindSpec, ...] = (
     # the detector's windows already demand a sustained trend
-    KindSpec(MEMORY_GROWTH, detect_memory_growth, Hold(0.0, 60.0), numbers=MemoryNumbers),
+    KindSpec(MEMORY_GROWTH, detect_memory_growth, Hold(0.0, 60.0), numbers=MemoryNumbers, state=MemoryState),
     # A worker being shut down at an epoch's end is a zombie until torch joins it, which takes
     # seconds on a loaded machine (the soak saw 2-5 s at load 15; torch waits up to 5 s per
     # worker): past that it is not being reaped.
@@ -110,7 +122,15 @@ SPECS: tuple[KindSpec, ...] = (
     # unambiguous; and a live source stops right after the exit
     KindSpec(ORPHAN_WORKER, detect_orphan_worker, Hold(0.0, 3.0), cause=5, numbers=ProcessNumbers),
     # an event: the detector keeps it for death_window_s
-    KindSpec(WORKER_DIED, detect_worker_died, Hold(0.0, 0.0), cause=1, ending=True, numbers=ProcessNumbers),
+    KindSpec(
+        WORKER_DIED,
+        detect_worker_died,
+        Hold(0.0, 0.0),
+        cause=1,
+        ending=True,
+        numbers=ProcessNumbers,
+        state=ProcessState,
+    ),
     # epoch boundaries overlap old and new workers briefly
     KindSpec(LEAKED_WORKERS, detect_leaked_workers, Hold(20.0, 30.0), numbers=ProcessNumbers),
     KindSpec(IO_SATURATION, detect_io_saturation, Hold(5.0, 15.0), numbers=IoNumbers),
@@ -122,7 +142,15 @@ SPECS: tuple[KindSpec, ...] = (
     KindSpec(SWAP_ACTIVITY, detect_swap_activity, Hold(0.0, 60.0), numbers=MemoryNumbers),
     # the last snapshots of a run: say it at once; a signal's death is the first cause (the
     # exception torch raises for a killed worker is its echo)
-    KindSpec(TRAINER_DIED, detect_trainer_died, Hold(0.0, 0.0), cause=0, ending=True, numbers=ProcessNumbers),
+    KindSpec(
+        TRAINER_DIED,
+        detect_trainer_died,
+        Hold(0.0, 0.0),
+        cause=0,
+        ending=True,
+        numbers=ProcessNumbers,
+        state=ProcessState,
+    ),
     # raised: the detector already waited 20 usual intervals (10 s at least); cleared: a hang
     # ended with Ctrl-C leaves the loader at once but exits seconds later (torch waits 5 s for a
     # hung worker), and the exit verdict must still name the hang. One its loader (or its worker)
@@ -137,6 +165,7 @@ SPECS: tuple[KindSpec, ...] = (
         silences=Silences(INPUT_BOUND, quiet_input_bound),
         resumption=Resumption(stall_resumed, 3.0),
         numbers=StallNumbers,
+        state=StallState,
     ),
     # the detector demands a steady rise or a high share
     KindSpec(
@@ -158,3 +187,5 @@ CAUSE_ORDER: tuple[str, ...] = tuple(
 ENDINGS: frozenset[str] = frozenset(s.name for s in SPECS if s.ending)
 # every detector's numbers class, once (what ``Thresholds`` holds)
 NUMBERS: tuple[type, ...] = tuple(dict.fromkeys(s.numbers for s in SPECS if s.numbers is not None))
+# every stateful detector's state class, once (what ``States`` holds)
+STATES: tuple[type, ...] = tuple(dict.fromkeys(s.state for s in SPECS if s.state is not None))

@@ -13,12 +13,11 @@ input_bound candidates to drop while a call lasts far beyond the usual interval.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
-from dlmon.analysis.detectors._base import Candidate, Context, Evidence, duration
+from dlmon.analysis.detectors._base import Candidate, Context, Evidence, States, duration
 from dlmon.analysis.detectors.processes import describe_frames, format_stack, latest_stack
-from dlmon.analysis.digest import Digest, LoaderProgress
 from dlmon.analysis.severity import CRITICAL, WARNING
 from dlmon.analysis.stats import median
 from dlmon.model import LoaderSample, ProcessSample
@@ -43,6 +42,39 @@ class StallNumbers:
     stall_sleeping_cpu_percent: float = 5.0
 
 
+MAX_LOADERS = 256  # loaders whose progress is kept (the agent reports <= 256)
+
+
+@dataclass(slots=True)
+class LoaderProgress:
+    """What the stall detector must remember of a loader through a stall of any length: what a
+    stall forgets cannot be computed again from the stalled ticks."""
+
+    batches: int  # its batch count as last seen
+    moved_at: float  # when the count last moved (or when the loader was first seen)
+    usual_interval_s: float | None = None  # median seconds per batch while it delivered
+    # (worker id, pid) -> (the worker's batch count, when that last moved)
+    workers: dict[tuple[int, int], tuple[int, float]] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class StallState:
+    """stall's memory past the recent window: each loader's progress (``KindSpec(state=)``)."""
+
+    loaders: dict[str, LoaderProgress] = field(default_factory=dict)
+
+    def note(self, loader_id: str, progress: LoaderProgress, current: Callable[[], set[str]]) -> None:
+        """Keep ``progress`` for ``loader_id``. When full, the loaders that ``current()`` (the ids
+        in the recent snapshots) no longer lists are forgotten first: a job that builds a new
+        DataLoader every epoch must not make a long stall of another loader start over."""
+        if loader_id not in self.loaders and len(self.loaders) >= MAX_LOADERS:
+            keep = current()
+            self.loaders = {k: v for k, v in self.loaders.items() if k in keep}
+            if len(self.loaders) >= MAX_LOADERS:
+                self.loaders.clear()
+        self.loaders[loader_id] = progress
+
+
 @dataclass(frozen=True, slots=True)
 class LoaderPace:
     usual_interval_s: float | None  # median seconds per batch while it delivered (remembered)
@@ -50,7 +82,7 @@ class LoaderPace:
 
 
 def pace(ctx: Context, loader_id: str) -> LoaderPace:
-    """The loader's usual pace from the recent snapshots; remembered in the digest across a long stall."""
+    """The loader's usual pace from the recent snapshots; remembered in ``StallState`` across a long stall."""
     usual: float | None
     last_total: int | None = None
     last_progress: float | None = None
@@ -75,13 +107,13 @@ def pace(ctx: Context, loader_id: str) -> LoaderPace:
         usual = median(rates) if rates else None
     # The recent window forgets a batch older than itself: a loader quiet for longer would seem
     # quiet only since the window's start ("about 2 min" forever, never critical), and its usual
-    # pace with it. The digest keeps when each loader's count last moved, and its pace.
-    digest = ctx.digest
-    memory = digest.loader_progress.get(loader_id)
+    # pace with it. The state keeps when each loader's count last moved, and its pace.
+    state = ctx.state(StallState)
+    memory = state.loaders.get(loader_id)
     if last_total is not None and last_progress is not None:
         if memory is None:
             memory = LoaderProgress(last_total, last_progress)
-            digest.note_loader(loader_id, memory, lambda: _loader_ids(ctx))
+            state.note(loader_id, memory, lambda: _loader_ids(ctx))
         elif memory.batches == last_total:
             last_progress = min(last_progress, memory.moved_at)
         else:
@@ -95,10 +127,10 @@ def pace(ctx: Context, loader_id: str) -> LoaderPace:
     return LoaderPace(interval, last_progress)
 
 
-def stall_resumed(digest: Digest, evidence: Evidence, absent_since: float) -> bool:
+def stall_resumed(states: States, evidence: Evidence, absent_since: float) -> bool:
     """Whether the stalled loader (or, for one stuck worker, that worker) has delivered a batch
     since the stall was last seen at ``absent_since``."""
-    memory = digest.loader_progress.get(str(evidence.get("loader_id")))
+    memory = states.of(StallState).loaders.get(str(evidence.get("loader_id")))
     if memory is None:
         return False
     if evidence.get("where") == "worker":
@@ -286,7 +318,7 @@ def _lone_workers(
     out: list[Candidate] = []
     limit = cfg.stall_rule.lone_threshold_s(p.usual_interval_s, len(ls.worker_pids))
     loader_moving = p.last_progress is not None and s.time - p.last_progress < limit
-    memory = ctx.digest.loader_progress.get(ls.id)
+    memory = ctx.state(StallState).loaders.get(ls.id)
     if memory is None:  # no batch count known: no worker's progress either
         return out
     workers = memory.workers
