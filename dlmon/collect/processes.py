@@ -30,7 +30,6 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
-from typing import Any, Literal
 
 from dlmon.collect.limits import FdLimits
 from dlmon.collect.procfs import (
@@ -52,94 +51,71 @@ from dlmon.model.format import DEAD_STATES
 WORKER_COMMS = frozenset({"pt_data_worker"})
 
 
+# The lines of /proc/PID/status and /proc/PID/io a row reads (``_build`` says which field each
+# fills). VmRSS is stat's RSS when present, VmSwap smaps_rollup's Swap when that is older, and
+# FDSize says when to recount the fds; the others are figures of the row as they are.
+STATUS_KEYS = (
+    "VmRSS",
+    "VmSwap",
+    "FDSize",
+    "RssAnon",
+    "RssFile",
+    "RssShmem",
+    "VmLck",
+    "VmPin",
+    "voluntary_ctxt_switches",
+    "nonvoluntary_ctxt_switches",
+)
+IO_KEYS = ("read_bytes", "write_bytes")
+STATUS_FIELDS = FieldPicker(STATUS_KEYS)
+IO_FIELDS = FieldPicker(IO_KEYS)
+
+
 @dataclass(frozen=True, slots=True)
-class Figure:
-    """One per-process figure read as it is from a line of /proc/PID/status or /proc/PID/io:
-    ``name``, the ``ProcessSample`` field it fills, and ``rate``, the field that gets its change
-    per second (over the time since the read before: status and io are read only when the
-    process moved). A figure from either file is one line in :data:`FIGURES` (and its fields in
-    the model): the keys read, the counts kept between reads and the row's values follow."""
+class Counters:
+    """The cumulative counts of status and io whose change per second the row shows, kept from
+    one read to the next (status and io are read only when the process moved, so a rate is over
+    the time since the read before, not since the last tick)."""
 
-    name: str
-    file: Literal["status", "io"]
-    key: str  # the line's name in that file
-    rate: str | None = None
+    nonvoluntary_ctxt_switches: int | None = None
+    read_bytes: int | None = None
+    write_bytes: int | None = None
 
+    @classmethod
+    def read(cls, status: Mapping[str, int], io: Mapping[str, int]) -> Counters:
+        return cls(status.get("nonvoluntary_ctxt_switches"), io.get("read_bytes"), io.get("write_bytes"))
 
-FIGURES: tuple[Figure, ...] = (
-    Figure("rss_anon_bytes", "status", "RssAnon"),
-    Figure("rss_file_bytes", "status", "RssFile"),
-    Figure("shmem_bytes", "status", "RssShmem"),
-    Figure("locked_bytes", "status", "VmLck"),
-    Figure("pinned_bytes", "status", "VmPin"),
-    Figure("voluntary_ctxt_switches", "status", "voluntary_ctxt_switches"),
-    Figure("nonvoluntary_ctxt_switches", "status", "nonvoluntary_ctxt_switches", rate="nonvoluntary_ctxt_switches_per_s"),  # noqa: E501
-    Figure("read_bytes", "io", "read_bytes", rate="read_bytes_per_s"),
-    Figure("write_bytes", "io", "write_bytes", rate="write_bytes_per_s"),
-)  # fmt: skip
+    def io_moved_since(self, before: Counters) -> bool:
+        """Bytes read or written since ``before``: status and io are read again next tick."""
+        return self.read_bytes != before.read_bytes or self.write_bytes != before.write_bytes
 
+    def rates(self, before: Counters, seconds: float | None) -> Rates:
+        """Per second since ``before``, ``seconds`` ago."""
+        return Rates(
+            _rate(self.nonvoluntary_ctxt_switches, before.nonvoluntary_ctxt_switches, seconds),
+            _rate(self.read_bytes, before.read_bytes, seconds),
+            _rate(self.write_bytes, before.write_bytes, seconds),
+        )
 
-def _check_figures(figures: tuple[Figure, ...]) -> None:
-    """Each figure is read from status or io and fills fields the model has, no field twice (a
-    typo would be a TypeError at the first row built, not a failure at import)."""
-    files = sorted({f.file for f in figures} - {"status", "io"})
-    if files:
-        raise ValueError(f"figures are read from status or io, not {files}")
-    model = {f.name for f in fields(ProcessSample)}
-    filled = [name for f in figures for name in (f.name, f.rate) if name is not None]
-    unknown = sorted(set(filled) - model)
-    if unknown:
-        raise ValueError(f"figures fill fields ProcessSample does not have: {unknown}")
-    if len(filled) != len(set(filled)):
-        raise ValueError(f"a field is filled twice: {sorted(n for n in filled if filled.count(n) > 1)}")
+    def unmoved(self) -> Rates:
+        """The rates of counters not read again this tick: the last read's, at which nothing
+        moved and under a CPU tick ran since (0 for each count known)."""
+        return Rates(
+            *(
+                None if c is None else 0.0
+                for c in (self.nonvoluntary_ctxt_switches, self.read_bytes, self.write_bytes)
+            )
+        )
 
 
-_check_figures(FIGURES)
-# Read too, for what the row makes of them beside stat and smaps_rollup: VmRSS (stat's RSS when
-# missing), VmSwap (smaps_rollup's Swap when missing), FDSize (when to recount the fds).
-_STATUS_OWN = ("VmRSS", "VmSwap", "FDSize")
-STATUS_FIELDS = FieldPicker((*_STATUS_OWN, *(f.key for f in FIGURES if f.file == "status")))
-IO_FIELDS = FieldPicker(tuple(f.key for f in FIGURES if f.file == "io"))
-FigureReader = Callable[
-    [Mapping[str, int], Mapping[str, int], tuple[int | None, ...], float | None, bool],
-    tuple[dict[str, Any], tuple[int | None, ...], bool],
-]
+@dataclass(frozen=True, slots=True)
+class Rates:
+    nonvoluntary_ctxt_switches_per_s: float | None
+    read_bytes_per_s: float | None
+    write_bytes_per_s: float | None
 
 
-def figure_reader(figures: tuple[Figure, ...]) -> FigureReader:
-    """``read(status, io, counts_before, seconds_since, fresh) -> (values, counts, io_moved)``:
-    the row's value of every field ``figures`` fill, the counts to keep (the counted figures, in
-    their order in ``figures``), and whether a count from io moved since ``counts_before``
-    (bytes read or written: status and io are read again next tick). Rates are over
-    ``seconds_since`` when ``fresh`` (status and io read this tick), else 0 (the last read's
-    counters; see ``_build``).
-
-    Written out as straight-line code once, as dataclasses write ``__init__``: a row is built for
-    every process that moved, every tick, and a loop over the figures made ``_build`` a fifth
-    dearer. The code is made from the constant table only (field names and /proc keys)."""
-    counted = [f for f in figures if f.rate is not None]
-    source = ["def read(status, io, before, cdt, fresh):"]
-    source += [f"    c{i} = {f.file}.get({f.key!r})" for i, f in enumerate(counted)]
-    values = [f"{f.name!r}: {f.file}.get({f.key!r})" for f in figures if f.rate is None]
-    values += [f"{f.name!r}: c{i}" for i, f in enumerate(counted)]
-    rates = [f"{f.rate!r}: _rate(c{i}, before[{i}], cdt)" for i, f in enumerate(counted)]
-    zeros = [f"{f.rate!r}: None if c{i} is None else 0.0" for i, f in enumerate(counted)]
-    counts = "(" + "".join(f"c{i}, " for i in range(len(counted))) + ")"
-    from_io = [i for i, f in enumerate(counted) if f.file == "io"]
-    io_now = "(" + "".join(f"c{i}, " for i in from_io) + ")"
-    io_before = "(" + "".join(f"before[{i}], " for i in from_io) + ")"
-    source += [
-        "    if fresh:",
-        f"        return {{{', '.join(values + rates)}}}, {counts}, {io_now} != {io_before}",
-        f"    return {{{', '.join(values + zeros)}}}, {counts}, {io_now} != {io_before}",
-    ]
-    namespace: dict[str, Any] = {"_rate": _rate}
-    exec("\n".join(source), namespace)  # the table's own names, see above
-    reader: FigureReader = namespace["read"]
-    return reader
-
-
-_NO_COUNTS: tuple[int | None, ...] = (None,) * sum(1 for f in FIGURES if f.rate is not None)
+_NO_COUNTS = Counters()
 # the split, in SmapsValues' order; Pss_Anon/Pss_File are absent before Linux 5.7: None
 SMAPS_SPLIT = ("Pss_Anon", "Pss_File", "Anonymous")
 SMAPS_FIELDS = FieldPicker(("Pss", "Pss_Shmem", "Private_Clean", "Private_Dirty", "Private_Hugetlb", "Swap", *SMAPS_SPLIT))  # fmt: skip  # noqa: E501
@@ -228,7 +204,7 @@ class _Tracked:
     first_seen: float
     prev_time: float | None = None  # the last tick it was read (stat: the CPU rate's start)
     prev_cpu_ticks: int | None = None
-    counts: tuple[int | None, ...] = ()  # the counted figures at the last status and io read
+    counts: Counters = _NO_COUNTS  # status's and io's counters at their last read
     prev_major_faults: int | None = None
     smaps: SmapsValues | None = None
     smaps_time: float | None = None
@@ -283,9 +259,6 @@ def _rate(now: int | None, prev: int | None, dt: float | None) -> float | None:
     if now is None or prev is None or not dt or dt <= 0 or now < prev:
         return None
     return (now - prev) / dt
-
-
-_read_figures = figure_reader(FIGURES)
 
 
 _Row = tuple[_Tracked, StatFields, dict[str, int], dict[str, int]]  # tracked, stat, status, io
@@ -802,15 +775,16 @@ class ProcessTracker:
         dt = None if tracked.prev_time is None else now - tracked.prev_time
         cpu_ticks = stat.utime_ticks + stat.stime_ticks
         cpu_rate = _rate(cpu_ticks, tracked.prev_cpu_ticks, dt)
+        counts = Counters.read(status, io)
         if fresh:
             # over the time since they were last read, not since the last tick: a read after an
             # unmoved stretch holds that whole stretch's bytes (per tick, 5-60x too high)
             cdt = None if tracked.counters_time is None else now - tracked.counters_time
-            before = tracked.counts or _NO_COUNTS
-            figures, counts, tracked.io_moved = _read_figures(status, io, before, cdt, True)
+            rates = counts.rates(tracked.counts, cdt)
+            tracked.io_moved = counts.io_moved_since(tracked.counts)
             tracked.counts, tracked.counters_time = counts, now
-        else:  # the last read's counters: no bytes moved at it, and it ran under a CPU tick since
-            figures, _, _ = _read_figures(status, io, _NO_COUNTS, None, False)
+        else:
+            rates = counts.unmoved()
         if tracked.smaps_denied:
             tracked.unavailable["smaps"] = tracked.smaps_denied
         if zombie:
@@ -850,7 +824,18 @@ class ProcessTracker:
             unavailable=MappingProxyType(dict(tracked.unavailable))
             if tracked.unavailable
             else _NONE_UNAVAILABLE,
-            **figures,
+            rss_anon_bytes=status.get("RssAnon"),
+            rss_file_bytes=status.get("RssFile"),
+            shmem_bytes=status.get("RssShmem"),
+            locked_bytes=status.get("VmLck"),
+            pinned_bytes=status.get("VmPin"),
+            voluntary_ctxt_switches=status.get("voluntary_ctxt_switches"),
+            nonvoluntary_ctxt_switches=counts.nonvoluntary_ctxt_switches,
+            nonvoluntary_ctxt_switches_per_s=rates.nonvoluntary_ctxt_switches_per_s,
+            read_bytes=counts.read_bytes,
+            read_bytes_per_s=rates.read_bytes_per_s,
+            write_bytes=counts.write_bytes,
+            write_bytes_per_s=rates.write_bytes_per_s,
         )
         tracked.prev_time = now
         tracked.prev_cpu_ticks = cpu_ticks
