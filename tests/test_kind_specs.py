@@ -7,9 +7,11 @@ the first test fails. A detector reading numbers no line names fails on every jo
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import importlib
 import inspect
+import pickle
 import pkgutil
 import re
 import sys
@@ -20,7 +22,7 @@ from scenarios.synth import GIB, MAIN_PID, MIB, disk, gpu, loader, proc, snap
 
 import dlmon.analysis.detectors as detectors_package
 from dlmon.analysis import Analyzer
-from dlmon.analysis.detectors import Context, Thresholds
+from dlmon.analysis.detectors import DEFAULT_THRESHOLDS, Context, Thresholds
 from dlmon.analysis.detectors.registry import (
     CAUSE_ORDER,
     DEFAULT_HOLDS,
@@ -31,7 +33,7 @@ from dlmon.analysis.detectors.registry import (
     SPECS,
     STATES,
 )
-from dlmon.analysis.detectors.stall import StallState
+from dlmon.analysis.detectors.stall import StallNumbers, StallState
 from dlmon.analysis.kinds import KINDS
 from dlmon.model import Pressure, Snapshot
 
@@ -99,6 +101,18 @@ def test_numbers_no_registry_line_names_are_refused() -> None:
         ctx.numbers(StrayNumbers)
     with pytest.raises(LookupError, match="StrayNumbers"):
         Thresholds(StrayNumbers())
+
+
+def test_thresholds_stay_data_a_copy_keeps_them_and_equal_numbers_are_equal() -> None:
+    """Before issue 22 ``Thresholds`` was a frozen dataclass: it pickled, deep-copied and compared
+    by its numbers. The holder of overrides must too (a run's settings copied, or compared with
+    the defaults, must not raise or tell apart what decides the same)."""
+    given = Thresholds(StallNumbers(stall_critical_s=60.0))
+    for copied in (pickle.loads(pickle.dumps(given)), copy.deepcopy(given), copy.copy(given)):
+        assert copied == given and copied.of(StallNumbers).stall_critical_s == 60.0
+    assert Thresholds(StallNumbers()) == DEFAULT_THRESHOLDS == Thresholds()
+    assert hash(Thresholds(StallNumbers())) == hash(DEFAULT_THRESHOLDS)
+    assert given != DEFAULT_THRESHOLDS
 
 
 def test_a_detectors_state_is_the_analyzers_and_starts_over_with_a_new_target() -> None:

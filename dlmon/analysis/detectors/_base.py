@@ -70,11 +70,18 @@ class Thresholds:
         """These numbers instead of the ones of their class given so far."""
         return Thresholds(*self._given.values(), *numbers)
 
+    def _numbers(self) -> tuple[object, ...]:
+        """Every kind's numbers as this run decides with them: what equality and hash compare."""
+        return tuple(self.of(numbers) for numbers in _declared_numbers())
+
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Thresholds) and self._given == other._given
+        return isinstance(other, Thresholds) and self._numbers() == other._numbers()
 
     def __hash__(self) -> int:
-        return hash(tuple(sorted(self._given.items(), key=lambda kv: kv[0].__qualname__)))
+        return hash(self._numbers())
+
+    def __reduce__(self) -> tuple[type[Thresholds], tuple[object, ...]]:
+        return Thresholds, tuple(self._given.values())  # pickle and copy: the mapping proxy cannot
 
     def __repr__(self) -> str:
         return f"Thresholds({', '.join(repr(n) for n in self._given.values())})"
