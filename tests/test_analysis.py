@@ -45,6 +45,7 @@ from dlmon.analysis import (
 )
 from dlmon.analysis.detectors import DETECTORS, detect_memory_growth, detect_worker_died
 from dlmon.analysis.detectors.memory import MemoryState
+from dlmon.analysis.detectors.processes import REMEMBERED_DEATHS, ProcessState
 from dlmon.analysis.digest import Digest, DigestLimits, Series
 from dlmon.analysis.stats import median, theil_sen, trend, trend_score
 from dlmon.model import Alert, Pressure, Snapshot, WorkerDeath
@@ -360,6 +361,24 @@ def test_cost_and_memory_stay_bounded_for_an_hour_of_33_processes() -> None:
     assert len(a.digest.job_pss) <= a.digest.limits.job_points
     assert all(len(p.pss) <= a.digest.limits.process_points for p in a.digest.processes.values())
     assert len(a.states.of(MemoryState)) <= 1024
+
+
+def test_the_deaths_remembered_stay_bounded() -> None:
+    """A crash-looping job: each death's black box is kept for its alert in ``ProcessState`` (no
+    longer in the digest's bounded cache), at most ``REMEMBERED_DEATHS``, the oldest forgotten."""
+    a = Analyzer(cores=2, strict=True)
+    deaths: list[WorkerDeath] = []
+    for t in range(REMEMBERED_DEATHS + 40):
+        pid = 5000 + t
+        deaths.append(WorkerDeath(pid, 0, "L1", 9, None, T0 + t, "SIGKILL", MAIN_PID, source="agent"))
+        out = a(snap(t, [proc(4000, worker_id=0)], deaths=deaths[-8:], oom=0))
+    assert len(of_kind(out, "worker_died")) == 8, "the premise: each death is an alert, its box taken"
+    boxes = a.states.of(ProcessState).black_boxes
+    assert len(boxes) == REMEMBERED_DEATHS
+    assert (5000, round(T0)) not in boxes and (
+        5000 + REMEMBERED_DEATHS + 39,
+        round(T0) + REMEMBERED_DEATHS + 39,
+    ) in boxes
 
 
 # -- zombie / orphan / died / leaked -----------------------------------------------------------
