@@ -10,6 +10,10 @@ Argument: JSON ``{"mode": ..., ...}``. Prints ``@@ {json}`` lines (``ready`` wit
 - ``memory_error``: workers get an address-space limit; the Dataset's allocation at ``at`` fails
   for real with MemoryError.
 - ``cuda_oom``: the Dataset raises torch's CUDA out-of-memory text at ``at`` (a stand-in: no GPU).
+- ``cuda_fork``: the Dataset moves a sample to CUDA at ``at`` in a forked worker; torch's own
+  ``torch.cuda._lazy_init`` raises "Cannot re-initialize CUDA in forked subprocess". The seam (no
+  GPU here): worker_init_fn sets the bad-fork flag a CUDA build sets in a child forked after the
+  parent started CUDA (``torch._C._cuda_isInBadFork``, read through ``torch.cuda._is_in_bad_fork``).
 - ``trainer_bug``: the training loop itself raises ValueError after a few batches.
 - ``thread_bug``: a helper thread raises; the main thread sees it gone and exits 1.
 - ``caught``: the Dataset raises at ``at``; the loop catches it, starts a new epoch and exits 0
@@ -61,7 +65,13 @@ class Samples(Dataset[Any]):
                     "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
                     "15.77 GiB of which 1.02 GiB is free. (a stand-in raised by the test's Dataset)"
                 )
+            if MODE == "cuda_fork":
+                return item["x"].cuda()
         return item["x"]
+
+
+def forked_after_cuda(worker_id: int) -> None:
+    torch.cuda._is_in_bad_fork = lambda: True  # type: ignore[attr-defined]
 
 
 def limit_address_space(worker_id: int) -> None:
@@ -86,6 +96,8 @@ def main() -> None:
     extra: dict[str, Any] = {}
     if MODE == "memory_error":
         extra["worker_init_fn"] = limit_address_space
+    if MODE == "cuda_fork":
+        extra["worker_init_fn"] = forked_after_cuda
     batch = 8 if MODE == "shm" else 2
     dl = DataLoader(Samples(), batch_size=batch, num_workers=2, **extra)
     helper = None
