@@ -18,6 +18,7 @@ STALL = "stall"
 FD_EXHAUSTION = "fd_exhaustion"
 EXCEPTION_DEATH = "exception_death"
 STRAGGLER = "straggler"
+CUDA_IN_WORKER = "cuda_in_worker"
 
 KINDS: tuple[str, ...] = (
     MEMORY_GROWTH,
@@ -36,6 +37,7 @@ KINDS: tuple[str, ...] = (
     FD_EXHAUSTION,
     EXCEPTION_DEATH,
     STRAGGLER,
+    CUDA_IN_WORKER,
 )
 
 INFO = "info"
