@@ -536,19 +536,21 @@ def _cuda_figures(
     return True, devices, _pinned(cuda), error
 
 
-_PINNED_KEYS = (
-    "allocated_bytes.current",  # torch >= 2.5: pinned blocks owned by the host allocator
-    "allocated_bytes.all.current",
-    "reserved_bytes.current",
-    "reserved_bytes.all.current",
+# torch.cuda.host_memory_stats() (the caching host allocator's pinned pool) changed the meaning of
+# its keys: torch 2.7-2.9 (c10 HostStats with reserved_bytes) give the pool as reserved_bytes and
+# the part handed out as allocated_bytes; later torch (HostStats with active_bytes, 2.13 checked)
+# give the pool as allocated_bytes ("active + cached") and the part handed out as active_bytes.
+# The era is told by which keys the running torch gives: (pool key, in-use key), first match.
+_PINNED_ERAS = (
+    ("allocated_bytes", "active_bytes"),  # torch >= 2.10: active_bytes present
+    ("reserved_bytes", "allocated_bytes"),  # torch 2.7-2.9: reserved_bytes present
+    ("allocated_bytes", None),  # neither: the pool as the running torch's docs define it
 )
 
 
-def parse_host_memory_stats(stats: Any) -> tuple[int, str] | None:
-    """(bytes, key) from torch.cuda.host_memory_stats() output, flat or nested; None if absent."""
-    if not isinstance(stats, dict):
-        return None
-    for key in _PINNED_KEYS:
+def _stat(stats: dict[Any, Any], name: str) -> tuple[int, str] | None:
+    """(bytes, key) of ``name``'s current value, flat or nested, with or without ``.all``."""
+    for key in (f"{name}.current", f"{name}.all.current"):
         v: Any = stats.get(key)
         if v is None:  # nested form: {"allocated_bytes": {"current": ...}}
             v = stats
@@ -556,6 +558,25 @@ def parse_host_memory_stats(stats: Any) -> tuple[int, str] | None:
                 v = v.get(part) if isinstance(v, dict) else None
         if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
             return v, key
+    return None
+
+
+def parse_host_memory_stats(stats: Any) -> tuple[int, int | None, str] | None:
+    """(pool bytes, in-use bytes or None, source) from torch.cuda.host_memory_stats() output of
+    any torch era (see _PINNED_ERAS), flat or nested; None if absent."""
+    if not isinstance(stats, dict):
+        return None
+    for pool_name, in_use_name in _PINNED_ERAS:
+        in_use = _stat(stats, in_use_name) if in_use_name is not None else None
+        if in_use_name is not None and in_use is None:
+            continue
+        pool = _stat(stats, pool_name)
+        if pool is None:
+            continue
+        source = f"torch.cuda.host_memory_stats:{pool[1]}"
+        if in_use is not None:
+            return pool[0], in_use[0], f"{source} (in use: {in_use[1]})"
+        return pool[0], None, source
     return None
 
 
@@ -569,7 +590,7 @@ def _pinned(cuda: Any) -> wire.PinnedWire | None:
         return None
     if got is None:
         return None
-    return wire.pinned_wire(bytes=got[0], source=f"torch.cuda.host_memory_stats:{got[1]}")
+    return wire.pinned_wire(bytes=got[0], in_use=got[1], source=got[2])
 
 
 def _loader_wire(ls: _hooks._LoaderState, now_pc: int) -> wire.LoaderWire:
