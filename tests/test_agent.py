@@ -844,6 +844,23 @@ def test_the_pinned_pool_and_its_part_in_use_by_the_keys_the_running_torch_has()
     assert parse_host_memory_stats(nested)[:2] == (9, 4)  # type: ignore[index]
 
 
+def test_the_pinned_era_is_told_by_the_keys_present_not_by_which_figures_read() -> None:
+    """A 2.7-2.9 dict whose pool figure is unreadable must not have its in-use part taken for the
+    pool (a wrong number, 4x too small here); one with the pool alone still gives the pool."""
+    bad_pool = {**OLD_ERA, "reserved_bytes.current": -1, "allocated_bytes.current": 64 << 20}
+    assert parse_host_memory_stats(bad_pool) is None
+    pool_only = {"reserved_bytes": {"current": 256 << 20}}
+    assert parse_host_memory_stats(pool_only) == (
+        256 << 20,
+        None,
+        "torch.cuda.host_memory_stats:reserved_bytes.current",
+    )
+    # a dict with the three names (as the device allocator's memory_stats has): reserved is the pool
+    three = {"reserved_bytes.current": 300, "allocated_bytes.current": 100, "active_bytes.current": 120}
+    assert parse_host_memory_stats(three)[:2] == (300, 120)  # type: ignore[index]
+    assert parse_host_memory_stats({7: 1, "allocated_bytes.current": 5})[:2] == (5, None)  # type: ignore[index]
+
+
 def test_cuda_and_pinned_figures_are_read_defensively() -> None:
     # only the pool's key: the pool, in use unknown
     assert parse_host_memory_stats({"allocated_bytes.current": 1 << 20}) == (

@@ -540,12 +540,15 @@ def _cuda_figures(
 # its keys: torch 2.7-2.9 (c10 HostStats with reserved_bytes) give the pool as reserved_bytes and
 # the part handed out as allocated_bytes; later torch (HostStats with active_bytes, 2.13 checked)
 # give the pool as allocated_bytes ("active + cached") and the part handed out as active_bytes.
-# The era is told by which keys the running torch gives: (pool key, in-use key), first match.
-_PINNED_ERAS = (
-    ("allocated_bytes", "active_bytes"),  # torch >= 2.10: active_bytes present
-    ("reserved_bytes", "allocated_bytes"),  # torch 2.7-2.9: reserved_bytes present
-    ("allocated_bytes", None),  # neither: the pool as the running torch's docs define it
-)
+# The era is told by the names the dict has, never by which of its figures read: an unreadable
+# pool figure must not let the in-use part be taken for the pool. reserved_bytes, where present,
+# is the pool (torch's word for it in every allocator); active_bytes, where present, the part in use.
+_POOL_RESERVED, _ALLOCATED, _ACTIVE = "reserved_bytes", "allocated_bytes", "active_bytes"
+
+
+def _has(stats: dict[Any, Any], name: str) -> bool:
+    """``stats`` has the stat ``name``, flat ("name.current") or nested ({"name": {...}})."""
+    return any(isinstance(k, str) and (k == name or k.startswith(f"{name}.")) for k in stats)
 
 
 def _stat(stats: dict[Any, Any], name: str) -> tuple[int, str] | None:
@@ -563,21 +566,20 @@ def _stat(stats: dict[Any, Any], name: str) -> tuple[int, str] | None:
 
 def parse_host_memory_stats(stats: Any) -> tuple[int, int | None, str] | None:
     """(pool bytes, in-use bytes or None, source) from torch.cuda.host_memory_stats() output of
-    any torch era (see _PINNED_ERAS), flat or nested; None if absent."""
+    any torch era (see _POOL_RESERVED), flat or nested; None if the pool is absent or unreadable."""
     if not isinstance(stats, dict):
         return None
-    for pool_name, in_use_name in _PINNED_ERAS:
-        in_use = _stat(stats, in_use_name) if in_use_name is not None else None
-        if in_use_name is not None and in_use is None:
-            continue
-        pool = _stat(stats, pool_name)
-        if pool is None:
-            continue
-        source = f"torch.cuda.host_memory_stats:{pool[1]}"
-        if in_use is not None:
-            return pool[0], in_use[0], f"{source} (in use: {in_use[1]})"
+    reserved = _has(stats, _POOL_RESERVED)
+    pool_name = _POOL_RESERVED if reserved else _ALLOCATED
+    in_use_name = _ACTIVE if _has(stats, _ACTIVE) else _ALLOCATED if reserved else None
+    pool = _stat(stats, pool_name)
+    if pool is None:
+        return None
+    source = f"torch.cuda.host_memory_stats:{pool[1]}"
+    in_use = _stat(stats, in_use_name) if in_use_name is not None else None
+    if in_use is None:
         return pool[0], None, source
-    return None
+    return pool[0], in_use[0], f"{source} (in use: {in_use[1]})"
 
 
 def _pinned(cuda: Any) -> wire.PinnedWire | None:
