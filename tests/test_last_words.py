@@ -262,6 +262,22 @@ def test_cuda_in_a_forked_worker_is_named_with_its_fix(agent_env: dict[str, str]
     check_everywhere(run, verdict, alert, snaps, "DataLoader worker")
 
 
+def test_cuda_in_a_forked_pool_process_is_not_called_a_dataloader_worker(
+    agent_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The same torch error from a fork-started multiprocessing Pool (re-raised in the trainer,
+    no DataLoader worker in it) is named for what it is, with the start-method fix that fits."""
+    run = start(agent_env, tmp_path, {"mode": "pool_fork"})
+    assert run.wait(DEADLINE_S) == 1
+    verdict, alert, snaps = death(run)
+    assert alert.evidence["cause"] == "cuda_in_forked_worker" and alert.evidence["worker_id"] is None
+    assert "Cannot re-initialize CUDA in forked subprocess" in verdict, verdict
+    assert "DataLoader worker" not in alert.message and "DataLoader" not in alert.advice, alert
+    assert "a process forked from one that had already started CUDA" in alert.message, alert.message
+    assert "get_context('spawn')" in alert.advice, alert.advice
+    check_everywhere(run, verdict, alert, snaps, "the trainer")
+
+
 def test_the_trainers_own_uncaught_exception(agent_env: dict[str, str], tmp_path: Path) -> None:
     run = start(agent_env, tmp_path, {"mode": "trainer_bug"})
     ready = run.event("ready")

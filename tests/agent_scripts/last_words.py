@@ -14,6 +14,9 @@ Argument: JSON ``{"mode": ..., ...}``. Prints ``@@ {json}`` lines (``ready`` wit
   ``torch.cuda._lazy_init`` raises "Cannot re-initialize CUDA in forked subprocess". The seam (no
   GPU here): worker_init_fn sets the bad-fork flag a CUDA build sets in a child forked after the
   parent started CUDA (``torch._C._cuda_isInBadFork``, read through ``torch.cuda._is_in_bad_fork``).
+- ``pool_fork``: the training loop hands work to a fork-started multiprocessing Pool whose task
+  moves a tensor to CUDA: the same RuntimeError, raised in the Pool's process and re-raised in the
+  trainer (no DataLoader worker in it). The same seam, set by the Pool's initializer.
 - ``trainer_bug``: the training loop itself raises ValueError after a few batches.
 - ``thread_bug``: a helper thread raises; the main thread sees it gone and exits 1.
 - ``caught``: the Dataset raises at ``at``; the loop catches it, starts a new epoch and exits 0
@@ -74,6 +77,10 @@ def forked_after_cuda(worker_id: int) -> None:
     torch.cuda._is_in_bad_fork = lambda: True  # type: ignore[attr-defined]
 
 
+def to_cuda(i: int) -> int:
+    return int(torch.zeros(1).cuda().numel()) + i
+
+
 def limit_address_space(worker_id: int) -> None:
     """Room for what the worker has mapped and 256 MiB more: a 1 GiB allocation fails."""
     with open("/proc/self/statm") as f:
@@ -126,6 +133,10 @@ def main() -> None:
             emit("pids", workers=[int(w.pid) for w in it._workers])  # type: ignore[attr-defined]
         if MODE in ("shm", "fds"):
             kept.append(b)
+        if MODE == "pool_fork" and n == 20:
+            fork = torch.multiprocessing.get_context("fork")
+            with fork.Pool(1, initializer=forked_after_cuda, initargs=(0,)) as pool:
+                pool.map(to_cuda, [n])
         if MODE == "trainer_bug" and n == 20:
             raise ValueError(f"loss is nan at step {n}")
         if helper is not None and not helper.is_alive():

@@ -232,7 +232,7 @@ def detect_exception_death(ctx: Context) -> list[Candidate]:
     elif fam == CUDA_OOM:
         message, advice = _cuda(window, head, evidence)
     elif fam == CUDA_FORK:
-        message, advice = _cuda_fork(head)
+        message, advice = _cuda_fork(head, from_worker=e.worker_id is not None or e.worker_type is not None)
     elif fam == BUG:
         kind = e.worker_type or e.type
         text = e.worker_message if e.worker_type else e.message
@@ -417,7 +417,18 @@ def _cuda(
     return f"{head}{figures}.", advice
 
 
-def _cuda_fork(head: str) -> tuple[str, str]:
+def _cuda_fork(head: str, *, from_worker: bool) -> tuple[str, str]:
+    if not from_worker:  # a Pool or Process of the program's own, started with fork
+        message = (
+            f"{head} — CUDA was used in a process forked from one that had already started CUDA (a "
+            "multiprocessing Pool or Process started with fork), which a forked process cannot do."
+        )
+        advice = (
+            "Keep CUDA out of the forked processes' work, or start them with "
+            "multiprocessing.get_context('spawn') (torch.multiprocessing's too): a spawned process "
+            "then holds a CUDA context of its own, hundreds of MiB of VRAM."
+        )
+        return message, advice
     message = (
         f"{head} — CUDA was used in a DataLoader worker forked from a trainer that had already "
         "started CUDA, which a forked process cannot do: the Dataset or collate_fn touched CUDA."
