@@ -656,6 +656,11 @@ def test_cuda_in_worker_names_the_workers_holding_vram_and_not_the_trainer() -> 
         "500.0 MiB on GPU 0." in alert.message
     ), alert.message
     assert alert.evidence["vram_bytes"] == 500 * MIB and alert.evidence["gpus"] == "0"
+    # a stale GPU's old list (its VRAM left out of the worker's figure) names no GPU either
+    old_list = dataclasses.replace(gpu(1, pids=(1001,)), stale_age_s=8.0)
+    outs = analyze([snap(t, [main, cuda_worker, clean_worker], gpus=[*gpus, old_list]) for t in range(6)])
+    (alert,) = of_kind(outs[-1], "cuda_in_worker")
+    assert "500.0 MiB on GPU 0." in alert.message and alert.evidence["gpus"] == "0", alert.message
     assert "Keep CUDA out of the Dataset" in alert.advice and "torch.cuda.set_device" in alert.advice
     healthy = [
         snap(t, [main, proc(1001, worker_id=0), clean_worker], gpus=[gpu(pids=(MAIN_PID,))]) for t in range(6)

@@ -21,7 +21,9 @@ SHOWN_WORKERS = 4  # named one by one in the message; the rest are counted
 
 
 def _gpus_of(s: Snapshot, pid: int) -> list[str]:
-    return [g.key for g in s.gpus if any(p.pid == pid for p in g.processes)]
+    """The GPUs whose current list has ``pid`` (a stale one's old list is left out, as it is of
+    the worker's VRAM figure)."""
+    return [g.key for g in s.gpus if g.stale_age_s is None and any(p.pid == pid for p in g.processes)]
 
 
 def _name(p: ProcessSample) -> str:
