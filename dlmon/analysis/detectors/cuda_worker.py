@@ -1,8 +1,9 @@
 """cuda_in_worker: DataLoader workers that hold VRAM, a CUDA context each.
 
-A worker has no business with CUDA: the trainer moves each batch to the GPU. A forked worker that
-touches CUDA dies ("Cannot re-initialize CUDA in forked subprocess": exception_death names it); a
-spawn or forkserver worker that does starts CUDA for itself and holds a context of hundreds of
+A worker has no business with CUDA: the trainer moves each batch to the GPU. A worker forked after
+the trainer started CUDA dies if it touches CUDA ("Cannot re-initialize CUDA in forked subprocess":
+exception_death names it); a spawn or forkserver worker that does (or one forked before the trainer
+started CUDA) starts CUDA for itself and holds a context of hundreds of
 MiB, on GPU 0 unless it chose a device, whatever GPU the trainer uses. NVML lists such a worker
 among a GPU's processes (``ProcessSample.gpu_memory_bytes``, summed over the GPUs listing it).
 
