@@ -4,7 +4,8 @@ A worker has no business with CUDA: the trainer moves each batch to the GPU. A w
 the trainer started CUDA dies if it touches CUDA ("Cannot re-initialize CUDA in forked subprocess":
 exception_death names it); a spawn or forkserver worker that does (or one forked before the trainer
 started CUDA) starts CUDA for itself and holds a context of hundreds of MiB, on GPU 0 unless it
-chose a device, whatever GPU the trainer uses. NVML lists such a worker among a GPU's processes (``ProcessSample.gpu_memory_bytes``, summed over the GPUs listing it).
+chose a device, whatever GPU the trainer uses. NVML lists such a worker among a GPU's processes
+(``ProcessSample.gpu_memory_bytes``, summed over the GPUs listing it).
 
 Only live workers attached to the trainer are judged (an orphan holding VRAM is orphan_worker's);
 one alert per trainer, naming each worker with its VRAM. The trainer's own VRAM, and a worker
