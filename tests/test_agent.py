@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import queue
+import re
 import signal
 import socket
 import stat
@@ -692,7 +693,9 @@ def _wire(
         time_ns=time_ns,
         loaders=[loader],
         cuda=[device],
-        pinned=wire.pinned_wire(bytes=4096, source="torch.cuda.host_memory_stats:allocated_bytes.current"),
+        pinned=wire.pinned_wire(
+            bytes=4096, in_use=1024, source="torch.cuda.host_memory_stats:allocated_bytes.current"
+        ),
         num_threads=8,
         degraded={"sigchld": "why"},
     )
@@ -711,7 +714,7 @@ def test_client_rates_from_cumulative_counters() -> None:
     assert ls.samples_per_s == pytest.approx(160.0)
     assert ls.data_wait_fraction == pytest.approx(1000 / 4000)
     assert ls.batches_total == 50 and ls.batches_per_worker == (25, 25)
-    assert second.pinned is not None and second.pinned.bytes == 4096
+    assert second.pinned is not None and (second.pinned.bytes, second.pinned.in_use_bytes) == (4096, 1024)
     assert second.devices[0].allocated_bytes == 10 and second.num_threads[42] == 8
     assert second.degraded == {"42:sigchld": "why"}
     # no progress: rates are 0, the fraction unknown
@@ -730,7 +733,11 @@ def test_client_merges_ranks() -> None:
     merged = c.convert({42: a, 43: b})
     assert merged.pids == (42, 43)
     assert {ls.id for ls in merged.loaders} == {"42:1", "43:1"}
-    assert merged.pinned is not None and merged.pinned.bytes == 8192
+    assert merged.pinned is not None and (merged.pinned.bytes, merged.pinned.in_use_bytes) == (8192, 2048)
+    # an agent from before the pool/in-use split: its pool counts, the job's in-use part is unknown
+    del b["pinned"]["in_use"]
+    older = AgentClient().convert({42: a, 43: b})
+    assert older.pinned is not None and (older.pinned.bytes, older.pinned.in_use_bytes) == (8192, None)
     gpus = (
         GpuDevice(0, "H200", "GPU-ABC", None, None, None),
         GpuDevice(1, "H200", "GPU-DEF", None, None, None),
@@ -782,15 +789,98 @@ def test_client_is_quiet_and_quick_without_a_working_agent(env: dict[str, str]) 
             os.unlink(os.path.join(d, f"{pid}.sock"))
 
 
+def _host_stats_of(stat_names: list[str], duration_names: list[str], counts: list[str]) -> dict[str, int]:
+    """A flat torch.cuda.host_memory_stats() dict (as its _recurse_add_to_result makes it) for a
+    HostStats struct with these members, every figure 0."""
+    out = {f"{n}.{k}": 0 for n in stat_names for k in ("current", "peak", "allocated", "freed")}
+    out.update({f"{n}.{k}": 0 for n in duration_names for k in ("total", "max", "min", "count", "avg")})
+    out.update(dict.fromkeys(counts, 0))
+    return out
+
+
+def _installed_host_stats() -> dict[str, int]:
+    """The keys of the installed torch's HostStats (ATen/core/CachingHostAllocator.h), which
+    torch.cuda.host_memory_stats() flattens: the current era's, read from torch itself."""
+    torch = pytest.importorskip("torch")
+    header = Path(torch.__file__).parent / "include" / "ATen" / "core" / "CachingHostAllocator.h"
+    if not header.exists():
+        pytest.skip("the installed torch has no headers")
+    body = header.read_text().split("struct TORCH_API HostStats {", 1)[1].split("};", 1)[0]
+    return _host_stats_of(
+        re.findall(r"^\s*Stat (\w+);", body, re.M),
+        re.findall(r"^\s*DurationStat (\w+);", body, re.M),
+        re.findall(r"^\s*int64_t (\w+) = 0;", body, re.M),
+    )
+
+
+# torch 2.7-2.9's HostStats: the pool is reserved_bytes, the part handed out allocated_bytes
+OLD_ERA = _host_stats_of(
+    ["allocation", "segment", "allocated_bytes", "reserved_bytes"],
+    ["host_alloc_time", "host_free_time"],
+    ["num_host_alloc", "num_host_free"],
+)
+
+
+def test_the_pinned_pool_and_its_part_in_use_by_the_keys_the_running_torch_has() -> None:
+    """host_memory_stats' keys changed meaning between torch eras: each era's dict through the
+    one function that interprets it gives the pool and the part in use."""
+    new = _installed_host_stats()
+    assert "active_bytes.current" in new and "allocated_bytes.current" in new  # torch 2.13's names
+    assert "reserved_bytes.current" not in new
+    new.update({"allocated_bytes.current": 512 << 20, "active_bytes.current": 96 << 20})
+    assert parse_host_memory_stats(new) == (
+        512 << 20,
+        96 << 20,
+        "torch.cuda.host_memory_stats:allocated_bytes.current (in use: active_bytes.current)",
+    )
+    old = {**OLD_ERA, "reserved_bytes.current": 256 << 20, "allocated_bytes.current": 64 << 20}
+    assert parse_host_memory_stats(old) == (
+        256 << 20,
+        64 << 20,
+        "torch.cuda.host_memory_stats:reserved_bytes.current (in use: allocated_bytes.current)",
+    )
+    # nested (host_memory_stats_as_nested_dict) reads the same
+    nested = {"reserved_bytes": {"current": 9, "peak": 10}, "allocated_bytes": {"current": 4}}
+    assert parse_host_memory_stats(nested)[:2] == (9, 4)  # type: ignore[index]
+
+
+def test_the_pinned_era_is_told_by_the_keys_present_not_by_which_figures_read() -> None:
+    """A 2.7-2.9 dict whose pool figure is unreadable must not have its in-use part taken for the
+    pool (a wrong number, 4x too small here); one with the pool alone still gives the pool."""
+    bad_pool = {**OLD_ERA, "reserved_bytes.current": -1, "allocated_bytes.current": 64 << 20}
+    assert parse_host_memory_stats(bad_pool) is None
+    pool_only = {"reserved_bytes": {"current": 256 << 20}}
+    assert parse_host_memory_stats(pool_only) == (
+        256 << 20,
+        None,
+        "torch.cuda.host_memory_stats:reserved_bytes.current",
+    )
+    # a dict with the three names (as the device allocator's memory_stats has): reserved is the pool
+    three = {"reserved_bytes.current": 300, "allocated_bytes.current": 100, "active_bytes.current": 120}
+    assert parse_host_memory_stats(three)[:2] == (300, 120)  # type: ignore[index]
+    assert parse_host_memory_stats({7: 1, "allocated_bytes.current": 5})[:2] == (5, None)  # type: ignore[index]
+
+
 def test_cuda_and_pinned_figures_are_read_defensively() -> None:
+    # only the pool's key: the pool, in use unknown
     assert parse_host_memory_stats({"allocated_bytes.current": 1 << 20}) == (
         1 << 20,
-        "allocated_bytes.current",
+        None,
+        "torch.cuda.host_memory_stats:allocated_bytes.current",
     )
     assert parse_host_memory_stats({"allocated_bytes": {"current": 7}})[0] == 7  # type: ignore[index]
-    assert parse_host_memory_stats({"allocated_bytes.all.current": 3}) == (3, "allocated_bytes.all.current")
+    assert parse_host_memory_stats({"allocated_bytes.all.current": 3}) == (
+        3,
+        None,
+        "torch.cuda.host_memory_stats:allocated_bytes.all.current",
+    )
     assert parse_host_memory_stats({}) is None and parse_host_memory_stats(None) is None
     assert parse_host_memory_stats({"allocated_bytes.current": "x"}) is None
+    # a bad in-use figure is no era: the next era that fits is taken
+    assert parse_host_memory_stats({"allocated_bytes.current": 5, "active_bytes.current": -1})[:2] == (  # type: ignore[index]
+        5,
+        None,
+    )
 
     cpu_torch = SimpleNamespace(cuda=SimpleNamespace(is_initialized=lambda: False))
     assert _cuda_figures(cpu_torch) == (False, [], None, None)
@@ -817,7 +907,7 @@ def test_cuda_and_pinned_figures_are_read_defensively() -> None:
             memory_reserved=flattening_again,
             max_memory_allocated=flattening_again,
             get_device_properties=lambda d: SimpleNamespace(name="H200", uuid=f"uuid-{d}"),
-            host_memory_stats=lambda: {"allocated_bytes.current": 4096},
+            host_memory_stats=lambda: {"allocated_bytes.current": 4096, "active_bytes.current": 1024},
         )
     )
     init, devices, pinned, err = _cuda_figures(fake)
@@ -832,7 +922,11 @@ def test_cuda_and_pinned_figures_are_read_defensively() -> None:
         "name": "H200",
         "uuid": "uuid-1",
     }
-    assert pinned == {"bytes": 4096, "source": "torch.cuda.host_memory_stats:allocated_bytes.current"}
+    assert pinned == {
+        "bytes": 4096,
+        "in_use": 1024,
+        "source": "torch.cuda.host_memory_stats:allocated_bytes.current (in use: active_bytes.current)",
+    }
     older = SimpleNamespace(cuda=SimpleNamespace(**{**vars(fake.cuda), "host_memory_stats": None}))
     del older.cuda.host_memory_stats
     assert _cuda_figures(older)[2] is None  # absent on older torch: pinned unknown, not 0
@@ -923,3 +1017,20 @@ def test_wall_share_leaves_start_up_out_like_own_share() -> None:
     cur["loaders"][0]["startup_wait_ns_total"] = 2_000_000_005  # the whole interval
     (ls,) = c.convert({42: cur}).loaders
     assert ls.data_wait_fraction is None and ls.wall_wait_fraction is None
+
+
+def test_the_pinned_in_use_part_reads_both_ways_in_records() -> None:
+    """A new record's pool and part in use read back; an older record (no ``in_use_bytes``)
+    reads with the part unknown."""
+    from dataclasses import replace
+
+    from dlmon.model import PinnedMemory
+    from dlmon.model.serialize import snapshot_from_dict, snapshot_to_dict
+    from tests.test_ui_support import make_snapshot
+
+    pinned = PinnedMemory(512 << 20, "torch.cuda.host_memory_stats:allocated_bytes.current", 96 << 20)
+    data = snapshot_to_dict(replace(make_snapshot(), pinned=pinned))
+    assert snapshot_from_dict(json.loads(json.dumps(data))).pinned == pinned
+    del data["pinned"]["in_use_bytes"]
+    old = snapshot_from_dict(data).pinned
+    assert old is not None and (old.bytes, old.in_use_bytes) == (512 << 20, None)

@@ -661,6 +661,37 @@ def test_vram_pressure_full_and_fragmented() -> None:
     assert not ever(analyze([snap(t, [proc(1001)], gpus=stale) for t in range(6)]), "vram_pressure")
 
 
+def test_cuda_in_worker_names_the_workers_holding_vram_and_not_the_trainer() -> None:
+    """A spawn worker that touched CUDA holds a context on GPU 0: flagged with its VRAM. The
+    trainer's own VRAM and a worker NVML does not list stay quiet."""
+    main = proc(MAIN_PID, "main", gpu=6 * GIB)
+    cuda_worker = proc(1001, worker_id=0, gpu=500 * MIB)
+    clean_worker = proc(1002, worker_id=1)
+    gpus = [gpu(used=7 * GIB, pids=(MAIN_PID, 1001))]
+    outs = analyze([snap(t, [main, cuda_worker, clean_worker], gpus=gpus) for t in range(6)])
+    (alert,) = of_kind(outs[-1], "cuda_in_worker")
+    assert alert.severity == "warning" and alert.subject == f"workers of pid {MAIN_PID}"
+    assert (
+        "1 DataLoader worker of the trainer (pid 1000) holds VRAM, 500.0 MiB in all: worker 0 (pid 1001) "
+        "500.0 MiB on GPU 0." in alert.message
+    ), alert.message
+    assert alert.evidence["vram_bytes"] == 500 * MIB and alert.evidence["gpus"] == "0"
+    # a stale GPU's old list (its VRAM left out of the worker's figure) names no GPU either
+    old_list = dataclasses.replace(gpu(1, pids=(1001,)), stale_age_s=8.0)
+    outs = analyze([snap(t, [main, cuda_worker, clean_worker], gpus=[*gpus, old_list]) for t in range(6)])
+    (alert,) = of_kind(outs[-1], "cuda_in_worker")
+    assert "500.0 MiB on GPU 0." in alert.message and alert.evidence["gpus"] == "0", alert.message
+    assert "Keep CUDA out of the Dataset" in alert.advice and "torch.cuda.set_device" in alert.advice
+    healthy = [
+        snap(t, [main, proc(1001, worker_id=0), clean_worker], gpus=[gpu(pids=(MAIN_PID,))]) for t in range(6)
+    ]
+    assert not ever(analyze(healthy), "cuda_in_worker")
+    # a non-worker child with a context (a user's own CUDA subprocess) is not a DataLoader worker
+    child = proc(1003, "child", gpu=500 * MIB)
+    other = [snap(t, [main, child], gpus=[gpu(pids=(MAIN_PID, 1003))]) for t in range(6)]
+    assert not ever(analyze(other), "cuda_in_worker")
+
+
 def test_swap_activity_rising_not_resting() -> None:
     rising = [snap(t, [proc(1001, swap=t * 2 * MIB)], swap_used=1 * GIB + t * 2 * MIB) for t in range(40)]
     alert = of_kind(analyze(rising)[-1], "swap_activity")[0]

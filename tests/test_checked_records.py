@@ -40,7 +40,7 @@ def full_snapshot(t: float = T0) -> Snapshot:
     s = make_snapshot(t, gpus=2)
     return dataclasses.replace(
         s,
-        pinned=PinnedMemory(512 * 1024 * 1024, "VmPin"),
+        pinned=PinnedMemory(512 << 20, "torch.cuda.host_memory_stats:allocated_bytes.current", 1 << 20),
         pressure=Pressure(1.5, 0.2, 0.0, 0.0, 12.5),
         worker_deaths=(
             WorkerDeath(WORKER_PIDS[1], 1, "loader-1", 9, None, t - 30.0, "SIGKILL", MAIN_PID, "train.py:88"),

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -608,6 +609,74 @@ def test_a_gpu_job_on_a_shared_box_keeps_its_pin_memory_advice(fake_nvml: Path, 
     assert not any("pin_memory=False" in x for x in _pin_advice(fake_nvml, tmp_path, job, pin_memory=True))
     (line,) = _pin_advice(fake_nvml, tmp_path, job, pin_memory=False)
     assert line.startswith("Set pin_memory=True")
+
+
+# -- item 8: CUDA inside DataLoader workers -----------------------------------------------------
+
+# A real training whose DataLoader starts its workers with 'spawn' (as a worker that may use CUDA
+# must); it prints its workers' pids once they deliver, then keeps training.
+SPAWN_JOB = """
+import sys, time
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+dl = DataLoader(TensorDataset(torch.zeros(100_000, 4)), batch_size=2, num_workers=2,
+                multiprocessing_context="spawn", persistent_workers=True)
+it = iter(dl)
+next(it)
+print(" ".join(str(w.pid) for w in it._workers), flush=True)
+while True:
+    next(it)
+    time.sleep(0.02)
+"""
+
+
+def _cuda_in_worker_alerts(
+    fake_nvml: Path, tmp_path: Path, job_lines: Callable[[int, list[int]], str]
+) -> tuple[list[dict[str, Any]], int, list[int]]:
+    """``dlmon record`` of a real spawn-worker job while the stand-in lists ``job_lines(trainer,
+    workers)`` on GPU 0: the last snapshot's cuda_in_worker alerts."""
+    pytest.importorskip("torch")
+    job = subprocess.Popen([sys.executable, "-c", SPAWN_JOB], stdout=subprocess.PIPE, text=True)
+    try:
+        assert job.stdout is not None
+        workers = [int(x) for x in job.stdout.readline().split()]
+        assert len(workers) == 2, workers
+        config = _config(tmp_path, f"device\ntotal {80 * GiB}\nused {4 * GiB}\n{job_lines(job.pid, workers)}")
+        out = tmp_path / "record.jsonl"
+        result = subprocess.run(
+            [*DLMON_RECORD, str(job.pid), "-o", str(out), "--interval", "0.5", "--duration", "6"],
+            capture_output=True,
+            text=True,
+            timeout=90,
+            env=environment(fake_nvml, config),
+        )
+    finally:
+        job.kill()
+        job.wait()
+    assert result.returncode == 0, result.stderr
+    last = [s for s in map(json.loads, out.read_text().splitlines()) if "alerts" in s][-1]
+    return [a for a in last["alerts"] if a["kind"] == "cuda_in_worker"], job.pid, workers
+
+
+def test_a_spawn_worker_holding_a_cuda_context_is_flagged_with_its_vram(
+    fake_nvml: Path, tmp_path: Path, host_namespace: None
+) -> None:
+    alerts, trainer, workers = _cuda_in_worker_alerts(
+        fake_nvml, tmp_path, lambda main, w: f"compute {main} {2 * GiB}\ncompute {w[0]} {500 * MiB}\n"
+    )
+    (alert,) = alerts
+    assert alert["subject"] == f"workers of pid {trainer}"
+    assert f"(pid {workers[0]}) 500.0 MiB on GPU 0" in alert["message"], alert["message"]
+    assert str(workers[1]) not in alert["message"]
+    assert alert["evidence"]["vram_bytes"] == 500 * MiB and alert["evidence"]["workers"] == 1
+    assert "Keep CUDA out of the Dataset" in alert["advice"]
+
+
+def test_a_trainer_with_vram_and_workers_without_is_no_cuda_in_worker(
+    fake_nvml: Path, tmp_path: Path, host_namespace: None
+) -> None:
+    alerts, _, _ = _cuda_in_worker_alerts(fake_nvml, tmp_path, lambda main, w: f"compute {main} {2 * GiB}\n")
+    assert alerts == []
 
 
 # -- item 9: a driver reload, the real reason, the pid namespace --------------------------------

@@ -243,6 +243,41 @@ def test_cuda_out_of_memory_stand_in_says_no_vram_was_measured(
     check_everywhere(run, verdict, alert, snaps, "DataLoader worker 0")
 
 
+def test_cuda_in_a_forked_worker_is_named_with_its_fix(agent_env: dict[str, str], tmp_path: Path) -> None:
+    """The Dataset calls .cuda() in a fork-started worker: torch's own _lazy_init raises its
+    'Cannot re-initialize CUDA in forked subprocess' (the bad-fork flag set in worker_init_fn is
+    the seam: no CUDA here)."""
+    run = start(agent_env, tmp_path, {"mode": "cuda_fork", "at": 40})
+    assert run.wait(DEADLINE_S) == 1
+    verdict, alert, snaps = death(run)
+    line = script_line('return item["x"].cuda()')
+    assert (
+        "raised RuntimeError: Cannot re-initialize CUDA in forked subprocess. To use CUDA with "
+        f"multiprocessing, you must use the 'spawn' start method at last_words.py:{line} in __getitem__ — "
+        "CUDA was used in a DataLoader worker forked from a trainer that had already started CUDA"
+    ) in verdict, verdict
+    assert alert.evidence["cause"] == "cuda_in_forked_worker" and alert.evidence["worker_id"] is not None
+    assert "move the batch to the GPU in the training loop" in alert.advice
+    assert "multiprocessing_context='spawn'" in alert.advice
+    check_everywhere(run, verdict, alert, snaps, "DataLoader worker")
+
+
+def test_cuda_in_a_forked_pool_process_is_not_called_a_dataloader_worker(
+    agent_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The same torch error from a fork-started multiprocessing Pool (re-raised in the trainer,
+    no DataLoader worker in it) is named for what it is, with the start-method fix that fits."""
+    run = start(agent_env, tmp_path, {"mode": "pool_fork"})
+    assert run.wait(DEADLINE_S) == 1
+    verdict, alert, snaps = death(run)
+    assert alert.evidence["cause"] == "cuda_in_forked_worker" and alert.evidence["worker_id"] is None
+    assert "Cannot re-initialize CUDA in forked subprocess" in verdict, verdict
+    assert "DataLoader worker" not in alert.message and "DataLoader" not in alert.advice, alert
+    assert "a process forked from one that had already started CUDA" in alert.message, alert.message
+    assert "get_context('spawn')" in alert.advice, alert.advice
+    check_everywhere(run, verdict, alert, snaps, "the trainer")
+
+
 def test_the_trainers_own_uncaught_exception(agent_env: dict[str, str], tmp_path: Path) -> None:
     run = start(agent_env, tmp_path, {"mode": "trainer_bug"})
     ready = run.event("ready")
@@ -433,6 +468,16 @@ def _exception(**kw: Any) -> TrainingException:
         (
             {"type": "torch.OutOfMemoryError", "message": "CUDA out of memory. Tried to allocate 20.00 MiB"},
             "cuda_oom",
+        ),
+        (
+            {
+                "worker_type": "RuntimeError",
+                "worker_message": "Cannot re-initialize CUDA in forked subprocess. To use CUDA with "
+                "multiprocessing, you must use the 'spawn' start method",
+                "file": "dataset.py",
+                "line": 12,
+            },
+            "cuda_in_forked_worker",
         ),
         ({"worker_type": "MemoryError", "worker_message": ""}, "host_memory"),
         (

@@ -102,7 +102,7 @@ def test_injected_snapshot_fills_every_panel() -> None:
             and "RSS sum 23.5 GiB" in memory
             and "cgroup 8.6 GiB of 16.0 GiB" in memory
         )
-        assert "/dev/shm 1.4 GiB of 32.0 GiB" in memory and "pinned n/a" in memory
+        assert "/dev/shm 1.4 GiB of 32.0 GiB" in memory and "pinned pool n/a" in memory
         assert " ".join(view(app, "gpu").split()) == f"no GPU: {NO_GPU_REASON}"  # wrapped, not cut
         io = view(app, "io")
         assert "nvme0n1" in io and "util 87%" in io and "1 process in D state" in io and "some 12.5%" in io

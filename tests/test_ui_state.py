@@ -327,3 +327,29 @@ def test_a_dead_workers_state_names_its_signal(signal: int, word: str) -> None:
     row = ProcessRow(("w", "loader-1", 1), snap.processes[1], 0, T0, T0, gone=True, death=death)
     assert row_state(row) == (word, "crit")
     assert signal_name(signal) == (word if signal != 9 else "SIGKILL")
+
+
+def test_the_cuda_pinned_pool_is_shown_with_its_part_in_use_and_counted_in_the_trainers_shm() -> None:
+    """Issue 24 item 4: the pool and the part in use, and the word that shm includes the pool
+    (cudaHostAlloc memory is RssShmem); VmLck/VmPin are named for what they are."""
+    from dlmon.model import PinnedMemory
+    from dlmon.ui.views import detail_lines
+
+    MiB = 1 << 20
+    pinned = PinnedMemory(512 * MiB, "torch.cuda.host_memory_stats:allocated_bytes.current", 96 * MiB)
+    state = DashboardState()
+    state.ingest(dataclasses.replace(make_snapshot(), pinned=pinned))
+    text = "\n".join(text_of(line) for line in memory_lines(state, 200, False))
+    assert "pinned pool 512.0 MiB (96.0 MiB in use)" in text, text
+    assert "the trainer's shm includes its pinned pool" in text
+    compact = "\n".join(text_of(line) for line in memory_lines(state, 200, True))
+    assert "shm counts the pinned pool" in compact, compact
+    row = state.rows[next(k for k, r in state.rows.items() if r.process.pid == MAIN_PID)]
+    detail = "\n".join(text_of(x) for x in detail_lines(row, state.latest, 200))
+    assert "mlocked " in detail and "RDMA pins " in detail and "pinned " not in detail, detail
+    # no pool (a CPU-only job, or an agent that does not say): no note
+    for none in (None, PinnedMemory(0, "torch.cuda.host_memory_stats:allocated_bytes.current", 0)):
+        quiet = DashboardState()
+        quiet.ingest(dataclasses.replace(make_snapshot(), pinned=none))
+        text = "\n".join(text_of(line) for line in memory_lines(quiet, 200, False))
+        assert "includes its pinned pool" not in text, text

@@ -140,7 +140,9 @@ def representative_counters(time_ns: int, batches: int, wait: int) -> wire.Count
         worker_deaths=[death],
         cuda_initialized=True,
         cuda=[device],
-        pinned=wire.pinned_wire(bytes=4096, source="torch.cuda.host_memory_stats:allocated_bytes.current"),
+        pinned=wire.pinned_wire(
+            bytes=4096, in_use=1024, source="torch.cuda.host_memory_stats:allocated_bytes.current"
+        ),
         num_threads=8,
         num_threads_time_ns=time_ns,
         rank=wire.rank_wire(rank=1, local_rank=1, world_size=2, node_rank=0, source="env"),
@@ -208,7 +210,7 @@ def test_builders_write_exactly_their_shapes() -> None:
         (wire.iterator_wire(id=1, worker_pids=[], in_call_ns=0), wire.IteratorWire),
         (representative_counters(1, 1, 1)["worker_deaths"][0], wire.WorkerDeathWire),
         (representative_counters(1, 1, 1)["cuda"][0], wire.CudaDeviceWire),
-        (wire.pinned_wire(bytes=1, source="s"), wire.PinnedWire),
+        (wire.pinned_wire(bytes=1, in_use=None, source="s"), wire.PinnedWire),
         (
             wire.rank_wire(rank=0, local_rank=None, world_size=None, node_rank=None, source="env"),
             wire.RankWire,

@@ -536,19 +536,24 @@ def _cuda_figures(
     return True, devices, _pinned(cuda), error
 
 
-_PINNED_KEYS = (
-    "allocated_bytes.current",  # torch >= 2.5: pinned blocks owned by the host allocator
-    "allocated_bytes.all.current",
-    "reserved_bytes.current",
-    "reserved_bytes.all.current",
-)
+# torch.cuda.host_memory_stats() (the caching host allocator's pinned pool) changed the meaning of
+# its keys: torch 2.7-2.9 (c10 HostStats with reserved_bytes) give the pool as reserved_bytes and
+# the part handed out as allocated_bytes; later torch (HostStats with active_bytes, 2.13 checked)
+# give the pool as allocated_bytes ("active + cached") and the part handed out as active_bytes.
+# The era is told by the names the dict has, never by which of its figures read: an unreadable
+# pool figure must not let the in-use part be taken for the pool. reserved_bytes, where present,
+# is the pool (torch's word for it in every allocator); active_bytes, where present, the part in use.
+_POOL_RESERVED, _ALLOCATED, _ACTIVE = "reserved_bytes", "allocated_bytes", "active_bytes"
 
 
-def parse_host_memory_stats(stats: Any) -> tuple[int, str] | None:
-    """(bytes, key) from torch.cuda.host_memory_stats() output, flat or nested; None if absent."""
-    if not isinstance(stats, dict):
-        return None
-    for key in _PINNED_KEYS:
+def _has(stats: dict[Any, Any], name: str) -> bool:
+    """``stats`` has the stat ``name``, flat ("name.current") or nested ({"name": {...}})."""
+    return any(isinstance(k, str) and (k == name or k.startswith(f"{name}.")) for k in stats)
+
+
+def _stat(stats: dict[Any, Any], name: str) -> tuple[int, str] | None:
+    """(bytes, key) of ``name``'s current value, flat or nested, with or without ``.all``."""
+    for key in (f"{name}.current", f"{name}.all.current"):
         v: Any = stats.get(key)
         if v is None:  # nested form: {"allocated_bytes": {"current": ...}}
             v = stats
@@ -557,6 +562,24 @@ def parse_host_memory_stats(stats: Any) -> tuple[int, str] | None:
         if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
             return v, key
     return None
+
+
+def parse_host_memory_stats(stats: Any) -> tuple[int, int | None, str] | None:
+    """(pool bytes, in-use bytes or None, source) from torch.cuda.host_memory_stats() output of
+    any torch era (see _POOL_RESERVED), flat or nested; None if the pool is absent or unreadable."""
+    if not isinstance(stats, dict):
+        return None
+    reserved = _has(stats, _POOL_RESERVED)
+    pool_name = _POOL_RESERVED if reserved else _ALLOCATED
+    in_use_name = _ACTIVE if _has(stats, _ACTIVE) else _ALLOCATED if reserved else None
+    pool = _stat(stats, pool_name)
+    if pool is None:
+        return None
+    source = f"torch.cuda.host_memory_stats:{pool[1]}"
+    in_use = _stat(stats, in_use_name) if in_use_name is not None else None
+    if in_use is None:
+        return pool[0], None, source
+    return pool[0], in_use[0], f"{source} (in use: {in_use[1]})"
 
 
 def _pinned(cuda: Any) -> wire.PinnedWire | None:
@@ -569,7 +592,7 @@ def _pinned(cuda: Any) -> wire.PinnedWire | None:
         return None
     if got is None:
         return None
-    return wire.pinned_wire(bytes=got[0], source=f"torch.cuda.host_memory_stats:{got[1]}")
+    return wire.pinned_wire(bytes=got[0], in_use=got[1], source=got[2])
 
 
 def _loader_wire(ls: _hooks._LoaderState, now_pc: int) -> wire.LoaderWire:

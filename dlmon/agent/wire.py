@@ -127,7 +127,8 @@ class CudaDeviceWire(TypedDict):
 
 
 class PinnedWire(TypedDict):
-    bytes: int
+    bytes: int  # the pinned pool: blocks torch's caching host allocator holds, in use or cached
+    in_use: int | None  # the part handed out (None where the running torch does not say)
     source: str
 
 
@@ -314,8 +315,8 @@ def cuda_device_wire(
     }
 
 
-def pinned_wire(*, bytes: int, source: str) -> PinnedWire:
-    return {"bytes": bytes, "source": source}
+def pinned_wire(*, bytes: int, in_use: int | None, source: str) -> PinnedWire:
+    return {"bytes": bytes, "in_use": in_use, "source": source}
 
 
 def rank_wire(

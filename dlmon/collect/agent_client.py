@@ -375,8 +375,7 @@ class AgentClient:
         threads: dict[int, int] = {}
         versions: dict[int, str | None] = {}
         degraded: dict[str, str] = {}
-        pinned_bytes: int | None = None
-        pinned_source: str | None = None
+        pinned: PinnedMemory | None = None
         pids: list[int] = []
         ranks: dict[int, RankInfo] = {}
         injected: dict[int, float] = {}
@@ -410,13 +409,12 @@ class AgentClient:
             versions[pid] = ver
             degraded.update(deg)
             if pin is not None:
-                pinned_bytes = (pinned_bytes or 0) + pin[0]
-                pinned_source = pinned_source or pin[1]
+                pinned = pin if pinned is None else pinned.plus(pin)
         return AgentReading(
             time=time.time(),
             pids=tuple(pids),
             loaders=tuple(loaders),
-            pinned=PinnedMemory(pinned_bytes, pinned_source or "") if pinned_bytes is not None else None,
+            pinned=pinned,
             devices=tuple(devices),
             num_threads=MappingProxyType(threads),
             worker_deaths=tuple(deaths),

@@ -101,7 +101,7 @@ _One = tuple[
     int | None,
     str | None,
     dict[str, str],
-    tuple[int, str] | None,
+    PinnedMemory | None,
 ]  # one pid's reply, converted: (state, loaders, details, devices, deaths, threads, torch, degraded, pinned)
 
 
@@ -262,11 +262,13 @@ def convert_one(pid: int, r: Any, prev: _Prev | None) -> _One | None:
                     peak_allocated_bytes=_int(d.get("peak_allocated")),
                 )
             )
-    pin: tuple[int, str] | None = None
+    pin: PinnedMemory | None = None
     if pinned is not None:
         pb = _int(pinned.get("bytes"))
         if pb is not None and pb >= 0:
-            pin = (pb, _str(pinned.get("source")) or "torch.cuda.host_memory_stats")
+            in_use = _int(pinned.get("in_use"))  # absent from agents before the pool/in-use split
+            source = _str(pinned.get("source")) or "torch.cuda.host_memory_stats"
+            pin = PinnedMemory(pb, source, in_use if in_use is not None and in_use >= 0 else None)
     deaths: list[WorkerDeath] = []
     for d in wire_deaths:
         if isinstance(d, dict) and _int(d.get("pid")) is not None:

@@ -169,8 +169,16 @@ PROCESS: Group[ProcessSample] = Group(
         ),
         gauge("dlmon_process_fd_limit", "RLIMIT_NOFILE soft limit of the process.", attr("fd_limit")),
         gauge("dlmon_process_swap_bytes", "Swapped-out memory.", attr("swap_bytes")),
-        gauge("dlmon_process_locked_bytes", "Locked memory (VmLck).", attr("locked_bytes")),
-        gauge("dlmon_process_pinned_bytes", "Pinned memory (VmPin).", attr("pinned_bytes")),
+        gauge(
+            "dlmon_process_locked_bytes",
+            "mlock()ed memory (VmLck); CUDA pinned memory is not in it.",
+            attr("locked_bytes"),
+        ),
+        gauge(
+            "dlmon_process_pinned_bytes",
+            "Long-term page pins: RDMA, io_uring (VmPin); CUDA pinned memory is not in it.",
+            attr("pinned_bytes"),
+        ),
         gauge(
             "dlmon_process_gpu_memory_bytes",
             "GPU memory used by this process (NVML).",
@@ -330,7 +338,16 @@ JOB: Group[Snapshot] = Group(
         gauge("dlmon_shm_size_bytes", "Size of the /dev/shm the job sees.", attr("shm.total_bytes")),
         gauge("dlmon_shm_used_bytes", "Used /dev/shm.", attr("shm.used_bytes")),
         gauge("dlmon_shm_available_bytes", "Available /dev/shm.", attr("shm.available_bytes")),
-        gauge("dlmon_pinned_memory_bytes", "Pinned host memory of the job.", attr("pinned.bytes")),
+        gauge(
+            "dlmon_pinned_memory_bytes",
+            "CUDA pinned host memory pool of the job (torch's caching host allocator; counted in shm too).",
+            attr("pinned.bytes"),
+        ),
+        gauge(
+            "dlmon_pinned_memory_in_use_bytes",
+            "The part of the CUDA pinned pool handed out (the rest is cached for reuse).",
+            attr("pinned.in_use_bytes"),
+        ),
         gauge("dlmon_pressure_io_some_ratio", "PSI io some avg10.", attr("pressure.io_some_avg10", 0.01)),
         gauge("dlmon_pressure_io_full_ratio", "PSI io full avg10.", attr("pressure.io_full_avg10", 0.01)),
         gauge(

@@ -121,7 +121,7 @@ PEAKS: tuple[Figure, ...] = (
     Figure("rss_file", "file-backed RSS (sum)", "bytes", lambda s: _total(s["processes"], "rss_file_bytes")),
     Figure("swap", "swap of the job", "bytes", lambda s: _total(s["processes"], "swap_bytes")),
     Figure("shm_used", "/dev/shm used", "bytes", _part("shm", "used_bytes")),
-    Figure("pinned", "pinned memory", "bytes", _part("pinned", "bytes")),
+    Figure("pinned", "CUDA pinned pool", "bytes", _part("pinned", "bytes")),
     Figure("cgroup", "memory cgroup usage", "bytes", _part("cgroup", "current_bytes")),
     Figure("vram", "VRAM used (the job's processes)", "bytes", vram),
     Figure("fds", "open fds (sum)", "count", lambda s: _total(s["processes"], "num_fds")),

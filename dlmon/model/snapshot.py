@@ -44,6 +44,10 @@ class ProcessSample:
     pss_shmem_bytes: int | None = None
     swap_bytes: int | None = None
     pss_age_s: float | None = None  # how old uss/pss/swap are: smaps_rollup is read on a budget
+    # /proc/PID/status VmLck: mlock()ed memory; VmPin: long-term pins (RDMA memory regions,
+    # io_uring buffers). Neither counts CUDA pinned memory (the driver pins it with
+    # pin_user_pages and touches neither counter; cudaHostAlloc memory is RssShmem): that is
+    # Snapshot.pinned. The names stay as they are for the records.
     locked_bytes: int | None = None  # VmLck
     pinned_bytes: int | None = None  # VmPin
     read_bytes: int | None = None  # /proc/PID/io read_bytes: bytes that reached the block layer
@@ -284,8 +288,23 @@ class LoaderSample:
 
 @dataclass(frozen=True, slots=True)
 class PinnedMemory:
-    bytes: int | None
-    source: str  # e.g. "torch.cuda.host_memory_stats" or "VmPin"
+    """CUDA pinned (page-locked) host memory of the job: torch's caching host allocator's pool,
+    summed over the processes whose agent reports it. The pool is cudaHostAlloc'd shared memory,
+    so it is counted in its process's RssShmem too (VmPin and VmLck do not count it)."""
+
+    bytes: int | None  # the pool: pinned blocks held, in use or cached for reuse
+    source: str  # "torch.cuda.host_memory_stats:<pool key> (in use: <key>)", the keys the torch gave
+    in_use_bytes: int | None = None  # the part handed out; None where the torch does not say
+
+    def plus(self, other: PinnedMemory) -> PinnedMemory:
+        """Two processes' pools together (an in-use part only when both say it)."""
+        in_use = (
+            self.in_use_bytes + other.in_use_bytes
+            if self.in_use_bytes is not None and other.in_use_bytes is not None
+            else None
+        )
+        total = None if self.bytes is None or other.bytes is None else self.bytes + other.bytes
+        return PinnedMemory(total, self.source or other.source, in_use)
 
 
 @dataclass(frozen=True, slots=True)
@@ -384,7 +403,7 @@ class Alert:
 
     kind: str  # memory_growth, zombie_worker, orphan_worker, worker_died, leaked_workers, io_saturation,
     # input_bound, shm_exhaustion, oversubscription, vram_pressure, swap_activity, trainer_died, stall,
-    # fd_exhaustion, straggler
+    # fd_exhaustion, straggler, exception_death, cuda_in_worker
     severity: str  # "info" | "warning" | "critical"
     subject: str  # which process / loader / disk, e.g. "worker 3 (pid 1234)", "disk vda"
     message: str  # one plain sentence with the numbers

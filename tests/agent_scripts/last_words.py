@@ -10,6 +10,13 @@ Argument: JSON ``{"mode": ..., ...}``. Prints ``@@ {json}`` lines (``ready`` wit
 - ``memory_error``: workers get an address-space limit; the Dataset's allocation at ``at`` fails
   for real with MemoryError.
 - ``cuda_oom``: the Dataset raises torch's CUDA out-of-memory text at ``at`` (a stand-in: no GPU).
+- ``cuda_fork``: the Dataset moves a sample to CUDA at ``at`` in a forked worker; torch's own
+  ``torch.cuda._lazy_init`` raises "Cannot re-initialize CUDA in forked subprocess". The seam (no
+  GPU here): worker_init_fn sets the bad-fork flag a CUDA build sets in a child forked after the
+  parent started CUDA (``torch._C._cuda_isInBadFork``, read through ``torch.cuda._is_in_bad_fork``).
+- ``pool_fork``: the training loop hands work to a fork-started multiprocessing Pool whose task
+  moves a tensor to CUDA: the same RuntimeError, raised in the Pool's process and re-raised in the
+  trainer (no DataLoader worker in it). The same seam, set by the Pool's initializer.
 - ``trainer_bug``: the training loop itself raises ValueError after a few batches.
 - ``thread_bug``: a helper thread raises; the main thread sees it gone and exits 1.
 - ``caught``: the Dataset raises at ``at``; the loop catches it, starts a new epoch and exits 0
@@ -61,7 +68,17 @@ class Samples(Dataset[Any]):
                     "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
                     "15.77 GiB of which 1.02 GiB is free. (a stand-in raised by the test's Dataset)"
                 )
+            if MODE == "cuda_fork":
+                return item["x"].cuda()
         return item["x"]
+
+
+def forked_after_cuda(worker_id: int) -> None:
+    torch.cuda._is_in_bad_fork = lambda: True  # type: ignore[attr-defined]
+
+
+def to_cuda(i: int) -> int:
+    return int(torch.zeros(1).cuda().numel()) + i
 
 
 def limit_address_space(worker_id: int) -> None:
@@ -86,6 +103,8 @@ def main() -> None:
     extra: dict[str, Any] = {}
     if MODE == "memory_error":
         extra["worker_init_fn"] = limit_address_space
+    if MODE == "cuda_fork":
+        extra["worker_init_fn"] = forked_after_cuda
     batch = 8 if MODE == "shm" else 2
     dl = DataLoader(Samples(), batch_size=batch, num_workers=2, **extra)
     helper = None
@@ -114,6 +133,10 @@ def main() -> None:
             emit("pids", workers=[int(w.pid) for w in it._workers])  # type: ignore[attr-defined]
         if MODE in ("shm", "fds"):
             kept.append(b)
+        if MODE == "pool_fork" and n == 20:
+            fork = torch.multiprocessing.get_context("fork")
+            with fork.Pool(1, initializer=forked_after_cuda, initargs=(0,)) as pool:
+                pool.map(to_cuda, [n])
         if MODE == "trainer_bug" and n == 20:
             raise ValueError(f"loss is nan at step {n}")
         if helper is not None and not helper.is_alive():

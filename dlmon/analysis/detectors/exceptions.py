@@ -11,7 +11,8 @@ is judged, and only an exception it died of:
 
 A worker's death by a signal raises in the trainer too ("DataLoader worker (pid N) is killed by
 signal"): that exception is its echo, and worker_died names the cause. Families: shared memory
-exhausted, too many open files, host memory, CUDA out of memory, a bug in the program's code.
+exhausted, too many open files, host memory, CUDA out of memory, CUDA in a forked worker, a bug in
+the program's code.
 """
 
 from __future__ import annotations
@@ -30,12 +31,13 @@ SHM = "shm_exhausted"
 FDS = "too_many_open_files"
 HOST_MEMORY = "host_memory"
 CUDA_OOM = "cuda_oom"
+CUDA_FORK = "cuda_in_forked_worker"
 BUG = "bug"
 WORKER_ECHO = "worker_died"  # torch's word that a worker died (the death itself is worker_died's)
 TIMEOUT = "loader_timeout"
 OTHER = "exception"
 
-FAMILIES = (SHM, FDS, HOST_MEMORY, CUDA_OOM, BUG, WORKER_ECHO, TIMEOUT, OTHER)
+FAMILIES = (SHM, FDS, HOST_MEMORY, CUDA_OOM, CUDA_FORK, BUG, WORKER_ECHO, TIMEOUT, OTHER)
 SHOWN_CHARS = 160  # of the exception's message, in the alert's sentence
 PLENTY_LEFT = 1 << 30  # a MemoryError with this much memory left was no host running out
 FIGURES_WINDOW_S = 30.0  # how far before the exception its figures are looked for
@@ -57,6 +59,8 @@ def family(e: TrainingException) -> str:
         return FDS
     if "cuda out of memory" in low or kind.endswith("OutOfMemoryError"):
         return CUDA_OOM
+    if "cannot re-initialize cuda in forked subprocess" in low:  # torch.cuda._lazy_init's words
+        return CUDA_FORK
     if kind.endswith("MemoryError") or "defaultcpuallocator: can't allocate memory" in low:
         return HOST_MEMORY
     if "dataloader worker (pid" in low and ("exited unexpectedly" in low or "killed by signal" in low):
@@ -229,6 +233,8 @@ def detect_exception_death(ctx: Context) -> list[Candidate]:
         message, advice = _host_memory(window, e, head, evidence)
     elif fam == CUDA_OOM:
         message, advice = _cuda(window, head, evidence)
+    elif fam == CUDA_FORK:
+        message, advice = _cuda_fork(head, from_worker=e.worker_id is not None or e.worker_type is not None)
     elif fam == BUG:
         kind = e.worker_type or e.type
         text = e.worker_message if e.worker_type else e.message
@@ -411,3 +417,29 @@ def _cuda(
         "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True lessens fragmentation."
     )
     return f"{head}{figures}.", advice
+
+
+def _cuda_fork(head: str, *, from_worker: bool) -> tuple[str, str]:
+    if not from_worker:  # a Pool or Process of the program's own, started with fork
+        message = (
+            f"{head} — CUDA was used in a process forked from one that had already started CUDA (a "
+            "multiprocessing Pool or Process started with fork), which a forked process cannot do."
+        )
+        advice = (
+            "Keep CUDA out of the forked processes' work, or start them with "
+            "multiprocessing.get_context('spawn') (torch.multiprocessing's too): a spawned process "
+            "then holds a CUDA context of its own, hundreds of MiB of VRAM."
+        )
+        return message, advice
+    message = (
+        f"{head} — CUDA was used in a DataLoader worker forked from a trainer that had already "
+        "started CUDA, which a forked process cannot do: the Dataset or collate_fn touched CUDA."
+    )
+    advice = (
+        "Keep CUDA out of the Dataset and collate_fn: return CPU tensors and move the batch to the GPU "
+        "in the training loop (pin_memory=True and .to(device, non_blocking=True) keep the copy fast). "
+        "Only if a worker must use CUDA, start the workers with DataLoader(..., "
+        "multiprocessing_context='spawn'): each worker then holds a CUDA context of its own, hundreds "
+        "of MiB of VRAM."
+    )
+    return message, advice

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from dlmon.analysis.detectors._base import Candidate, Context, Evidence, States
+from dlmon.analysis.detectors.cuda_worker import CUDA_IN_WORKER, detect_cuda_in_worker
 from dlmon.analysis.detectors.exceptions import EXCEPTION_DEATH, detect_exception_death
 from dlmon.analysis.detectors.fds import FD_EXHAUSTION, FdNumbers, detect_fd_exhaustion
 from dlmon.analysis.detectors.gpu import VRAM_PRESSURE, GpuNumbers, detect_vram_pressure
@@ -175,6 +176,8 @@ SPECS: tuple[KindSpec, ...] = (
     KindSpec(EXCEPTION_DEATH, detect_exception_death, Hold(0.0, 0.0), cause=3, ending=True),
     # as input_bound: the detector already averages over 10 s
     KindSpec(STRAGGLER, detect_straggler, Hold(5.0, 15.0)),
+    # a context stays until the worker exits: a few seconds spare a worker caught mid-start
+    KindSpec(CUDA_IN_WORKER, detect_cuda_in_worker, Hold(3.0, 15.0)),
 )
 
 SPEC_BY_KIND: Mapping[str, KindSpec] = MappingProxyType({s.name: s for s in SPECS})

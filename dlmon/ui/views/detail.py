@@ -69,8 +69,9 @@ def detail_lines(row: ProcessRow, snapshot: Snapshot | None, width: int) -> Line
         ),
         fit(
             [
-                [("locked ", "dim"), (human_bytes(p.locked_bytes), "")],
-                [("pinned ", "dim"), (human_bytes(p.pinned_bytes), "")],
+                # VmLck and VmPin: CUDA pinned memory is in neither (it is shm; see the memory panel)
+                [("mlocked ", "dim"), (human_bytes(p.locked_bytes), "")],
+                [("RDMA pins ", "dim"), (human_bytes(p.pinned_bytes), "")],
                 [("GPU ", "dim"), (human_bytes(p.gpu_memory_bytes), "")],
             ],
             width,

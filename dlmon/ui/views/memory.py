@@ -105,6 +105,7 @@ def memory_lines(state: DashboardState, width: int, compact: bool) -> Lines:
     shm = s.shm
     swap = m.swap_used_bytes
     pinned = s.pinned.bytes if s.pinned is not None else None
+    pinned_in_use = s.pinned.in_use_bytes if s.pinned is not None else None
     f = cbytes if compact else human_bytes
 
     system: list[list[Span]] = [
@@ -152,9 +153,16 @@ def memory_lines(state: DashboardState, width: int, compact: bool) -> Lines:
             ("/dev/shm ", "dim"),
             (used_of(shm.used_bytes, shm.total_bytes, compact) if shm is not None else NA, ""),
         ],
-        [("pinned ", "dim"), (f(pinned, NA), "")],
+        [
+            ("pinned " if compact else "pinned pool ", "dim"),
+            (f(pinned, NA), ""),
+            (f" ({f(pinned_in_use)} in use)" if pinned_in_use is not None else "", "dim"),
+        ],
         [("swap ", "dim"), (used_of(swap, m.swap_total_bytes, compact), "warn" if swap else "")],
     ]
+    if pinned:  # cudaHostAlloc'd pages are shared memory: the trainer's shm counts them
+        note = "shm counts the pinned pool" if compact else "the trainer's shm includes its pinned pool"
+        shared.append([(note, "dim")])
     if s.processes_without_held_fds:
         shared.append([(fd_limit_note(s.processes_without_held_fds), "warn")])
     rotation = rotation_note(s)
