@@ -161,7 +161,8 @@ class StallProbe:
             directory = self._agent.stack_dir(d.reported_by)
             if directory is None:
                 continue
-            text = self._new_text(os.path.join(directory, f"{d.pid}{STACK_SUFFIX}"), 0)
+            name = self._agent.agent_pid_of(d.reported_by, d.pid)  # a container's name for it
+            text = self._new_text(os.path.join(directory, f"{name}{STACK_SUFFIX}"), 0)
             if text is None or "Fatal Python error" not in text:
                 continue
             text = text[text.rindex("Fatal Python error") :]
@@ -256,14 +257,15 @@ class StallProbe:
             d = self._agent.stack_dir(trainer)
             if d is None:
                 continue
-            path = os.path.join(d, f"{pid}{STACK_SUFFIX}")
+            name = self._agent.agent_pid_of(trainer, pid)  # the worker's own pid: a container's
+            path = os.path.join(d, f"{name}{STACK_SUFFIX}")
             try:
                 size = os.stat(path, follow_symlinks=False).st_size
                 head = _read(path, 256) or ""
             except OSError:
                 continue
             fields = dict(kv.split("=", 1) for kv in head.split("\n", 1)[0].split()[1:] if "=" in kv)
-            if not head.startswith(STACK_HEADER) or fields.get("pid") != str(pid):
+            if not head.startswith(STACK_HEADER) or fields.get("pid") != str(name):
                 continue
             if fields.get("start") != str(_start_time(pid)):
                 continue  # another process now has that pid
