@@ -1,0 +1,192 @@
+"""dlmon on the host, the job in a container: real training jobs under ``unshare`` (new pid and
+mount namespaces, a private /tmp), read from the host by the pid the host sees.
+
+The agent inside names its socket by its own pid (1: the job is its namespace's first process)
+and serves in its own /tmp; dlmon finds it under /proc/PID/root and reports the workers by
+their host pids. Needs root (unshare); skipped elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dlmon.collect import procfs
+from dlmon.collect.agent_client import AgentClient, AgentReading
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = str(Path(__file__).resolve().parent / "agent_scripts" / "contained.py")
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare(1)"
+)
+
+
+class Contained:
+    """``python contained.py`` as pid 1 of a new pid namespace; ``private_tmp``: in a new mount
+    namespace too, with a tmpfs on /tmp (the host cannot see the agent's directory at /tmp)."""
+
+    def __init__(self, private_tmp: bool) -> None:
+        env = {k: v for k, v in os.environ.items() if k not in ("XDG_RUNTIME_DIR", "DLMON_AGENT_DISABLE")}
+        env["PYTHONPATH"] = str(ROOT)
+        env["PYTHONUNBUFFERED"] = "1"
+        if private_tmp:
+            inner = ["sh", "-c", f'mount -t tmpfs tmpfs /tmp && exec "{sys.executable}" "{SCRIPT}"']
+            args = ["unshare", "--pid", "--mount", "--fork", "--mount-proc", "--kill-child", *inner]
+        else:  # the host's file system and /proc: only the pids differ
+            args = ["unshare", "--pid", "--fork", "--kill-child", sys.executable, SCRIPT]
+        self.p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        self.events: queue.Queue[dict[str, Any]] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        self.started = self.expect("started")
+        kids = Path(f"/proc/{self.p.pid}/task/{self.p.pid}/children").read_text().split()
+        assert len(kids) == 1, kids
+        self.pid = int(kids[0])  # the job as the host sees it
+
+    def _read(self) -> None:
+        assert self.p.stdout is not None
+        for line in self.p.stdout:
+            if line.startswith("@@ "):
+                self.events.put(json.loads(line[3:]))
+
+    def expect(self, ev: str, timeout: float = 90.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                got = self.events.get(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
+                err = self.p.stderr.read() if self.p.poll() is not None and self.p.stderr else ""
+                pytest.fail(f"no {ev!r} from the contained job within {timeout}s; rc={self.p.poll()} {err}")
+            if got["ev"] == ev:
+                return got
+
+    def close(self) -> None:
+        if self.p.poll() is None:
+            self.p.kill()  # --kill-child: pid 1 inside goes, and with it its namespace
+        self.p.wait(30)
+
+
+@pytest.fixture(params=[True, False], ids=["private-tmp", "own-fs"])
+def job(request: pytest.FixtureRequest) -> Iterator[Contained]:
+    c = Contained(private_tmp=request.param)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def read_until_loaders(client: AgentClient, pid: int, timeout: float = 30.0) -> AgentReading:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = client.poll(pid)
+        if got is not None and got.loaders and all(got.loaders[0].worker_pids):
+            return got
+        time.sleep(0.2)
+    pytest.fail(f"no loaders from the agent of the contained job {pid} within {timeout}s")
+
+
+def host_pids_of(inner: list[int], host_pid: int) -> list[int]:
+    """The host pids of the job's children named ``inner`` inside (by their NSpid), in order."""
+    kids = [int(p) for p in Path(f"/proc/{host_pid}/task/{host_pid}/children").read_text().split()]
+    by_inner = {}
+    for kid in kids:
+        ns = procfs.nspids(kid)
+        assert ns is not None and len(ns) == 2
+        by_inner[ns[-1]] = kid
+    return [by_inner[p] for p in inner]
+
+
+def test_host_reads_the_agent_of_a_contained_job_with_host_pids(job: Contained) -> None:
+    assert job.started["pid"] == 1  # the agent's name for itself: its socket is 1.sock
+    workers = host_pids_of(job.started["worker_pids"], job.pid)
+    assert job.started["worker_pids"] != workers  # the test means something: the pids differ
+
+    client = AgentClient()
+    reading = read_until_loaders(client, job.pid)
+    assert reading.pids == (job.pid,)
+    (loader,) = reading.loaders
+    assert loader.pid == job.pid
+    assert list(loader.worker_pids) == workers  # host pids, in worker-id order
+    for pid in loader.worker_pids:
+        assert Path(f"/proc/{pid}").exists()
+
+
+def test_record_from_the_host_names_the_workers_by_host_pid(job: Contained, tmp_path: Path) -> None:
+    workers = host_pids_of(job.started["worker_pids"], job.pid)
+    rec = tmp_path / "rec.jsonl"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run(
+        [sys.executable, "-m", "dlmon", "record", str(job.pid), "-o", str(rec), "--duration", "4"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    snaps = [json.loads(line) for line in rec.read_text().splitlines()]
+    last = [s for s in snaps if s.get("loaders")][-1]
+    (loader,) = last["loaders"]
+    assert loader["worker_pids"] == workers
+    assert loader["batches_per_s"] > 0
+    rows = {p["pid"]: p for p in last["processes"]}
+    assert [rows[pid]["worker_id"] for pid in workers] == [0, 1]  # the agent's worker ids on host rows
+
+
+def test_a_killed_worker_is_reported_by_its_host_pid() -> None:
+    job = Contained(private_tmp=True)
+    try:
+        client = AgentClient()
+        reading = read_until_loaders(client, job.pid)
+        victim = reading.loaders[0].worker_pids[0]
+        os.kill(victim, signal.SIGKILL)
+        job.expect("worker_lost")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not client.known_deaths():
+            client.poll(job.pid)
+            time.sleep(0.2)
+        deaths = client.known_deaths()
+        assert [(d.pid, d.signal, d.reported_by) for d in deaths] == [(victim, signal.SIGKILL, job.pid)]
+    finally:
+        job.close()
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv(1)")
+def test_a_container_out_of_reach_is_said_in_one_line(tmp_path: Path) -> None:
+    """dlmon without CAP_SYS_PTRACE (as in a container) may not read the job's /proc/PID/root."""
+    job = Contained(private_tmp=True)
+    try:
+        rec = tmp_path / "rec.jsonl"
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        record = [sys.executable, "-m", "dlmon", "record", str(job.pid), "-o", str(rec), "--duration", "3"]
+        done = subprocess.run(
+            ["setpriv", "--bounding-set=-sys_ptrace", *record],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        job.close()
+    assert done.returncode == 0, done.stderr
+    said = [line for line in done.stderr.splitlines() if "agent unreachable" in line]
+    assert said == [
+        f"dlmon: agent unreachable: pid {job.pid} runs in a container (pid 1 there) whose file system "
+        f"(/proc/{job.pid}/root) dlmon may not read (permission denied), so its agent's socket cannot "
+        "be looked for: run dlmon inside the container, or on the host as the job's user or as root "
+        "with CAP_SYS_PTRACE"
+    ]
+    assert "Traceback" not in done.stderr
+    snaps = [json.loads(line) for line in rec.read_text().splitlines()]
+    assert any(s.get("agent_note", "").startswith("agent unreachable: pid ") for s in snaps)
