@@ -25,6 +25,7 @@ import pytest
 
 from dlmon.collect import procfs
 from dlmon.collect.agent_client import AgentClient, AgentReading
+from dlmon.collect.stacks import StallProbe
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = str(Path(__file__).resolve().parent / "agent_scripts" / "contained.py")
@@ -190,3 +191,16 @@ def test_a_container_out_of_reach_is_said_in_one_line(tmp_path: Path) -> None:
     assert "Traceback" not in done.stderr
     snaps = [json.loads(line) for line in rec.read_text().splitlines()]
     assert any(s.get("agent_note", "").startswith("agent unreachable: pid ") for s in snaps)
+
+
+def test_worker_stacks_are_read_through_the_container(job: Contained) -> None:
+    """A stalled loader's worker stacks: the workers write them as ``<their own pid>.stack`` in the
+    agent's directory inside; dlmon signals them by host pid and reads the files under /proc/PID/root."""
+    client = AgentClient()
+    workers = read_until_loaders(client, job.pid).loaders[0].worker_pids
+    assert [client.agent_pid_of(job.pid, pid) for pid in workers] == job.started["worker_pids"]
+    probe = StallProbe(client)
+    stacks = probe._worker_stacks([(job.pid, wid, pid) for wid, pid in enumerate(workers)])
+    assert probe.error is None
+    assert sorted((s.pid, s.worker_id) for s in stacks) == [(workers[0], 0), (workers[1], 1)]
+    assert all(s.frames for s in stacks)
