@@ -30,7 +30,7 @@ from dlmon.collect.stacks import StallProbe
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = str(Path(__file__).resolve().parent / "agent_scripts" / "contained.py")
 
-pytestmark = pytest.mark.skipif(
+needs_unshare = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare(1)"
 )
 
@@ -109,6 +109,7 @@ def host_pids_of(inner: list[int], host_pid: int) -> list[int]:
     return [by_inner[p] for p in inner]
 
 
+@needs_unshare
 def test_host_reads_the_agent_of_a_contained_job_with_host_pids(job: Contained) -> None:
     assert job.started["pid"] == 1  # the agent's name for itself: its socket is 1.sock
     workers = host_pids_of(job.started["worker_pids"], job.pid)
@@ -124,6 +125,7 @@ def test_host_reads_the_agent_of_a_contained_job_with_host_pids(job: Contained) 
         assert Path(f"/proc/{pid}").exists()
 
 
+@needs_unshare
 def test_record_from_the_host_names_the_workers_by_host_pid(job: Contained, tmp_path: Path) -> None:
     workers = host_pids_of(job.started["worker_pids"], job.pid)
     rec = tmp_path / "rec.jsonl"
@@ -145,6 +147,7 @@ def test_record_from_the_host_names_the_workers_by_host_pid(job: Contained, tmp_
     assert [rows[pid]["worker_id"] for pid in workers] == [0, 1]  # the agent's worker ids on host rows
 
 
+@needs_unshare
 def test_a_killed_worker_is_reported_by_its_host_pid() -> None:
     job = Contained(private_tmp=True)
     try:
@@ -163,6 +166,7 @@ def test_a_killed_worker_is_reported_by_its_host_pid() -> None:
         job.close()
 
 
+@needs_unshare
 @pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv(1)")
 def test_a_container_out_of_reach_is_said_in_one_line(tmp_path: Path) -> None:
     """dlmon without CAP_SYS_PTRACE (as in a container) may not read the job's /proc/PID/root."""
@@ -193,6 +197,7 @@ def test_a_container_out_of_reach_is_said_in_one_line(tmp_path: Path) -> None:
     assert any(s.get("agent_note", "").startswith("agent unreachable: pid ") for s in snaps)
 
 
+@needs_unshare
 def test_worker_stacks_are_read_through_the_container(job: Contained) -> None:
     """A stalled loader's worker stacks: the workers write them as ``<their own pid>.stack`` in the
     agent's directory inside; dlmon signals them by host pid and reads the files under /proc/PID/root."""
@@ -204,3 +209,28 @@ def test_worker_stacks_are_read_through_the_container(job: Contained) -> None:
     assert probe.error is None
     assert sorted((s.pid, s.worker_id) for s in stacks) == [(workers[0], 0), (workers[1], 1)]
     assert all(s.frames for s in stacks)
+
+
+def _fake_process(proc: Path, pid: int, nspid: tuple[int, ...], children: tuple[int, ...] = ()) -> None:
+    (proc / str(pid) / "task" / str(pid)).mkdir(parents=True)
+    (proc / str(pid) / "status").write_text(f"Name:\tpython\nNSpid:\t{' '.join(map(str, nspid))}\n")
+    (proc / str(pid) / "task" / str(pid) / "children").write_text(" ".join(map(str, children)))
+
+
+def test_a_container_pid_reused_by_a_new_worker_is_mapped_again(tmp_path: Path) -> None:
+    """Pid 45 inside was worker 200 on the host; a new worker got 45 again as host pid 300: the
+    mapping follows (a remembered pair is checked against NSpid, not trusted)."""
+    from dlmon.collect.agent_place import HostPids
+
+    proc = tmp_path / "proc"
+    _fake_process(proc, 100, (100, 1), children=(200,))
+    _fake_process(proc, 200, (200, 45))
+    host = HostPids(100, 1, proc_root=str(proc))
+    host.learn([45])
+    assert host.host_pid(45) == 200
+    shutil.rmtree(proc / "200")
+    (proc / "100" / "task" / "100" / "children").write_text("300")
+    _fake_process(proc, 300, (300, 45))
+    host.learn([45])
+    assert host.host_pid(45) == 300
+    assert host.agent_pid(300) == 45

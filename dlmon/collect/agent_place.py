@@ -163,8 +163,9 @@ class HostPids:
         return None
 
     def learn(self, wanted: Iterable[int]) -> None:
-        """Read the target's descendants again when one of ``wanted`` is not known yet."""
-        if all(p in self._known for p in wanted):
+        """Read the target's descendants again when one of ``wanted`` is not known yet, or its
+        host pid no longer names it (a pid of the container reused by a new worker)."""
+        if all(self._holds(p) for p in wanted):
             return
         depth = procfs.nspids(self._host_pid, self._proc_root)
         if depth is None:
@@ -175,6 +176,13 @@ class HostPids:
             ns = procfs.nspids(child, self._proc_root)
             if ns is not None and len(ns) == len(depth):
                 self._known[ns[-1]] = child
+
+    def _holds(self, agent_pid: int) -> bool:
+        host = self._known.get(agent_pid)
+        if host is None:
+            return False
+        ns = procfs.nspids(host, self._proc_root)
+        return ns is not None and ns[-1] == agent_pid
 
     def _descendants(self) -> list[int]:
         found: list[int] = []
