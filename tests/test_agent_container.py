@@ -169,14 +169,22 @@ def test_a_killed_worker_is_reported_by_its_host_pid() -> None:
 @needs_unshare
 @pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv(1)")
 def test_a_container_out_of_reach_is_said_in_one_line(tmp_path: Path) -> None:
-    """dlmon without CAP_SYS_PTRACE (as in a container) may not read the job's /proc/PID/root."""
+    """dlmon without CAP_SYS_PTRACE (as in a container) may not read the job's /proc/PID/root:
+    ``record`` and ``attach --once`` say why in one line, on stderr and in the snapshot."""
     job = Contained(private_tmp=True)
     try:
         rec = tmp_path / "rec.jsonl"
         env = dict(os.environ, PYTHONPATH=str(ROOT))
-        record = [sys.executable, "-m", "dlmon", "record", str(job.pid), "-o", str(rec), "--duration", "3"]
-        done = subprocess.run(
-            ["setpriv", "--bounding-set=-sys_ptrace", *record],
+        dlmon = ["setpriv", "--bounding-set=-sys_ptrace", sys.executable, "-m", "dlmon"]
+        recorded = subprocess.run(
+            [*dlmon, "record", str(job.pid), "-o", str(rec), "--duration", "3"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        once = subprocess.run(
+            [*dlmon, "attach", str(job.pid), "--once", "--json"],
             env=env,
             capture_output=True,
             text=True,
@@ -184,17 +192,19 @@ def test_a_container_out_of_reach_is_said_in_one_line(tmp_path: Path) -> None:
         )
     finally:
         job.close()
-    assert done.returncode == 0, done.stderr
-    said = [line for line in done.stderr.splitlines() if "agent unreachable" in line]
-    assert said == [
-        f"dlmon: agent unreachable: pid {job.pid} runs in a container (pid 1 there) whose file system "
+    why = (
+        f"agent unreachable: pid {job.pid} runs in a container (pid 1 there) whose file system "
         f"(/proc/{job.pid}/root) dlmon may not read (permission denied), so its agent's socket cannot "
         "be looked for: run dlmon inside the container, or on the host as the job's user or as root "
         "with CAP_SYS_PTRACE"
-    ]
-    assert "Traceback" not in done.stderr
+    )
+    for done in (recorded, once):
+        assert done.returncode == 0, done.stderr
+        assert "Traceback" not in done.stderr
+        assert [line for line in done.stderr.splitlines() if "agent unreachable" in line] == [f"dlmon: {why}"]
     snaps = [json.loads(line) for line in rec.read_text().splitlines()]
-    assert any(s.get("agent_note", "").startswith("agent unreachable: pid ") for s in snaps)
+    assert any(s.get("agent_note") == why for s in snaps)
+    assert json.loads(once.stdout)["agent_note"] == why
 
 
 @needs_unshare
