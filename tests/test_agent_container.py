@@ -13,6 +13,7 @@ import os
 import queue
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -39,12 +40,19 @@ class Contained:
     """``python contained.py`` as pid 1 of a new pid namespace; ``private_tmp``: in a new mount
     namespace too, with a tmpfs on /tmp (the host cannot see the agent's directory at /tmp)."""
 
-    def __init__(self, private_tmp: bool) -> None:
+    def __init__(
+        self, private_tmp: bool, setup: str = "true", env_extra: dict[str, str] | None = None
+    ) -> None:
         env = {k: v for k, v in os.environ.items() if k not in ("XDG_RUNTIME_DIR", "DLMON_AGENT_DISABLE")}
         env["PYTHONPATH"] = str(ROOT)
         env["PYTHONUNBUFFERED"] = "1"
-        if private_tmp:
-            inner = ["sh", "-c", f'mount -t tmpfs tmpfs /tmp && exec "{sys.executable}" "{SCRIPT}"']
+        env.update(env_extra or {})
+        if private_tmp:  # ``setup``: shell commands run inside, on the private /tmp, before the job
+            inner = [
+                "sh",
+                "-c",
+                f'mount -t tmpfs tmpfs /tmp && {setup} && exec "{sys.executable}" "{SCRIPT}"',
+            ]
             args = ["unshare", "--pid", "--mount", "--fork", "--mount-proc", "--kill-child", *inner]
         else:  # the host's file system and /proc: only the pids differ
             args = ["unshare", "--pid", "--fork", "--kill-child", sys.executable, SCRIPT]
@@ -221,6 +229,33 @@ def test_worker_stacks_are_read_through_the_container(job: Contained) -> None:
     assert all(s.frames for s in stacks)
 
 
+@needs_unshare
+def test_symlinks_inside_the_container_are_followed_within_it(tmp_path: Path) -> None:
+    """The container's file system is the job's to shape: an absolute symlink in it means a path
+    of the container, never of the host. ``XDG_RUNTIME_DIR`` points through a planted link at a
+    host directory holding a socket named as the agent's: dlmon must not connect to it. ``TMPDIR``
+    is a link to another directory inside: the agent serves there, and dlmon must find it."""
+    host_dir = tmp_path / "host" / "dlmon"  # what a naive walk of /proc/PID/root/evil/dlmon reaches
+    host_dir.mkdir(parents=True, mode=0o700)
+    bait = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    bait.bind(str(host_dir / "1.sock"))
+    bait.listen(8)
+    bait.setblocking(False)
+    setup = f"ln -s {tmp_path / 'host'} /tmp/evil && mkdir -m 1777 /tmp/real && ln -s /tmp/real /tmp/link"
+    job = Contained(
+        private_tmp=True, setup=setup, env_extra={"XDG_RUNTIME_DIR": "/tmp/evil", "TMPDIR": "/tmp/link"}
+    )
+    try:
+        client = AgentClient()
+        reading = read_until_loaders(client, job.pid)
+        assert list(reading.loaders[0].worker_pids) == host_pids_of(job.started["worker_pids"], job.pid)
+        with pytest.raises(BlockingIOError):
+            bait.accept()  # nobody came: the host's socket was never reached
+    finally:
+        job.close()
+        bait.close()
+
+
 def _fake_process(proc: Path, pid: int, nspid: tuple[int, ...], children: tuple[int, ...] = ()) -> None:
     (proc / str(pid) / "task" / str(pid)).mkdir(parents=True)
     (proc / str(pid) / "status").write_text(f"Name:\tpython\nNSpid:\t{' '.join(map(str, nspid))}\n")
@@ -244,3 +279,22 @@ def test_a_container_pid_reused_by_a_new_worker_is_mapped_again(tmp_path: Path) 
     host.learn([45])
     assert host.host_pid(45) == 300
     assert host.agent_pid(300) == 45
+
+
+def test_links_in_a_container_root_resolve_within_it(tmp_path: Path) -> None:
+    """Runs without root: a directory stands for /proc/PID/root."""
+    from dlmon.collect.agent_place import resolve_in_root
+
+    root = tmp_path / "root"
+    (root / "real").mkdir(parents=True)
+    (root / "abs").symlink_to("/real")  # the container's /real, not the host's
+    (root / "rel").symlink_to("real/../real")
+    (root / "up").symlink_to("../../../..")  # never above the root
+    (root / "loop").symlink_to("/loop")
+    (root / "out").symlink_to(str(tmp_path))  # the host's tmp_path: under the root, there is none
+    r = str(root)
+    assert resolve_in_root(r, "/abs") == f"{r}/real"
+    assert resolve_in_root(r, "/rel") == f"{r}/real"
+    assert resolve_in_root(r, "/up/real") == f"{r}/real"
+    assert resolve_in_root(r, "/loop") is None
+    assert resolve_in_root(r, "/out/root") is None

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +37,7 @@ __all__ = [
 _DIR_NAME = "dlmon"
 MAX_DESCENDANTS = 1024  # processes read per mapping at most (a DataLoader has tens of workers)
 MAX_REMEMBERED = 4096  # agent pid -> host pid pairs kept for workers that have since died
+MAX_SYMLINKS = 40  # links followed in one path at most, as the kernel does (ELOOP beyond)
 
 
 @dataclass(frozen=True)
@@ -91,10 +93,47 @@ def rooted_dirs(pid: int, uid_inside: int, root: str) -> tuple[str, ...]:
     inside.append(os.path.join("/tmp", tmp_name))
     out: list[str] = []
     for d in inside:
-        full = root + os.path.normpath(d)
+        parent = resolve_in_root(root, os.path.dirname(os.path.normpath(d)))
+        if parent is None:
+            continue  # missing, unreadable, or a loop of links: no agent serves there
+        full = os.path.join(parent, os.path.basename(d))  # the directory itself: lstat()ed, never followed
         if full not in out:
             out.append(full)
     return tuple(out)
+
+
+def resolve_in_root(root: str, path: str) -> str | None:
+    """``root`` + ``path`` (absolute, in the target's file system) with every symlink in it
+    followed as the target would follow it: an absolute link from ``root`` again, ``..`` never
+    above ``root``. The kernel would resolve an absolute link met under /proc/PID/root from
+    dlmon's own root, so a link planted in a container would lead dlmon to a path of the host.
+    None when a part is missing or unreadable, or links loop. (A part swapped for a link after
+    this check is still followed: the agent's socket is then trusted only after SO_PEERCRED.)"""
+    todo = [c for c in reversed(path.split("/")) if c not in ("", ".")]
+    done: list[str] = []
+    links = 0
+    while todo:
+        part = todo.pop()
+        if part == "..":
+            if done:
+                done.pop()
+            continue
+        here = os.path.join(root, *done, part)
+        try:
+            st = os.lstat(here)
+            if not stat.S_ISLNK(st.st_mode):
+                done.append(part)
+                continue
+            target = os.readlink(here)
+        except OSError:
+            return None
+        links += 1
+        if links > MAX_SYMLINKS:
+            return None
+        if target.startswith("/"):
+            done = []
+        todo.extend(c for c in reversed(target.split("/")) if c not in ("", "."))
+    return os.path.join(root, *done)
 
 
 def agent_place(pid: int, proc_root: str = "/proc") -> AgentPlace | None:
