@@ -298,3 +298,18 @@ def test_links_in_a_container_root_resolve_within_it(tmp_path: Path) -> None:
     assert resolve_in_root(r, "/up/real") == f"{r}/real"
     assert resolve_in_root(r, "/loop") is None
     assert resolve_in_root(r, "/out/root") is None
+
+
+def test_a_container_cannot_make_a_path_resolution_long(tmp_path: Path) -> None:
+    """40 links of ~4000 characters each would be ~30,000 lstat() calls on the sampler's thread
+    every few seconds: a hostile container's TMPDIR is resolved as far as a kernel would go."""
+    from dlmon.collect.agent_place import resolve_in_root
+
+    root = tmp_path / "root"
+    (root / "d").mkdir(parents=True)
+    (root / "l0").symlink_to("d")
+    for i in range(1, 40):  # each link walks down and up again, ~800 parts, then on to the previous
+        (root / f"l{i}").symlink_to("d/../" * 800 + f"l{i - 1}")
+    assert resolve_in_root(str(root), "/l39") is None
+    assert resolve_in_root(str(root), "/d" + "/." * 3000) is None  # longer than PATH_MAX
+    assert resolve_in_root(str(root), "/l0/../" + "d/../" * 100 + "d") == f"{root}/d"  # an ordinary one

@@ -38,6 +38,8 @@ _DIR_NAME = "dlmon"
 MAX_DESCENDANTS = 1024  # processes read per mapping at most (a DataLoader has tens of workers)
 MAX_REMEMBERED = 4096  # agent pid -> host pid pairs kept for workers that have since died
 MAX_SYMLINKS = 40  # links followed in one path at most, as the kernel does (ELOOP beyond)
+PATH_MAX = 4096  # a longer path (or link) the kernel refuses: the agent inside cannot have used it
+MAX_PARTS = 1024  # path parts looked at in one resolution: a container's 40 long links cost no more
 
 
 @dataclass(frozen=True)
@@ -107,12 +109,19 @@ def resolve_in_root(root: str, path: str) -> str | None:
     followed as the target would follow it: an absolute link from ``root`` again, ``..`` never
     above ``root``. The kernel would resolve an absolute link met under /proc/PID/root from
     dlmon's own root, so a link planted in a container would lead dlmon to a path of the host.
-    None when a part is missing or unreadable, or links loop. (A part swapped for a link after
+    None when a part is missing or unreadable, when links loop, or when the path (with its links)
+    is longer than any the job could have used. (A part swapped for a link after
     this check is still followed: the agent's socket is then trusted only after SO_PEERCRED.)"""
+    if len(path) >= PATH_MAX:
+        return None
     todo = [c for c in reversed(path.split("/")) if c not in ("", ".")]
     done: list[str] = []
     links = 0
+    looked = 0
     while todo:
+        looked += 1
+        if looked > MAX_PARTS:
+            return None
         part = todo.pop()
         if part == "..":
             if done:
