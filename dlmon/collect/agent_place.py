@@ -173,7 +173,9 @@ def namespace_reason(pid: int, proc_root: str = "/proc") -> str | None:
         return None  # not in a namespace below ours (or /proc does not say)
     try:
         os.stat(f"{proc_root}/{pid}/ns/mnt")
-        os.listdir(f"{proc_root}/{pid}/root/")
+        # the kernel's ptrace check on following the link, and no read of the container's root
+        # directory itself (a listing could wait on a hung network file system)
+        os.close(os.open(f"{proc_root}/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
     except FileNotFoundError:
         return None  # gone
     except OSError as exc:
