@@ -313,3 +313,33 @@ def test_a_container_cannot_make_a_path_resolution_long(tmp_path: Path) -> None:
     assert resolve_in_root(str(root), "/l39") is None
     assert resolve_in_root(str(root), "/d" + "/." * 3000) is None  # longer than PATH_MAX
     assert resolve_in_root(str(root), "/l0/../" + "d/../" * 100 + "d") == f"{root}/d"  # an ordinary one
+
+
+def test_a_host_pid_gone_to_another_container_is_not_trusted(tmp_path: Path) -> None:
+    """Worker 45 inside was host pid 200; it died, and host pid 200 went to a process of another
+    container that is pid 45 there too (containers' pids are small alike). Our new worker 45 is
+    host pid 300: the mapping follows it (same NSpid tail, but another pid namespace)."""
+    from dlmon.collect.agent_place import HostPids
+
+    proc = tmp_path / "proc"
+    _fake_process(proc, 100, (100, 1), children=(200,))
+    _fake_process(proc, 200, (200, 45))
+    ours, theirs = tmp_path / "ns-ours", tmp_path / "ns-theirs"
+    ours.write_text("")
+    theirs.write_text("")
+    for pid in (100, 200):
+        (proc / str(pid) / "ns").mkdir()
+        os.link(ours, proc / str(pid) / "ns" / "pid")  # one inode: one pid namespace
+    host = HostPids(100, 1, proc_root=str(proc))
+    host.learn([45])
+    assert host.host_pid(45) == 200
+    shutil.rmtree(proc / "200")
+    _fake_process(proc, 200, (200, 45))  # another container's process, not our job's child
+    (proc / "200" / "ns").mkdir()
+    os.link(theirs, proc / "200" / "ns" / "pid")
+    (proc / "100" / "task" / "100" / "children").write_text("300")
+    _fake_process(proc, 300, (300, 45))
+    (proc / "300" / "ns").mkdir()
+    os.link(ours, proc / "300" / "ns" / "pid")
+    host.learn([45])
+    assert host.host_pid(45) == 300

@@ -202,6 +202,7 @@ class HostPids:
         self._agent_pid = agent_pid
         self._proc_root = proc_root
         self._known: dict[int, int] = {agent_pid: host_pid}
+        self._pid_ns = _ns_inode(f"{proc_root}/{host_pid}/ns/pid")  # None: not ours to read
 
     def host_pid(self, agent_pid: int) -> int | None:
         return self._known.get(agent_pid)
@@ -232,7 +233,10 @@ class HostPids:
         if host is None:
             return False
         ns = procfs.nspids(host, self._proc_root)
-        return ns is not None and ns[-1] == agent_pid
+        if ns is None or ns[-1] != agent_pid:
+            return False
+        # the host pid may have gone to another container since, whose process has that pid too
+        return self._pid_ns is None or _ns_inode(f"{self._proc_root}/{host}/ns/pid") == self._pid_ns
 
     def _descendants(self) -> list[int]:
         found: list[int] = []
