@@ -343,3 +343,27 @@ def test_a_host_pid_gone_to_another_container_is_not_trusted(tmp_path: Path) -> 
     os.link(ours, proc / "300" / "ns" / "pid")
     host.learn([45])
     assert host.host_pid(45) == 300
+
+
+@needs_unshare
+def test_a_stack_file_swapped_for_a_link_to_a_host_file_is_not_read(tmp_path: Path) -> None:
+    """The agent's directory is the container's to write in: a worker's ``<pid>.stack`` replaced
+    by a link to a host file (with a valid header) must not be followed by dlmon, which runs as
+    root on the host: the file's lines would be shown as the worker's stack."""
+    job = Contained(private_tmp=True)
+    try:
+        client = AgentClient()
+        workers = read_until_loaders(client, job.pid).loaders[0].worker_pids
+        directory = client.stack_dir(job.pid)
+        assert directory is not None
+        path = Path(directory) / f"{job.started['worker_pids'][0]}.stack"
+        header = path.read_text().split("\n", 1)[0]
+        secret = tmp_path / "secret"
+        fake = 'Thread 0x1 (most recent call first):\n  File "/root/secret.py", line 1 in leaked_secret\n'
+        secret.write_text(header + "\n" + " " * 4096 + "\n" + fake)
+        path.unlink()
+        path.symlink_to(secret)
+        stacks = StallProbe(client)._worker_stacks([(job.pid, 0, workers[0])])
+        assert not [f for s in stacks for f in s.frames if f.function == "leaked_secret"]
+    finally:
+        job.close()

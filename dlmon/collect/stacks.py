@@ -20,6 +20,7 @@ import re
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import BinaryIO
 
 from dlmon.agent._journal import STACK_HEADER, STACK_SIGNAL, STACK_SUFFIX
 from dlmon.collect.agent_client import AgentClient, AgentReading
@@ -79,6 +80,20 @@ def parse_faulthandler(text: str) -> list[tuple[str | None, list[StackFrame]]]:
 def _read(path: str, limit: int = 4096) -> str | None:
     try:
         with open(path, "rb") as f:
+            return f.read(limit).decode("utf-8", "replace")
+    except OSError:
+        return None
+
+
+def _open_stack_file(path: str) -> BinaryIO:
+    """A stack file, never through a link: the directory is the job's (a container's) to write
+    in, and dlmon may run as root on the host, where a planted link would lead it."""
+    return os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK), "rb")
+
+
+def _read_stack_head(path: str, limit: int = 256) -> str | None:
+    try:
+        with _open_stack_file(path) as f:
             return f.read(limit).decode("utf-8", "replace")
     except OSError:
         return None
@@ -261,7 +276,7 @@ class StallProbe:
             path = os.path.join(d, f"{name}{STACK_SUFFIX}")
             try:
                 size = os.stat(path, follow_symlinks=False).st_size
-                head = _read(path, 256) or ""
+                head = _read_stack_head(path) or ""
             except OSError:
                 continue
             fields = dict(kv.split("=", 1) for kv in head.split("\n", 1)[0].split()[1:] if "=" in kv)
@@ -296,7 +311,7 @@ class StallProbe:
     @staticmethod
     def _new_text(path: str, size: int) -> str | None:
         try:
-            with open(path, "rb") as f:
+            with _open_stack_file(path) as f:
                 f.seek(size)
                 data = f.read(MAX_DUMP_BYTES)
         except OSError:
