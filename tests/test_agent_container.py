@@ -367,3 +367,20 @@ def test_a_stack_file_swapped_for_a_link_to_a_host_file_is_not_read(tmp_path: Pa
         assert not [f for s in stacks for f in s.frames if f.function == "leaked_secret"]
     finally:
         job.close()
+
+
+@needs_unshare
+def test_a_host_pid_reused_by_another_contained_job_is_mapped_anew() -> None:
+    """dlmon still holds the pid mapping of a contained job that is gone (its agent was pid 7
+    there) when the host pid is reused by another contained job whose agent is pid 1: the new
+    agent's replies are read under its own name, not dropped as another pid's."""
+    from dlmon.collect.agent_place import HostPids
+
+    job = Contained(private_tmp=True)
+    try:
+        client = AgentClient()
+        client._host_pids[job.pid] = HostPids(job.pid, 7)  # as left by the job that had the pid before
+        reading = read_until_loaders(client, job.pid)
+        assert reading.pids == (job.pid,)
+    finally:
+        job.close()

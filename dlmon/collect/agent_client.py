@@ -217,7 +217,9 @@ class AgentClient:
                 continue
             self._remember_journal(pid, path, where.agent_pid)
             if where.translated:
-                self._host_pids.setdefault(pid, HostPids(pid, where.agent_pid))
+                host = self._host_pids.get(pid)
+                if host is None or host.agent_pid(pid) != where.agent_pid:  # new, or pid reused
+                    self._host_pids[pid] = HostPids(pid, where.agent_pid)
             else:
                 self._host_pids.pop(pid, None)
             return sock
