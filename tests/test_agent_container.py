@@ -384,3 +384,27 @@ def test_a_host_pid_reused_by_another_contained_job_is_mapped_anew() -> None:
         assert reading.pids == (job.pid,)
     finally:
         job.close()
+
+
+@needs_unshare
+def test_a_journal_directory_swapped_after_the_connect_is_not_read(tmp_path: Path) -> None:
+    """The agent's directory was checked and its socket's owner proven at the connect; the death
+    journal is read by path on every poll after. The container renames a directory on that path
+    and puts a link to a host directory in its place: dlmon must not read the journal found there
+    (as root it would show another job's deaths, and their last words, as this one's)."""
+    job = Contained(private_tmp=True, setup="mkdir -m 1777 /tmp/t", env_extra={"TMPDIR": "/tmp/t"})
+    try:
+        client = AgentClient()
+        read_until_loaders(client, job.pid)
+        elsewhere = tmp_path / "elsewhere"
+        (elsewhere / "dlmon-0").mkdir(parents=True, mode=0o700)
+        fake = {"pid": 4242, "worker_id": 0, "loader_id": 1, "signal": 9, "unix_time": time.time()}
+        (elsewhere / "dlmon-0" / "1.deaths.jsonl").write_text(json.dumps(fake) + "\n")
+        inside = Path(f"/proc/{job.pid}/root/tmp")
+        (inside / "t").rename(inside / "t-old")
+        (inside / "t").symlink_to(elsewhere)
+        for _ in range(3):
+            client.poll(job.pid)
+        assert [d.pid for d in client.known_deaths()] == []
+    finally:
+        job.close()

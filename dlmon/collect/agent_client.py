@@ -108,6 +108,40 @@ def _connect_unix(sock: socket.socket, path: str) -> None:
         os.close(fd)
 
 
+DirId = tuple[int, int]  # (st_dev, st_ino) of an agent's directory, as checked at the connect
+
+
+def _connect_pinned(sock: socket.socket, path: str, owners: tuple[int, int]) -> DirId:
+    """Connect to the socket at ``path`` in a directory of a file system the job may change (a
+    container's): through an fd of the directory, checked private as the fd's, whatever its path
+    leads to a moment later; the directory's id, for what is read there after."""
+    fd = os.open(os.path.dirname(path), os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid not in owners or st.st_mode & 0o077:
+            raise PermissionError(f"{os.path.dirname(path)} is not private to the job's user")
+        sock.connect(f"/proc/self/fd/{fd}/{os.path.basename(path)}")
+        return st.st_dev, st.st_ino
+    finally:
+        os.close(fd)
+
+
+def _open_in(path: str, directory: DirId | None) -> int:
+    """Open ``path`` to read, never through a link; when ``directory`` is given, only while the
+    directory on the path is still that one (a container may have put a link on the way)."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    if directory is None:
+        return os.open(path, flags)
+    dfd = os.open(os.path.dirname(path), os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        st = os.fstat(dfd)
+        if (st.st_dev, st.st_ino) != directory:
+            raise FileNotFoundError(path)
+        return os.open(os.path.basename(path), flags, dir_fd=dfd)
+    finally:
+        os.close(dfd)
+
+
 def peer_cred(sock: socket.socket) -> tuple[int, int] | None:
     """(pid, uid) of the process at the other end of a Unix socket (Linux SO_PEERCRED)."""
     opt = getattr(socket, "SO_PEERCRED", None)
@@ -206,7 +240,9 @@ class AgentClient:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 sock.setblocking(False)
-                _connect_unix(sock, path)
+                pinned = _connect_pinned(sock, path, uids) if where.root else None
+                if pinned is None:
+                    _connect_unix(sock, path)
                 peer = peer_cred(sock)
                 if peer is None or peer[0] != pid or peer[1] not in (*uids, 0):
                     sock.close()
@@ -215,7 +251,7 @@ class AgentClient:
             except OSError:  # stale (refused), backlog full, or not ours to read: try the next
                 sock.close()
                 continue
-            self._remember_journal(pid, path, where.agent_pid)
+            self._remember_journal(pid, path, where.agent_pid, pinned)
             if where.translated:
                 host = self._host_pids.get(pid)
                 if host is None or host.agent_pid(pid) != where.agent_pid:  # new, or pid reused
@@ -349,11 +385,11 @@ class AgentClient:
 
     # -- deaths that outlive the trainer ----------------------------------------------------------
 
-    def _remember_journal(self, pid: int, socket_file: str, agent_pid: int) -> None:
+    def _remember_journal(self, pid: int, socket_file: str, agent_pid: int, directory: DirId | None) -> None:
         if pid in self._journals or len(self._journals) >= MAX_JOURNALS:
             return
         journal = os.path.join(os.path.dirname(socket_file), f"{agent_pid}{DEATHS_SUFFIX}")
-        self._journals[pid] = [journal, 0]
+        self._journals[pid] = [journal, 0, directory]
         self._socket_of[pid] = socket_file
 
     def _read_journals(self) -> None:
@@ -361,9 +397,9 @@ class AgentClient:
         for pid, entry in self._journals.items():
             if pid in self._other_version:  # its journal's lines are of that version's shape too
                 continue
-            path, offset = entry
+            path, offset, directory = entry
             try:
-                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+                fd = _open_in(path, directory)
             except OSError:
                 continue
             try:
