@@ -408,3 +408,30 @@ def test_a_journal_directory_swapped_after_the_connect_is_not_read(tmp_path: Pat
         assert [d.pid for d in client.known_deaths()] == []
     finally:
         job.close()
+
+
+@needs_unshare
+def test_a_stack_directory_swapped_after_the_connect_is_not_read(tmp_path: Path) -> None:
+    """As for the journal: the directory on the path to the workers' stack files is replaced by a
+    link to a host directory whose ``<pid>.stack`` has a valid header and is large: dlmon, as root,
+    would cut that host file to its header (as it does a worker's own grown stack file)."""
+    job = Contained(private_tmp=True, setup="mkdir -m 1777 /tmp/t", env_extra={"TMPDIR": "/tmp/t"})
+    try:
+        client = AgentClient()
+        workers = read_until_loaders(client, job.pid).loaders[0].worker_pids
+        inside = Path(f"/proc/{job.pid}/root/tmp")
+        name = f"{job.started['worker_pids'][0]}.stack"
+        header = (inside / "t" / "dlmon-0" / name).read_text().split("\n", 1)[0]
+        elsewhere = tmp_path / "elsewhere"
+        (elsewhere / "dlmon-0").mkdir(parents=True, mode=0o700)
+        fake = 'Thread 0x1 (most recent call first):\n  File "/root/secret.py", line 1 in leaked_secret\n'
+        host_file = elsewhere / "dlmon-0" / name
+        host_file.write_text(header + "\n" + fake * 4000)  # over MAX_STACK_FILE
+        size = host_file.stat().st_size
+        (inside / "t").rename(inside / "t-old")
+        (inside / "t").symlink_to(elsewhere)
+        stacks = StallProbe(client)._worker_stacks([(job.pid, 0, workers[0])])
+        assert host_file.stat().st_size == size
+        assert not [f for s in stacks for f in s.frames if f.function == "leaked_secret"]
+    finally:
+        job.close()

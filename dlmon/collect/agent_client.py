@@ -126,10 +126,10 @@ def _connect_pinned(sock: socket.socket, path: str, owners: tuple[int, int]) -> 
         os.close(fd)
 
 
-def _open_in(path: str, directory: DirId | None) -> int:
-    """Open ``path`` to read, never through a link; when ``directory`` is given, only while the
-    directory on the path is still that one (a container may have put a link on the way)."""
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+def _open_in(path: str, directory: DirId | None, mode: int = os.O_RDONLY) -> int:
+    """Open ``path`` (to read, or ``mode``), never through a link; when ``directory`` is given, only
+    while the directory on the path is still that one (a container may have put a link on the way)."""
+    flags = mode | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
     if directory is None:
         return os.open(path, flags)
     dfd = os.open(os.path.dirname(path), os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -442,6 +442,15 @@ class AgentClient:
         """The private directory of pid's agent (where its workers write their stack files)."""
         path = self._socket_of.get(pid)
         return os.path.dirname(path) if path is not None else None
+
+    def open_agent_file(self, pid: int, name: str, mode: int = os.O_RDONLY) -> int:
+        """An fd of file ``name`` in the directory of pid's agent (its workers' stack files), never
+        through a link, and for a container's agent only while its path still leads to the
+        directory checked at the connect. Raises OSError (FileNotFoundError: no such directory)."""
+        path = self._socket_of.get(pid)
+        if path is None:
+            raise FileNotFoundError(name)
+        return _open_in(os.path.join(os.path.dirname(path), name), self._journals[pid][2], mode)
 
     def convert(self, raw: Mapping[int, Mapping[str, Any]]) -> AgentReading:
         """Turn raw replies (pid -> reply) into a reading, updating the previous-reading state.
