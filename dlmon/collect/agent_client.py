@@ -32,7 +32,7 @@ from typing import Any
 
 from dlmon.agent import wire
 from dlmon.agent._journal import DEATHS_SUFFIX
-from dlmon.agent._paths import candidate_socket_dirs, dir_is_private, target_uids
+from dlmon.agent._paths import SUN_PATH_MAX, dir_is_private
 from dlmon.collect.agent_decode import (
     MAX_REPLY,
     ROLES,
@@ -51,6 +51,14 @@ from dlmon.collect.agent_decode import (
     version_note,
     wire_rank,
     with_rank,
+)
+from dlmon.collect.agent_place import (
+    AgentPlace,
+    HostPids,
+    agent_place,
+    death_line_to_host,
+    namespace_reason,
+    to_host,
 )
 from dlmon.model.snapshot import LoaderSample, PinnedMemory, RankInfo, TrainingException, WorkerDeath
 
@@ -87,6 +95,53 @@ DEFAULT_TIMEOUT_S = 0.2
 UNANSWERED_NOTE_S = 2.0  # an agent silent this long (and two polls) is said to be not answering
 
 
+def _connect_unix(sock: socket.socket, path: str) -> None:
+    """Connect to a Unix socket at ``path``, through an fd of its directory when the path is too
+    long for AF_UNIX (a container's TMPDIR reached through /proc/PID/root)."""
+    if len(os.fsencode(path)) <= SUN_PATH_MAX:
+        sock.connect(path)
+        return
+    fd = os.open(os.path.dirname(path), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        sock.connect(f"/proc/self/fd/{fd}/{os.path.basename(path)}")
+    finally:
+        os.close(fd)
+
+
+DirId = tuple[int, int]  # (st_dev, st_ino) of an agent's directory, as checked at the connect
+
+
+def _connect_pinned(sock: socket.socket, path: str, owners: tuple[int, int]) -> DirId:
+    """Connect to the socket at ``path`` in a directory of a file system the job may change (a
+    container's): through an fd of the directory, checked private as the fd's, whatever its path
+    leads to a moment later; the directory's id, for what is read there after."""
+    fd = os.open(os.path.dirname(path), os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid not in owners or st.st_mode & 0o077:
+            raise PermissionError(f"{os.path.dirname(path)} is not private to the job's user")
+        sock.connect(f"/proc/self/fd/{fd}/{os.path.basename(path)}")
+        return st.st_dev, st.st_ino
+    finally:
+        os.close(fd)
+
+
+def _open_in(path: str, directory: DirId | None, mode: int = os.O_RDONLY) -> int:
+    """Open ``path`` (to read, or ``mode``), never through a link; when ``directory`` is given, only
+    while the directory on the path is still that one (a container may have put a link on the way)."""
+    flags = mode | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    if directory is None:
+        return os.open(path, flags)
+    dfd = os.open(os.path.dirname(path), os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        st = os.fstat(dfd)
+        if (st.st_dev, st.st_ino) != directory:
+            raise FileNotFoundError(path)
+        return os.open(os.path.basename(path), flags, dir_fd=dfd)
+    finally:
+        os.close(dfd)
+
+
 def peer_cred(sock: socket.socket) -> tuple[int, int] | None:
     """(pid, uid) of the process at the other end of a Unix socket (Linux SO_PEERCRED)."""
     opt = getattr(socket, "SO_PEERCRED", None)
@@ -105,7 +160,9 @@ class AgentClient:
         self._prev: dict[int, _Prev] = {}
         # pid -> (expires, uids, candidate dirs): reading them from /proc/PID/status and environ
         # cost ~80 us per pid per tick; a running process keeps both.
-        self._dirs: dict[int, tuple[float, tuple[int, int], tuple[str, ...]]] = {}
+        self._dirs: dict[int, tuple[float, AgentPlace]] = {}
+        # pid -> its agent's pids made ours, for an agent in a pid namespace below ours (a container)
+        self._host_pids: dict[int, HostPids] = {}
         # pid -> [death journal path, bytes read]: remembered after the pid's agent answered once
         # and read on every poll, the target's death included (that is when it matters most).
         self._journals: dict[int, list[Any]] = {}
@@ -122,46 +179,40 @@ class AgentClient:
     # -- transport -----------------------------------------------------------------------------
 
     @staticmethod
-    def _where(pid: int) -> tuple[tuple[int, int], tuple[str, ...]] | None:
-        """The target's (real, effective) uid and the directories its agent may serve in."""
-        uids = target_uids(pid)
-        if uids is None:  # no such process (or no /proc)
-            return None
-        return uids, tuple(candidate_socket_dirs(pid, uids[0]))
+    def _where(pid: int) -> AgentPlace | None:
+        """The target's uid, the directories its agent may serve in and the agent's own pid."""
+        return agent_place(pid)
 
-    def _where_cached(self, pid: int) -> tuple[tuple[int, int], tuple[str, ...]] | None:
+    def _where_cached(self, pid: int) -> AgentPlace | None:
         now = time.monotonic()
         hit = self._dirs.get(pid)
         if hit is not None and hit[0] > now:
-            return hit[1], hit[2]
+            return hit[1]
         where = self._where(pid)
         if where is None:
             self._dirs.pop(pid, None)
         else:
-            self._dirs[pid] = (now + WHERE_CACHE_S, *where)
+            self._dirs[pid] = (now + WHERE_CACHE_S, where)
         return where
 
     @staticmethod
-    def _candidates(
-        pid: int, where: tuple[tuple[int, int], tuple[str, ...]] | None = None
-    ) -> tuple[tuple[int, int], list[str]] | None:
+    def _candidates(pid: int, where: AgentPlace | None = None) -> tuple[tuple[int, int], list[str]] | None:
         """(target's (real, effective) uid, socket paths in private directories of that user)."""
         where = where or AgentClient._where(pid)
         if where is None:
             return None
-        uids, dirs = where
-        owners = set(uids)
+        owners = set(where.uids)
         paths: list[str] = []
-        for d in dirs:
+        for d in where.dirs:
             if not dir_is_private(d, owners):
                 continue  # missing, a symlink, another user's, or open to group/other
-            path = os.path.join(d, f"{int(pid)}.sock")
+            path = os.path.join(d, f"{int(where.agent_pid)}.sock")
             try:
                 if stat.S_ISSOCK(os.lstat(path).st_mode):
                     paths.append(path)
             except OSError:
                 continue
-        return uids, paths
+        return where.uids, paths
 
     @classmethod
     def find_socket(cls, pid: int) -> str | None:
@@ -178,8 +229,9 @@ class AgentClient:
         absent = self._absent.get(pid)
         if absent is not None and absent[0] >= ABSENT_FAST_POLLS and now < absent[1]:
             return None
-        got = self._candidates(pid, self._where_cached(pid))
-        if got is None or not got[1]:
+        where = self._where_cached(pid)
+        got = self._candidates(pid, where)
+        if where is None or got is None or not got[1]:
             self._absent[pid] = (1 if absent is None else absent[0] + 1, now + ABSENT_RECHECK_S)
             return None
         self._absent.pop(pid, None)
@@ -188,7 +240,9 @@ class AgentClient:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 sock.setblocking(False)
-                sock.connect(path)
+                pinned = _connect_pinned(sock, path, uids) if where.root else None
+                if pinned is None:
+                    _connect_unix(sock, path)
                 peer = peer_cred(sock)
                 if peer is None or peer[0] != pid or peer[1] not in (*uids, 0):
                     sock.close()
@@ -197,7 +251,13 @@ class AgentClient:
             except OSError:  # stale (refused), backlog full, or not ours to read: try the next
                 sock.close()
                 continue
-            self._remember_journal(pid, path)
+            self._remember_journal(pid, path, where.agent_pid, pinned)
+            if where.translated:
+                host = self._host_pids.get(pid)
+                if host is None or host.agent_pid(pid) != where.agent_pid:  # new, or pid reused
+                    self._host_pids[pid] = HostPids(pid, where.agent_pid)
+            else:
+                self._host_pids.pop(pid, None)
             return sock
         return None
 
@@ -240,8 +300,7 @@ class AgentClient:
                     if done:
                         sel.unregister(rsock)
                         rsock.close()
-                        parsed = parse_reply(bytes(buf), pid)
-                        out[pid] = parsed if parsed is not None else {}
+                        out[pid] = self._parse(bytes(buf), pid)
         finally:
             for _pid, sock in sockets:  # closing twice is harmless; a socket never registered is not lost
                 with contextlib.suppress(OSError):
@@ -257,6 +316,22 @@ class AgentClient:
                         polls, since = self._unanswered.get(pid, (0, now))
                         self._unanswered[pid] = (polls + 1, since)
         return {pid: r for pid, r in out.items() if r}
+
+    def _parse(self, data: bytes, pid: int) -> dict[str, Any]:
+        """One reply of pid's agent, checked, with the pids of an agent in a container made ours."""
+        host = self._host_pids.get(pid)
+        if host is None:
+            return parse_reply(data, pid) or {}
+        inner = host.agent_pid(pid)
+        parsed = parse_reply(data, inner if inner is not None else pid)
+        return {} if parsed is None else to_host(parsed, pid, host)
+
+    def agent_pid_of(self, trainer: int, pid: int) -> int:
+        """What the agent of ``trainer`` calls process ``pid`` (its own name for it in a container,
+        where its workers' stack files are named by it); ``pid`` itself when the agent is ours."""
+        host = self._host_pids.get(trainer)
+        inner = host.agent_pid(pid) if host is not None else None
+        return pid if inner is None else inner
 
     def note(self) -> str | None:
         """What the user should know about the agents' figures (an agent of another protocol
@@ -292,6 +367,8 @@ class AgentClient:
             del self._prev[gone]
         for gone in set(self._dirs) - set(want):
             del self._dirs[gone]
+        for gone in set(self._host_pids) - set(want):
+            del self._host_pids[gone]
         for gone in set(self._absent) - set(want):
             del self._absent[gone]
         for gone in set(self._unanswered) - set(want):
@@ -308,10 +385,11 @@ class AgentClient:
 
     # -- deaths that outlive the trainer ----------------------------------------------------------
 
-    def _remember_journal(self, pid: int, socket_file: str) -> None:
+    def _remember_journal(self, pid: int, socket_file: str, agent_pid: int, directory: DirId | None) -> None:
         if pid in self._journals or len(self._journals) >= MAX_JOURNALS:
             return
-        self._journals[pid] = [os.path.join(os.path.dirname(socket_file), f"{pid}{DEATHS_SUFFIX}"), 0]
+        journal = os.path.join(os.path.dirname(socket_file), f"{agent_pid}{DEATHS_SUFFIX}")
+        self._journals[pid] = [journal, 0, directory]
         self._socket_of[pid] = socket_file
 
     def _read_journals(self) -> None:
@@ -319,9 +397,9 @@ class AgentClient:
         for pid, entry in self._journals.items():
             if pid in self._other_version:  # its journal's lines are of that version's shape too
                 continue
-            path, offset = entry
+            path, offset, directory = entry
             try:
-                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+                fd = _open_in(path, directory)
             except OSError:
                 continue
             try:
@@ -338,6 +416,9 @@ class AgentClient:
                     if got is not None and len(self._exceptions) < MAX_KNOWN_EXCEPTIONS:
                         self._exceptions.setdefault((pid, got[0]), got[1])
                     continue
+                host = self._host_pids.get(pid)
+                if host is not None:
+                    line = death_line_to_host(line, host)
                 d = _journal_death(pid, line)
                 if d is not None and len(self._deaths) < MAX_KNOWN_DEATHS:
                     self._deaths.setdefault((d.pid, d.reported_by), d)
@@ -361,6 +442,15 @@ class AgentClient:
         """The private directory of pid's agent (where its workers write their stack files)."""
         path = self._socket_of.get(pid)
         return os.path.dirname(path) if path is not None else None
+
+    def open_agent_file(self, pid: int, name: str, mode: int = os.O_RDONLY) -> int:
+        """An fd of file ``name`` in the directory of pid's agent (its workers' stack files), never
+        through a link, and for a container's agent only while its path still leads to the
+        directory checked at the connect. Raises OSError (FileNotFoundError: no such directory)."""
+        path = self._socket_of.get(pid)
+        if path is None:
+            raise FileNotFoundError(name)
+        return _open_in(os.path.join(os.path.dirname(path), name), self._journals[pid][2], mode)
 
     def convert(self, raw: Mapping[int, Mapping[str, Any]]) -> AgentReading:
         """Turn raw replies (pid -> reply) into a reading, updating the previous-reading state.
@@ -427,15 +517,19 @@ class AgentClient:
 
 
 def agent_unreachable_reason(pid: int) -> str | None:
-    """Why an agent of ``pid`` could not be reached although one may run: a socket directory
-    that exists but is not private to the target's user (another user's, a symlink, open to
-    group/other), so the agent refuses to serve there and the client refuses to look. None when
-    no such directory stands in the way (most often: the job simply runs without the agent)."""
-    uids = target_uids(pid)
-    if uids is None:
+    """Why an agent of ``pid`` could not be reached although one may run: the job runs in a
+    container whose file system dlmon may not read, or a socket directory exists but is not
+    private to the target's user (another user's, a symlink, open to group/other), so the agent
+    refuses to serve there and the client refuses to look. None when no such thing stands in the
+    way (most often: the job simply runs without the agent)."""
+    reason = namespace_reason(pid)
+    if reason is not None:
+        return reason
+    where = agent_place(pid)
+    if where is None:
         return None
-    owners = set(uids)
-    for d in candidate_socket_dirs(pid, uids[0]):
+    owners = set(where.uids)
+    for d in where.dirs:
         try:
             st = os.lstat(d)
         except OSError:
@@ -445,7 +539,7 @@ def agent_unreachable_reason(pid: int) -> str | None:
         if not stat.S_ISDIR(st.st_mode):
             why = "is not a directory"
         elif st.st_uid not in owners:
-            why = f"belongs to uid {st.st_uid}, not to the job's user (uid {uids[0]})"
+            why = f"belongs to uid {st.st_uid}, not to the job's user (uid {where.uids[0]})"
         else:
             why = f"has mode {stat.S_IMODE(st.st_mode):04o} (group/other may enter)"
         return f"agent unreachable: its socket directory {d} {why}, so the agent will not serve there"

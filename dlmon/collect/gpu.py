@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, Final
 
+from dlmon.collect.procfs import nspids
 from dlmon.model.snapshot import GpuDevice, GpuProcess, GpuStatus
 
 __all__ = ["NA", "GpuCollector", "NVMLErrorKind"]
@@ -46,18 +47,6 @@ def _ns_inode(path: str) -> int | None:
         return None
 
 
-def _nspid_depth(proc_root: str) -> int | None:
-    """How many pid namespaces /proc/self/status's NSpid lists (1: /proc is our own namespace's)."""
-    try:
-        with open(f"{proc_root}/self/status", "rb") as fh:
-            for line in fh:
-                if line.startswith(b"NSpid:"):
-                    return len(line.split()) - 1
-    except OSError:
-        return None
-    return None
-
-
 def host_pids_visible(proc_root: str = "/proc") -> bool | None:
     """Whether the pids in ``proc_root`` are host pids, as NVML reports them; None: cannot tell.
 
@@ -70,8 +59,8 @@ def host_pids_visible(proc_root: str = "/proc") -> bool | None:
         return init == PROC_PID_INIT_INO
     if _ns_inode(f"{proc_root}/self/ns/pid") == PROC_PID_INIT_INO:
         return True
-    depth = _nspid_depth(proc_root)
-    return False if depth == 1 else None
+    ours = nspids("self", proc_root)  # how many pid namespaces this /proc's pid lists
+    return False if ours is not None and len(ours) == 1 else None
 
 
 #: A device (or MIG device) whose read was cut short: it took longer than ``slow_device_s``.

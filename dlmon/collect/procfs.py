@@ -375,6 +375,25 @@ def status_value(pid: int, key: str, proc_root: str = "/proc") -> int | None:
     return FieldPicker((key,))(raw).get(key)
 
 
+def nspids(pid: int | str, proc_root: str = "/proc") -> tuple[int, ...] | None:
+    """The process's pid in each pid namespace it is in, outermost (this /proc's) first, the
+    one it sees itself as last (the ``NSpid`` line of /proc/PID/status); None when gone or
+    unreadable, or on a kernel without the line (before 4.1)."""
+    try:
+        with open(f"{proc_root}/{pid}/status", "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        return None
+    start = raw.find(b"\nNSpid:")
+    if start < 0:
+        return None
+    end = raw.find(b"\n", start + 1)
+    parts = raw[start + 7 : end if end >= 0 else len(raw)].split()
+    if not parts or not all(p.isdigit() for p in parts):
+        return None
+    return tuple(int(p) for p in parts)
+
+
 def thread_group_of(pid: int, proc_root: str = "/proc") -> int | None:
     """The process (Tgid) that ``pid`` belongs to: /proc/TID exists for threads too, unlisted."""
     return status_value(pid, "Tgid", proc_root)

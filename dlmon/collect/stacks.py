@@ -114,20 +114,14 @@ def _start_time(pid: int) -> int | None:
         return None
 
 
-def _cut_to_header(path: str, head: str, size: int) -> int:
-    """Truncate a stack file to its header line (the worker appends with O_APPEND: safe); the
-    file's size after it (``size`` unchanged where it could not be cut)."""
+def _cut_to_header(fd: int, head: str, size: int) -> int:
+    """Truncate a stack file (open for writing: ``fd``) to its header line (the worker appends
+    with O_APPEND: safe); the file's size after it (``size`` unchanged where it could not be cut)."""
     keep = len(head.split("\n", 1)[0].encode("utf-8")) + 1
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError:
-        return size
     try:
         os.ftruncate(fd, keep)
     except OSError:
         return size
-    finally:
-        os.close(fd)
     return keep
 
 
@@ -158,10 +152,8 @@ class StallProbe:
             if d.pid in self._crash_read or d.signal not in CRASH_SIGNALS or d.reported_by is None:
                 continue
             self._crash_read.add(d.pid)
-            directory = self._agent.stack_dir(d.reported_by)
-            if directory is None:
-                continue
-            text = self._new_text(os.path.join(directory, f"{d.pid}{STACK_SUFFIX}"), 0)
+            name = self._agent.agent_pid_of(d.reported_by, d.pid)  # a container's name for it
+            text = self._new_text(d.reported_by, f"{name}{STACK_SUFFIX}", 0)
             if text is None or "Fatal Python error" not in text:
                 continue
             text = text[text.rindex("Fatal Python error") :]
@@ -251,29 +243,38 @@ class StallProbe:
     def _worker_stacks(self, workers: Iterable[tuple[int, int, int]]) -> list[ProcessStack]:
         if STACK_SIGNAL is None:
             return []
-        sent: list[tuple[int, int, str, int]] = []  # (worker id, pid, path, size before)
+        sent: list[tuple[int, int, int, str, int]] = []  # (worker id, pid, trainer, file, size before)
         for trainer, wid, pid in workers:
-            d = self._agent.stack_dir(trainer)
-            if d is None:
-                continue
-            path = os.path.join(d, f"{pid}{STACK_SUFFIX}")
+            name = self._agent.agent_pid_of(trainer, pid)  # the worker's own pid: a container's
+            file = f"{name}{STACK_SUFFIX}"
             try:
-                size = os.stat(path, follow_symlinks=False).st_size
-                head = _read(path, 256) or ""
+                fd = self._agent.open_agent_file(trainer, file)
             except OSError:
                 continue
+            try:
+                size = os.fstat(fd).st_size
+                head = os.pread(fd, 256, 0).decode("utf-8", "replace")
+            except OSError:
+                continue
+            finally:
+                os.close(fd)
             fields = dict(kv.split("=", 1) for kv in head.split("\n", 1)[0].split()[1:] if "=" in kv)
-            if not head.startswith(STACK_HEADER) or fields.get("pid") != str(pid):
+            if not head.startswith(STACK_HEADER) or fields.get("pid") != str(name):
                 continue
             if fields.get("start") != str(_start_time(pid)):
                 continue  # another process now has that pid
             if size > MAX_STACK_FILE:
-                size = _cut_to_header(path, head, size)
+                with contextlib.suppress(OSError):
+                    fd = self._agent.open_agent_file(trainer, file, os.O_WRONLY)
+                    try:
+                        size = _cut_to_header(fd, head, size)
+                    finally:
+                        os.close(fd)
             try:
                 os.kill(pid, STACK_SIGNAL)
             except OSError:
                 continue
-            sent.append((wid, pid, path, size))
+            sent.append((wid, pid, trainer, file, size))
         if not sent:
             return []
         deadline = time.monotonic() + DUMP_WAIT_S
@@ -281,24 +282,28 @@ class StallProbe:
         pending = list(sent)
         while pending and time.monotonic() < deadline:
             time.sleep(0.02)
-            still: list[tuple[int, int, str, int]] = []
-            for wid, pid, path, size in pending:
-                text = self._new_text(path, size)
+            still: list[tuple[int, int, int, str, int]] = []
+            for wid, pid, trainer, file, size in pending:
+                text = self._new_text(trainer, file, size)
                 if text is None or "File " not in text:
-                    still.append((wid, pid, path, size))
+                    still.append((wid, pid, trainer, file, size))
                     continue
                 out.append(self._worker_stack(wid, pid, text))
             pending = still
         return out
 
-    @staticmethod
-    def _new_text(path: str, size: int) -> str | None:
+    def _new_text(self, trainer: int, file: str, size: int) -> str | None:
+        """What a stack file in the directory of trainer's agent holds from ``size`` on."""
         try:
-            with open(path, "rb") as f:
-                f.seek(size)
-                data = f.read(MAX_DUMP_BYTES)
+            fd = self._agent.open_agent_file(trainer, file)
         except OSError:
             return None
+        try:
+            data = os.pread(fd, MAX_DUMP_BYTES, size)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
         return data.decode("utf-8", "replace") if data else None
 
     @staticmethod

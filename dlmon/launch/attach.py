@@ -12,6 +12,7 @@ import time
 
 import click
 
+from dlmon.flow.agent_note import AgentNote
 from dlmon.flow.recording import END_TARGET_EXITED, encode_snapshot
 from dlmon.flow.watch import Plug, Watch, WatchOptions, record_notes
 from dlmon.launch.console import (
@@ -132,6 +133,9 @@ def attach_once(pid: int, as_json: bool) -> None:
     time.sleep(1.0)
     snapshot = sampler.sample()
     sampler.close()
+    # why there are no DataLoader figures when the agent cannot be reached (a container out of
+    # reach, an unsafe socket directory): on stderr and in the snapshot, as a watch says it
+    snapshot = AgentNote(say)(snapshot)
     if as_json:
         click.echo(json.dumps(snapshot_to_dict(snapshot), indent=2, allow_nan=False))
     else:
