@@ -80,8 +80,8 @@ def timed(args: list[str], root: Path = ROOT) -> float:
 
 def parts(path: Path, lines: int, rounds: int) -> None:
     """Each stage's CPU time per line in this process, the fastest of ``rounds``."""
-    from dlmon.export.summary import Summarizer
     from dlmon.flow.records import iter_checked_records, iter_records
+    from dlmon.flow.summary import Summarizer
 
     raw = path.read_bytes().splitlines()
     records = list(iter_checked_records(str(path)))
