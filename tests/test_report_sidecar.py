@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from export_support import LOADER_JOB, dlmon_cmd
 from test_report_fast_path import DEATH_JOB, damaged, full_summary
 
 from dlmon.collect.sampler import Sampler
@@ -33,6 +32,7 @@ from dlmon.flow import sidecar
 from dlmon.flow.recording import RecordWriter
 from dlmon.flow.sidecar import CheckpointWriter, resumed_summary, sidecar_path
 from dlmon.flow.summary import RESERVOIR_SIZE, Reservoir, Thinned, summarize
+from export_support import LOADER_JOB, dlmon_cmd
 
 pytestmark = pytest.mark.slow
 
