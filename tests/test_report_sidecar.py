@@ -48,13 +48,14 @@ def real(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "recorded": tmp / "rec.jsonl",
     }
     job = [LOADER_JOB, "--store", "tensor", "--items", "20000", "--workers", "2", "--rate", "40"]
+    logs = {name: tmp / f"{name}.out" for name in ("healthy", "death_gz")}
     runs = [
         subprocess.Popen(
             dlmon_cmd("run", "--headless", "--interval", "0.2", "--record", str(paths[name]), *argv),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stdout=logs[name].open("wb"),
+            stderr=subprocess.STDOUT,
         )
-        for name, argv in (("healthy", [*job, "--seconds", "6"]), ("death_gz", [DEATH_JOB, "12"]))
+        for name, argv in (("healthy", [*job, "--seconds", "6"]), ("death_gz", [DEATH_JOB, "16"]))
     ]
     target = subprocess.Popen([sys.executable, *job, "--seconds", "8"], stdout=subprocess.DEVNULL)
     try:
@@ -64,8 +65,8 @@ def real(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     finally:
         target.kill()
         target.wait()
-    for run in runs:
-        assert run.wait(timeout=240) == 0
+    for run, log in zip(runs, logs.values(), strict=True):
+        assert run.wait(timeout=240) == 0, log.read_text()[-3000:]
     return paths
 
 
@@ -256,6 +257,17 @@ def test_a_symlinked_sidecar_is_never_followed(real: dict[str, Path], tmp_path: 
         writer.close()
     assert side.is_symlink() and target.read_bytes() == before
     assert resumed_summary(str(path)) is None and summarize(str(path)).snapshots == 1
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
+def test_a_sidecar_of_another_owner_is_ignored(real: dict[str, Path], tmp_path: Path) -> None:
+    """In /tmp anyone may plant FILE.dlmon-summary beside a record they can read, with the right
+    hash and figures of their own: only one owned by the record's owner is read."""
+    path = copy_of(real["healthy"], tmp_path, "planted.jsonl")
+    os.chown(sidecar_path(str(path)), 65534, 65534)
+    assert_same_without(path, resumed=False)
+    os.chown(path, 65534, 65534)
+    assert_same_without(path, resumed=True)
 
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz"])

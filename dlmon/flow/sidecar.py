@@ -176,7 +176,8 @@ class Checkpoint:
 
 
 def read_checkpoint(record_path: str) -> Checkpoint | None:
-    """The sidecar's checkpoint when it is one this dlmon wrote in this format; else None."""
+    """The sidecar's checkpoint when it is one this dlmon wrote in this format, owned by the
+    record's owner; else None."""
     try:
         fd = os.open(sidecar_path(record_path), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError:
@@ -184,6 +185,9 @@ def read_checkpoint(record_path: str) -> Checkpoint | None:
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_SIDECAR_BYTES:
+            return None
+        # one planted beside the record (/tmp) could hold figures of its own with the right hash
+        if info.st_uid != os.stat(record_path).st_uid:
             return None
         with os.fdopen(fd, "rb", closefd=False) as fh:
             data = json.loads(fh.read(MAX_SIDECAR_BYTES + 1))
