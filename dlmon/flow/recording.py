@@ -20,6 +20,9 @@ What a record file promises (docs/snapshot.md, "Record files"):
   moment and no line refers back to one that a cut-back dropped. A SIGKILLed writer leaves no
   gzip trailer: readers get every whole line, then report the missing end (after a cut-back the
   trailer's checksum, which counts the dropped line, is reported the same way).
+* beside a regular file, ``FILE.dlmon-summary``: the report's summary of the lines written so far,
+  replaced every 30 s and at the end (dlmon/flow/sidecar.py). It never stops or slows the record
+  beyond its own cost (measured in docs/performance.md); a failure only stops the checkpoints.
 """
 
 from __future__ import annotations

@@ -10,6 +10,12 @@ fixed-size reservoir, charts from series thinned to at most ``SERIES_POINTS`` po
 
 The figures are tables: a new Snapshot field becomes a peak or a chart by adding one line to
 ``PEAKS`` or ``SERIES`` (reading the field by its JSON name, which is the dataclass field's).
+
+A :class:`Summarizer` is resumable: :meth:`Summarizer.to_state` is its whole state as JSON values
+and :meth:`Summarizer.from_state` goes on from it exactly. The recorder saves it beside the record
+(dlmon/flow/sidecar.py), so the report reads only the lines after. Sidecars of another table
+(``sidecar.TABLES``) or dlmon version are passed over; a change to what the summary makes of a line
+must also bump ``sidecar.VERSION``, or a sidecar written before it would still be taken.
 """
 
 from __future__ import annotations
