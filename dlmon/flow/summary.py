@@ -681,7 +681,7 @@ class Summarizer:
             return cls._from_state(path, state)
         except StateError:
             raise
-        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+        except Exception as exc:  # KeyError, TypeError, RecursionError...: whatever a forged one raises
             raise StateError(f"{type(exc).__name__}: {exc}") from exc
 
     @classmethod
