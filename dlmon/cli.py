@@ -690,7 +690,7 @@ def cluster(
 
 def _summarize(path: str) -> Any:
     """A recording's summary; one line and exit 2 if it cannot be read or holds no snapshot."""
-    from dlmon.export.summary import summarize
+    from dlmon.flow.summary import summarize
 
     try:
         summary = summarize(path)

@@ -19,18 +19,18 @@ def modules_after_import(*modules: str) -> set[str]:
 def test_export_loads_no_ui_library() -> None:
     loaded = modules_after_import(
         "dlmon.export.prometheus",
-        "dlmon.export.summary",
+        "dlmon.flow.summary",
         "dlmon.export.text",
         "dlmon.export.html",
         "dlmon.export.diff",
     )
-    assert "prometheus_client" in loaded and "dlmon.export.summary" in loaded  # not vacuous
+    assert "prometheus_client" in loaded and "dlmon.flow.summary" in loaded  # not vacuous
     assert sorted(m for m in loaded if m.split(".")[0] in UI_MODULES) == []
 
 
 def test_cli_import_does_not_load_the_exporter() -> None:
     loaded = modules_after_import("dlmon.cli")
-    assert not {"prometheus_client", "dlmon.export.summary", "dlmon.export.prometheus"} & loaded
+    assert not {"prometheus_client", "dlmon.flow.summary", "dlmon.export.prometheus"} & loaded
 
 
 def test_new_commands_are_listed() -> None:

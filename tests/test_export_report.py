@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from conftest import Background
-from dlmon.export.summary import SERIES_POINTS, summarize
+from dlmon.flow.summary import SERIES_POINTS, summarize
 from dlmon.model.format import human_bytes
 from export_support import LOADER_JOB, dlmon_cmd, kill_group, read_snapshots, wait_for
 

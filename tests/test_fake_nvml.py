@@ -498,8 +498,8 @@ compute 8 {30 * GiB}
 def test_the_run_summarys_vram_is_the_jobs_processes_not_every_gpu(
     fake_nvml: Path, tmp_path: Path, host_namespace: None
 ) -> None:
-    from dlmon.export.summary import summarize
     from dlmon.export.text import format_text
+    from dlmon.flow.summary import summarize
 
     target = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:

@@ -22,9 +22,9 @@ from test_ui_support import make_snapshot
 from dlmon.analysis.job_gpus import job_vram_bytes
 from dlmon.export.html import format_html
 from dlmon.export.metrics import Published, process_series
-from dlmon.export.summary import PEAKS, SERIES, Summarizer, Thinned, slot_name, slot_names, summarize
 from dlmon.export.text import format_markdown, format_text
 from dlmon.flow.records import CheckedSnapshot, RecordProblem, iter_checked_records, iter_records
+from dlmon.flow.summary import PEAKS, SERIES, Summarizer, Thinned, slot_name, slot_names, summarize
 from dlmon.model.serialize import MAX_BYTES, snapshot_to_dict
 from dlmon.model.snapshot import Snapshot
 from export_support import LOADER_JOB, dlmon_cmd

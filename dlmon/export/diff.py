@@ -8,8 +8,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from dlmon.analysis.detectors.registry import ENDINGS
-from dlmon.export.summary import Peak, RunSummary
 from dlmon.export.text import figure
+from dlmon.flow.summary import Peak, RunSummary
 
 NOISE = 0.05  # changes within 5% (or 5 percentage points of data-wait) count as "the same"
 

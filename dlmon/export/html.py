@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from html import escape
 
-from dlmon.export.summary import CHARTS, SERIES, RunSummary
 from dlmon.export.text import Section, figure, sections, span
+from dlmon.flow.summary import CHARTS, SERIES, RunSummary
 
 WIDTH, HEIGHT = 760, 200
 LEFT, RIGHT, TOP, BOTTOM = 78, 12, 12, 26

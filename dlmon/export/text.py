@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from dlmon.analysis.startup import LARGE_SHARE
-from dlmon.export.summary import PEAKS, Distribution, RunSummary
+from dlmon.flow.summary import PEAKS, Distribution, RunSummary
 from dlmon.model import WorkerDeath
 from dlmon.model.format import human_bytes
 

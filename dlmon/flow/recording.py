@@ -20,6 +20,9 @@ What a record file promises (docs/snapshot.md, "Record files"):
   moment and no line refers back to one that a cut-back dropped. A SIGKILLed writer leaves no
   gzip trailer: readers get every whole line, then report the missing end (after a cut-back the
   trailer's checksum, which counts the dropped line, is reported the same way).
+* beside a regular file, ``FILE.dlmon-summary``: the report's summary of the lines written so far,
+  replaced every 30 s and at the end (dlmon/flow/sidecar.py). It never stops or slows the record
+  beyond its own cost (measured in docs/performance.md); a failure only stops the checkpoints.
 """
 
 from __future__ import annotations
@@ -32,10 +35,13 @@ import stat
 import time
 import zlib
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dlmon.model import Snapshot
 from dlmon.model.serialize import snapshot_to_dict
+
+if TYPE_CHECKING:
+    from dlmon.flow.sidecar import CheckpointWriter
 
 END_TARGET_EXITED = "target_exited"
 END_INTERRUPTED = "interrupted"
@@ -184,11 +190,14 @@ def existing_bytes(path: str) -> int | None:
 
 
 class RecordWriter:
-    def __init__(self, path: str, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, path: str, *, clock: Callable[[], float] = time.monotonic, checkpoints: bool = True
+    ) -> None:
         """Create or truncate ``path``: -o names the file this recording becomes.
 
         :attr:`replaced_bytes` is the size of the regular file it replaced (None: nothing was
-        there), so the caller can say so.
+        there), so the caller can say so. A regular file gets summary checkpoints beside it
+        (``checkpoints``; dlmon/flow/sidecar.py), which let ``dlmon report`` skip the lines they cover.
         """
         self.path = path
         self.replaced_bytes = existing_bytes(path)
@@ -209,6 +218,11 @@ class RecordWriter:
         self._synced_at = clock()
         # gzip container (wbits 31); a fresh dictionary per line (Z_FULL_FLUSH), see the module doc
         self._gzip = zlib.compressobj(6, zlib.DEFLATED, 31) if path.endswith(".gz") else None
+        self._checkpoints: CheckpointWriter | None = None
+        if checkpoints and self._regular:
+            from dlmon.flow.sidecar import CheckpointWriter  # the summary: only when recording
+
+            self._checkpoints = CheckpointWriter(path, clock)
 
     def write(self, snapshot: Snapshot) -> None:
         self._write(encode_snapshot(snapshot))
@@ -225,6 +239,7 @@ class RecordWriter:
             self.waiting_for_reader = False
         if self._fd is None:
             raise OSError(errno.EBADF, "the record file is closed")
+        plain = line
         if self._gzip is not None:
             line = self._gzip.compress(line) + self._gzip.flush(zlib.Z_FULL_FLUSH)
         if not self._regular:  # a pipe or a device: no offset to go back to; finish the line
@@ -240,6 +255,8 @@ class RecordWriter:
             self._cut_back()
             raise
         self._offset += len(line)
+        if self._checkpoints is not None:
+            self._checkpoints.add(plain)
         if self._clock() - self._synced_at >= FSYNC_EVERY_S:
             self.sync()
 
@@ -263,6 +280,8 @@ class RecordWriter:
             tail, self._gzip = self._gzip.flush(zlib.Z_FINISH), None  # the gzip trailer (CRC, size)
             with contextlib.suppress(OSError):  # the lines are all there; readers report the missing end
                 os.write(self._fd, tail)
+        if self._checkpoints is not None:  # the last one covers the whole record
+            self._checkpoints.close()
         fd, self._fd = self._fd, None
         if fd is None:
             return

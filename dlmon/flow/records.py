@@ -18,7 +18,7 @@ import math
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import IO, Any, Literal, TypeVar, cast, overload
+from typing import IO, Any, Generic, Literal, TypeVar, cast, overload
 
 from dlmon.model import Snapshot
 from dlmon.model.checked import reads_as_is
@@ -71,6 +71,18 @@ def iter_records(path: str) -> Iterator[Record]:
     return in_time_order(_iter_lines(path, parse_line))
 
 
+def resume_checked_records(
+    fh: IO[bytes], first_line: int, latest: tuple[float, int] | None
+) -> Iterator[CheckedRecord]:
+    """:func:`iter_checked_records` resumed where a reader stopped: the lines of the open record
+    ``fh`` from where it stands (a line boundary), the first numbered ``first_line``, put in time
+    order by a :class:`TimeOrder` whose latest snapshot was ``latest`` and that held none."""
+    order: TimeOrder[CheckedRecord] = TimeOrder(latest)
+    for _, number, record in _lines_in(fh, first_line, False, parse_line_checked):
+        yield from order.push(number, record)
+    yield from order.finish()
+
+
 def iter_checked_records(path: str) -> Iterator[CheckedRecord]:
     """:func:`iter_records`, but a line that reads as a Snapshot exactly as its JSON object stands
     is yielded as that object, checked (:class:`CheckedSnapshot`), not built: the same lines in
@@ -87,39 +99,57 @@ def in_time_order(lines: Iterator[tuple[int, R]]) -> Iterator[R]:
     time: it gave "duration -1:59:54"), but keep a clock that stepped back (NTP, a resumed VM):
     when the next snapshot is also early and not earlier than the first, both are kept and time
     goes on from there (a summary spans its earliest to its latest time). At most one snapshot is
-    held back, and only until the next one."""
-    latest: tuple[float, int] | None = None  # (time, line) of the latest snapshot kept
-    held: tuple[R, float, int] | None = None  # an early snapshot, waiting for the next one to judge it
-
-    def outlier() -> RecordProblem:
-        assert held is not None and latest is not None
-        return RecordProblem(held[2], f"out of time order (earlier than line {latest[1]})")
-
+    held back, and only until the next one (:class:`TimeOrder`)."""
+    order: TimeOrder[R] = TimeOrder()
     for number, record in lines:
+        yield from order.push(number, record)
+    yield from order.finish()
+
+
+class TimeOrder(Generic[R]):
+    """:func:`in_time_order` one line at a time, so that a reader can stop and resume: between two
+    lines its whole state is :attr:`latest` (the time and line of the latest snapshot kept) when
+    nothing is :attr:`held` (what a summary checkpoint saves, dlmon/flow/sidecar.py)."""
+
+    def __init__(self, latest: tuple[float, int] | None = None) -> None:
+        self.latest = latest
+        self.held: tuple[R, float, int] | None = None  # an early snapshot, waiting for the next one
+
+    def push(self, number: int, record: R) -> list[R]:
+        """What ``record`` (line ``number``) lets out, in order."""
+        held, latest = self.held, self.latest
         if not isinstance(record, Snapshot | CheckedSnapshot):
             if held is not None and isinstance(record, RecordEnd):
-                yield cast(R, outlier())
-                held = None
-            yield record
-            continue
+                self.held = None
+                return [cast(R, self._outlier_of(held, latest)), record]
+            return [record]
         time = record.time
         if latest is None or time >= latest[0]:
+            self.latest = (time, number)
             if held is not None:  # back in order: the held one was a lone outlier
-                yield cast(R, outlier())
-                held = None
-            latest = (time, number)
-            yield record
-        elif held is None:
-            held = (record, time, number)
-        elif time >= held[1]:  # two early lines in order: the clock stepped back
-            yield held[0]
-            yield record
-            latest, held = (time, number), None
-        else:
-            yield cast(R, outlier())
-            held = (record, time, number)
-    if held is not None:
-        yield cast(R, outlier())
+                self.held = None
+                return [cast(R, self._outlier_of(held, latest)), record]
+            return [record]
+        if held is None:
+            self.held = (record, time, number)
+            return []
+        if time >= held[1]:  # two early lines in order: the clock stepped back
+            self.latest, self.held = (time, number), None
+            return [held[0], record]
+        self.held = (record, time, number)
+        return [cast(R, self._outlier_of(held, latest))]
+
+    @staticmethod
+    def _outlier_of(held: tuple[R, float, int], latest: tuple[float, int] | None) -> RecordProblem:
+        assert latest is not None  # a snapshot is held only after a later one was kept
+        return RecordProblem(held[2], f"out of time order (earlier than line {latest[1]})")
+
+    def finish(self) -> list[R]:
+        """The end of the lines: a snapshot still held was a lone outlier."""
+        held, self.held = self.held, None
+        if held is None:
+            return []
+        return [cast(R, self._outlier_of(held, self.latest))]
 
 
 P = TypeVar("P", Record, CheckedRecord)
@@ -155,32 +185,39 @@ def _read_lines(
     with open_record_file(path) as fh:
         if offset:
             fh.seek(offset)
-        number = first_line - 1
-        while True:
-            number += 1
-            at = fh.tell() if offsets else None
-            try:
-                raw = fh.readline(MAX_LINE_BYTES + 1)
-            except (OSError, EOFError, zlib.error) as exc:  # a truncated or damaged .gz, a read error
-                yield at, number, RecordProblem(number, f"unreadable from here on: {exc}")
+        yield from _lines_in(fh, first_line, offsets, parse)
+
+
+def _lines_in(
+    fh: IO[bytes], first_line: int, offsets: bool, parse: Callable[[int, bytes], P]
+) -> Iterator[tuple[int | None, int, P | RecordProblem]]:
+    """The lines of ``fh`` from where it stands, the first numbered ``first_line``."""
+    number = first_line - 1
+    while True:
+        number += 1
+        at = fh.tell() if offsets else None
+        try:
+            raw = fh.readline(MAX_LINE_BYTES + 1)
+        except (OSError, EOFError, zlib.error) as exc:  # a truncated or damaged .gz, a read error
+            yield at, number, RecordProblem(number, f"unreadable from here on: {exc}")
+            return
+        if not raw:
+            return
+        if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+            long = f"longer than {MAX_LINE_BYTES >> 20} MiB"
+            rest = _skip_rest_of_line(fh)
+            if rest == "eof":  # a last line torn by a crash mid-write: it ended, with the file
+                yield at, number, RecordProblem(number, f"{long} and cut off at the end of the file")
                 return
-            if not raw:
+            if rest == "endless":
+                yield at, number, RecordProblem(number, f"{long} and never ends: stopped")
                 return
-            if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
-                long = f"longer than {MAX_LINE_BYTES >> 20} MiB"
-                rest = _skip_rest_of_line(fh)
-                if rest == "eof":  # a last line torn by a crash mid-write: it ended, with the file
-                    yield at, number, RecordProblem(number, f"{long} and cut off at the end of the file")
-                    return
-                if rest == "endless":
-                    yield at, number, RecordProblem(number, f"{long} and never ends: stopped")
-                    return
-                yield at, number, RecordProblem(number, f"{long}: skipped")
-                continue
-            if not raw.strip():
-                number += skip_blank_lines(fh)
-                continue
-            yield at, number, parse(number, raw)
+            yield at, number, RecordProblem(number, f"{long}: skipped")
+            continue
+        if not raw.strip():
+            number += skip_blank_lines(fh)
+            continue
+        yield at, number, parse(number, raw)
 
 
 BLANK = b" \t\r\n"

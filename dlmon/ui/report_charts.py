@@ -1,11 +1,11 @@
 """Terminal charts for ``dlmon report`` (plotext lives in dlmon/ui by the layering rule; the
-report's numbers and series come from dlmon.export.summary, which has no UI imports)."""
+report's numbers and series come from dlmon.flow.summary, which has no UI imports)."""
 
 from __future__ import annotations
 
 import plotext as plt  # type: ignore[import-untyped]
 
-from dlmon.export.summary import CHARTS, SERIES, RunSummary
+from dlmon.flow.summary import CHARTS, SERIES, RunSummary
 
 LABELS = {fig.key: fig.label for fig in SERIES}
 SCALE = {

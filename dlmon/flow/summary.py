@@ -10,6 +10,12 @@ fixed-size reservoir, charts from series thinned to at most ``SERIES_POINTS`` po
 
 The figures are tables: a new Snapshot field becomes a peak or a chart by adding one line to
 ``PEAKS`` or ``SERIES`` (reading the field by its JSON name, which is the dataclass field's).
+
+A :class:`Summarizer` is resumable: :meth:`Summarizer.to_state` is its whole state as JSON values
+and :meth:`Summarizer.from_state` goes on from it exactly. The recorder saves it beside the record
+(dlmon/flow/sidecar.py), so the report reads only the lines after. Sidecars of another table
+(``sidecar.TABLES``) or dlmon version are passed over; a change to what the summary makes of a line
+must also bump ``sidecar.VERSION``, or a sidecar written before it would still be taken.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import random
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from math import inf
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from dlmon.analysis.kinds import SEVERITY_RANK
 from dlmon.analysis.startup import Startup, startup_from
@@ -149,6 +155,48 @@ CHARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 
+class StateError(ValueError):
+    """A saved summary state (:meth:`Summarizer.to_state`) that does not read back."""
+
+
+T = TypeVar("T")
+
+
+def _num(x: Any) -> float:
+    """A JSON number as it stands (an int stays one); never a bool."""
+    if type(x) not in (int, float):
+        raise StateError(f"{x!r:.40} is not a number")
+    return cast(float, x)
+
+
+def _int(x: Any) -> int:
+    if type(x) is not int:
+        raise StateError(f"{x!r:.40} is not a whole number")
+    return x
+
+
+def _str(x: Any) -> str:
+    if type(x) is not str:
+        raise StateError(f"{x!r:.40} is not a string")
+    return x
+
+
+def _list(x: Any) -> list[Any]:
+    if type(x) is not list:
+        raise StateError(f"{x!r:.40} is not a list")
+    return x
+
+
+def _dict(x: Any) -> dict[str, Any]:
+    if type(x) is not dict:
+        raise StateError(f"{x!r:.40} is not an object")
+    return x
+
+
+def _opt(read: Callable[[Any], T], x: Any) -> T | None:
+    return None if x is None else read(x)
+
+
 class Thinned:
     """At most ``capacity`` points: when full, neighbours merge pairwise (max for memory, mean
     else) and later points are bucketed twice as coarsely. Time is the bucket's first sample."""
@@ -192,6 +240,25 @@ class Thinned:
         tail = [self._bucket()] if self._count else []
         return tuple(self.points + tail)
 
+    def to_state(self) -> dict[str, Any]:
+        return {
+            "points": [list(p) for p in self.points],
+            "stride": self._stride,
+            "first": self._first,
+            "count": self._count,
+            "acc": self._acc,
+        }
+
+    @classmethod
+    def from_state(cls, state: Any, keep_max: bool) -> Thinned:
+        thinned = cls(keep_max=keep_max)
+        thinned.points = [(_num(t), _num(v)) for t, v in _list(state["points"])]
+        if len(thinned.points) >= thinned.capacity:
+            raise StateError("more points than a series holds")
+        thinned._stride, thinned._count = _int(state["stride"]), _int(state["count"])
+        thinned._first, thinned._acc = _num(state["first"]), _num(state["acc"])
+        return thinned
+
 
 class Reservoir:
     """A uniform sample of at most ``size`` values (Algorithm R), seeded: reports are reproducible."""
@@ -212,6 +279,29 @@ class Reservoir:
             slot = self._random.randrange(self.seen)
             if slot < self.size:
                 self.values[slot] = value
+
+    def to_state(self) -> dict[str, Any]:
+        version, internal, gauss = self._random.getstate()
+        return {
+            "values": self.values,
+            "seen": self.seen,
+            "total": self.total,
+            "random": [version, list(internal), gauss],
+        }
+
+    @classmethod
+    def from_state(cls, state: Any) -> Reservoir:
+        reservoir = cls()
+        reservoir.values = [_num(v) for v in _list(state["values"])]
+        reservoir.seen, reservoir.total = _int(state["seen"]), _num(state["total"])
+        if len(reservoir.values) != min(reservoir.seen, reservoir.size):
+            raise StateError("a reservoir of the wrong size")
+        version, internal, gauss = _list(state["random"])
+        try:
+            reservoir._random.setstate((version, tuple(_int(x) for x in _list(internal)), gauss))
+        except (TypeError, ValueError) as exc:
+            raise StateError(f"a random state that does not read: {exc}") from exc
+        return reservoir
 
     def stats(self) -> Distribution | None:
         if not self.seen:
@@ -548,6 +638,97 @@ class Summarizer:
             agent_loaded=self.agent_loaded,
         )
 
+    def to_state(self) -> dict[str, Any]:
+        """Everything :meth:`result` and further :meth:`feed` calls read, as JSON values (no
+        pickle): :meth:`from_state` gives back a Summarizer that goes on exactly as this one
+        would. What a summary checkpoint saves (dlmon/flow/sidecar.py); not the path."""
+        last = self.last
+        return {
+            "count": self.count,
+            "start": self.start,
+            "end": self.end,
+            "end_reason": self.end_reason,
+            "host": self.host,
+            "command": self.command,
+            "peaks": [[k, p.value, p.time, p.basis] for k, p in self.peaks.items()],
+            "series": {k: t.to_state() for k, t in self.series.items()},
+            "reservoirs": {k: r.to_state() for k, r in self.reservoirs.items()},
+            "slots": [[k, p.value, p.time, p.basis] for k, p in self.slots.items()],
+            "loaders": [[k, v] for k, v in self.loaders.items()],
+            "startups": [[k, *v] for k, v in self.startups.items()],
+            "epochs": self.epochs,
+            "deaths": [dataclasses.asdict(d) for d in self.deaths.values()],
+            "open_alerts": [dataclasses.asdict(w) for w in self.open_alerts.values()],
+            "closed_alerts": [dataclasses.asdict(w) for w in self.closed_alerts],
+            "problems": [[p.line, p.reason] for p in self.problems],
+            "problems_total": self.problems_total,
+            "left_out": self.left_out,
+            "oom_first": self.oom_first,
+            "oom_last": self.oom_last,
+            "first_seen": [[pid, start, t] for (pid, start), t in self._first_seen.items()],
+            "last": None
+            if last is None
+            else (last.data if isinstance(last, CheckedSnapshot) else snapshot_to_dict(last)),
+            "job_start": self.job_start,
+            "agent_loaded": self.agent_loaded,
+        }
+
+    @classmethod
+    def from_state(cls, path: str, state: Any) -> Summarizer:
+        """The Summarizer :meth:`to_state` saved; raises :class:`StateError` for a state that does
+        not read back as one (a damaged or forged checkpoint)."""
+        try:
+            return cls._from_state(path, state)
+        except StateError:
+            raise
+        except Exception as exc:  # KeyError, TypeError, RecursionError...: whatever a forged one raises
+            raise StateError(f"{type(exc).__name__}: {exc}") from exc
+
+    @classmethod
+    def _from_state(cls, path: str, state: Any) -> Summarizer:
+        new = cls(path)
+        new.count = _int(state["count"])
+        new.start, new.end = _opt(_num, state["start"]), _opt(_num, state["end"])
+        new.end_reason, new.host = _opt(_str, state["end_reason"]), _opt(_str, state["host"])
+        new.command = _opt(_str, state["command"])
+        new.peaks = {_str(k): Peak(_num(v), _num(t), _str(b)) for k, v, t, b in _list(state["peaks"])}
+        keep_max = {f.key: f.unit == "bytes" for f in SERIES}
+        series, reservoirs = _dict(state["series"]), _dict(state["reservoirs"])
+        if set(series) != set(keep_max) or set(reservoirs) != set(DISTRIBUTIONS):
+            raise StateError("other figures than this dlmon's")
+        new.series = {k: Thinned.from_state(series[k], keep_max[k]) for k in keep_max}
+        new.reservoirs = {k: Reservoir.from_state(reservoirs[k]) for k in DISTRIBUTIONS}
+        new.slots = {_str(k): Peak(_num(v), _num(t), _str(b)) for k, v, t, b in _list(state["slots"])}
+        new.loaders = {_str(k): _str(v) for k, v in _list(state["loaders"])}
+        new.startups = {
+            _str(k): (_num(total), _opt(_int, workers), _opt(_int, started), _opt(_num, unix), _num(now))
+            for k, total, workers, started, unix, now in _list(state["startups"])
+        }
+        new.epochs = _opt(_int, state["epochs"])
+        new.deaths = {}
+        for death in _list(state["deaths"]):
+            d = WorkerDeath(**_dict(death))
+            new.deaths[(d.pid, d.time)] = d
+        new.open_alerts = {}
+        for window in _list(state["open_alerts"]):
+            w = AlertWindow(**_dict(window))
+            new.open_alerts[(w.kind, w.subject)] = w
+        new.closed_alerts = [AlertWindow(**_dict(w)) for w in _list(state["closed_alerts"])]
+        new.problems = [RecordProblem(_int(line), _str(reason)) for line, reason in _list(state["problems"])]
+        new.problems_total = _int(state["problems_total"])
+        new.left_out = {_str(k): _int(v) for k, v in _dict(state["left_out"]).items()}
+        new.oom_first, new.oom_last = _opt(_int, state["oom_first"]), _opt(_int, state["oom_last"])
+        new._first_seen = {(_int(pid), _int(start)): _num(t) for pid, start, t in _list(state["first_seen"])}
+        last = state["last"]
+        if last is not None:
+            data = _dict(last)
+            new.last = CheckedSnapshot(_num(data["time"]), data)
+            new.last.snapshot()  # raises SnapshotFormatError (a ValueError) for a forged one
+        new.job_start, new.agent_loaded = _opt(_num, state["job_start"]), _opt(_num, state["agent_loaded"])
+        if new.count and (new.start is None or new.end is None):
+            raise StateError("snapshots without a time span")
+        return new
+
     @staticmethod
     def _verdict(last: Snapshot | None) -> str | None:
         try:
@@ -557,8 +738,14 @@ class Summarizer:
 
 
 def summarize(path: str) -> RunSummary:
-    """Stream ``path`` (``.gz`` too) into a summary; raises OSError only if it cannot be opened."""
-    summarizer = Summarizer(path)
-    for record in iter_checked_records(path):
+    """Stream ``path`` (``.gz`` too) into a summary; raises OSError only if it cannot be opened.
+
+    Where the recorder left a summary checkpoint beside ``path`` that still matches its first bytes
+    (dlmon/flow/sidecar.py), only the lines after them are read: the same summary, sooner."""
+    from dlmon.flow.sidecar import resumed_summary  # it saves Summarizers: imports this module
+
+    resumed = resumed_summary(path)
+    summarizer, records = resumed if resumed is not None else (Summarizer(path), iter_checked_records(path))
+    for record in records:
         summarizer.feed(record)
     return summarizer.result()
