@@ -31,7 +31,18 @@ def rank_cells(rank: RankRow) -> tuple[str, ...]:
     cpu = "" if rank.worker_cpu is None else f"workers {rank.workers or '?'} at {rank.worker_cpu:.1f} cores"
     verdict = rank.verdict.reason if rank.verdict else "ok"
     loader = f"{rank.site or ''} wait {pct(rank.loader_wait)} of its loader time; {cpu}".strip("; ")
-    return (f"  └ rank {rank.rank}", rate, pct(rank.data_wait), "", "", "", "", f"{verdict} · {loader}")
+    return (
+        f"  └ rank {rank.rank}",
+        rate,
+        "",
+        pct(rank.data_wait),
+        "",
+        "",
+        "",
+        "",
+        "",
+        f"{verdict} · {loader}",
+    )
 
 
 class ClusterApp(App[int]):
