@@ -141,7 +141,7 @@ def table(view: ClusterView) -> str:
                 (f"  rank {r.rank}", _rate(r.batches_per_s), "", _pct(r.data_wait), "", "", "", "", "", why)
             )
     widths = [max(len(row[i]) for row in rows) for i in range(len(HEADERS) - 1)]
-    lines = [f"straggler: {view.straggler_note}"]
+    lines = [f"straggler: {view.straggler_note}"] + ([view.trend_note] if view.trend_note else [])
     for row in rows:
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1])
     return "\n".join(line.rstrip() for line in lines)
