@@ -13,7 +13,9 @@ The runs, each in its own tmux server:
 - ``death``: ``dlmon run`` of a real DataLoader job (screenshots/jobs/loader_job.py); one of its
   workers is SIGKILLed; the trainer dies of torch's error and the final frame has the verdict;
 - ``ddp``: ``dlmon run -- python -m torch.distributed.run --nproc_per_node 2`` of a gloo DDP job
-  (screenshots/jobs/ddp_job.py), two ranks with two workers each.
+  (screenshots/jobs/ddp_job.py), two ranks with two workers each;
+- ``cluster``: ``dlmon cluster`` over a two-node torchrun job, each node under ``dlmon run
+  --prometheus`` in its own UTS namespace (``unshare -u``: needs root), node-b's loader slowed.
 
 Whatever happens, every training a run started is killed (its process group, by the pid the
 dashboard's header shows) before the next run starts. With the whole set done, the layout it was
@@ -297,7 +299,7 @@ def cluster(seconds: float) -> None:
             s.wait_for("the straggler", lambda t: "rank 1 on node-b sets the pace" in t, 180)
             time.sleep(seconds)  # the trend columns fill with the screen's own refreshes
             s.wait_for("its cause", lambda t: "why:" in t and "not measured" not in t, 60, soft=True)
-            s.keys("enter")  # the cursor is on the worst node, node-b: its rank
+            s.keys("up", "enter")  # the cursor follows its node as the rows re-sort: up to node-b, the worst
             s.save("cluster-2-nodes-160x20.svg")
     finally:
         for node in nodes:

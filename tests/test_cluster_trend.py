@@ -90,14 +90,17 @@ def test_the_direct_form_keeps_each_node_s_trend_across_refreshes(fleet: Fleet) 
         fleet.set((0.05, 0.05), (rate, rate))
         view = read()
     trend = view.nodes[0].batches_per_s_trend
-    assert trend is not None and [p for p in trend if p is not None] == [20.0, 10.0, 5.0], trend
-    assert trend[-1] == 5.0  # oldest first, now last
+    # oldest first, each slot the mean of the refreshes in it (slots as long as the refreshes' gaps)
+    measured = [p for p in trend or () if p is not None]
+    assert len(measured) >= 2 and measured == sorted(measured, reverse=True), trend
+    assert measured[0] > measured[-1] and trend is not None and trend[-1] == measured[-1] <= 7.5
     assert all(n.data_wait_trend is not None and n.data_wait_trend[-1] == 0.05 for n in view.nodes)
     cells = node_cells(view.nodes[0])
-    assert cells[2].endswith("█▅▃") and cells[4].endswith("▁▁▁"), cells  # scaled to the node's own top
+    assert cells[2].lstrip()[0] == "█" and " " not in cells[2].strip(), cells  # the node's own top; no gap
+    assert cells[4].strip() == "▁" * len(cells[4].strip()), cells
     data = json.loads(json.dumps(as_dict(view)))
-    assert [p for p in data["nodes"][0]["batches_per_s_trend"] if p is not None] == [20.0, 10.0, 5.0]
-    assert data["trend_step_s"] == 1.0
+    assert [p for p in data["nodes"][0]["batches_per_s_trend"] if p is not None] == measured
+    assert data["trend_step_s"] == view.trend_step_s and view.trend_step_s is not None
     assert "batch/s trend" in table(view).splitlines()[1]
 
 
@@ -128,6 +131,17 @@ def test_the_trend_stays_bounded_however_long_the_window_and_many_the_refreshes(
         None,
     )
     assert sparkline((None, 0.0, 0.5, 1.0), top=1.0) == " ▁▅█"
+
+
+def test_refreshes_further_apart_than_a_slot_leave_no_blank_slots() -> None:
+    """--trend 60 (20 slots of 3 s) read every 4 s (a refresh of 2 s of scrapes, 2 s apart): a
+    slot between two refreshes stood blank, a sparkline with a hole every few characters."""
+    history = History(60.0)
+    for i in range(30):
+        where, trends = history.record(1000.0 + 4.0 * i, [("n:1", 10.0, 0.5)])
+    assert where.step_s == 4.0 and where.count == 15
+    assert trends["n:1"].batches_per_s == (10.0,) * 15
+    assert sparkline(trends["n:1"].data_wait, top=1.0) == "▅" * 15
 
 
 # --- the straggler held across refreshes -----------------------------------------------------------

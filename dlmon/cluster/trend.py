@@ -4,6 +4,7 @@ reader saw at its own refreshes. Bounded either way: at most POINTS slots, howev
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -38,9 +39,9 @@ class Slots:
         return i if 0 <= i < self.count else None
 
 
-def slots(window_s: float, end: float) -> Slots:
-    """The slots of a window: POINTS of them (fewer, of MIN_STEP_S, for a window that short)."""
-    step = max(MIN_STEP_S, window_s / POINTS)
+def slots(window_s: float, end: float, min_step_s: float = MIN_STEP_S) -> Slots:
+    """The slots of a window: POINTS of them (fewer, of ``min_step_s``, for a window that short)."""
+    step = max(MIN_STEP_S, min_step_s, window_s / POINTS)
     return Slots(end, step, max(1, min(POINTS, round(window_s / step))))
 
 
@@ -70,17 +71,23 @@ NodeFigures = tuple[str, float | None, float | None]  # (address, batches/s, dat
 
 class History:
     """The direct form's memory: each node's figures at this reader's refreshes, for ``window_s``
-    (at most ``keep`` readings a node, so a fast refresh cannot grow it)."""
+    (at most ``keep`` readings a node, so a fast refresh cannot grow it). Its slots are never
+    shorter than the longest time between its last refreshes: a slot between two refreshes
+    would stand blank, as if the node had not answered."""
 
     def __init__(self, window_s: float, keep: int = 50 * POINTS) -> None:
         self.window_s = window_s
         self._keep = keep
         self._seen: dict[str, deque[tuple[float, float | None, float | None]]] = {}
+        self._refreshes: deque[float] = deque(maxlen=6)
 
     def record(self, now: float, figures: Iterable[NodeFigures]) -> tuple[Slots, dict[str, Trend]]:
         for address, rate, wait in figures:
             self._seen.setdefault(address, deque(maxlen=self._keep)).append((now, rate, wait))
-        where = slots(self.window_s, now)
+        self._refreshes.append(now)
+        times = list(self._refreshes)
+        cadence = max((b - a for a, b in itertools.pairwise(times)), default=0.0)
+        where = slots(self.window_s, now, cadence)
         out: dict[str, Trend] = {}
         for address, seen in list(self._seen.items()):
             while seen and seen[0][0] <= where.start - where.step_s:
