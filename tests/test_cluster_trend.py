@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import subprocess
 import time
 from collections.abc import Iterator
 
@@ -18,6 +19,7 @@ from dlmon.cluster.trend import POINTS, History, bucketed, slots, sparkline
 from dlmon.collect.sampler import Sampler
 from dlmon.export.prometheus import Address, Exporter, Server, serve
 from dlmon.model import LoaderSample, Snapshot
+from export_support import dlmon_cmd
 
 
 @pytest.fixture(scope="module")
@@ -174,3 +176,19 @@ def test_a_held_straggler_goes_when_it_is_not_the_slowest_or_below_the_hold(flee
     assert _named([(0.02, 0.35), (0.02, 0.15)], fleet) == [1, None]
     # never named: 25% is below the rule's 30% without a hold
     assert _named([(0.02, 0.25), (0.02, 0.25)], fleet) == [None, None]
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ("0", "more than 0"),
+        ("abc", "a number of seconds"),
+        ("1e9", "at most 604800"),
+        ("nan", "a finite number"),
+    ],
+)
+def test_a_bad_trend_is_one_line(value: str, words: str) -> None:
+    done = subprocess.run(
+        dlmon_cmd("cluster", "127.0.0.1:1", "--once", "--trend", value), capture_output=True, text=True
+    )
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and f"--trend must be {words}" in done.stderr
