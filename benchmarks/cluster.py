@@ -39,8 +39,10 @@ from pathlib import Path
 from dlmon.analysis import Analyzer
 from dlmon.cluster.command import ClusterOptions, reader
 from dlmon.cluster.exposition import parse
+from dlmon.cluster.promapi import read_trends
 from dlmon.cluster.readings import NodeReading
 from dlmon.cluster.scrape import NEEDED_SET
+from dlmon.cluster.trend import slots
 from dlmon.cluster.view import cluster_view
 from dlmon.collect.sampler import Sampler
 from dlmon.export.prometheus import Address, Exporter, serve
@@ -179,6 +181,12 @@ def prometheus_run(nodes: list[str], rounds: int, scrape_s: float) -> tuple[floa
                     pass
                 time.sleep(1)
             time.sleep(3 * scrape_s)  # a window of scrapes for avg_over_time, a trend of a few slots
+            where = slots(options.trend_s, time.time())
+            trends = timed(lambda: read_trends(options.prometheus or "", "fleet", None, where, 30.0), rounds)
+            print(
+                f"prometheus, the 2 range queries (trends) alone: {trends[0] * 1000:.0f} ms wall, "
+                f"{trends[1] * 1000:.0f} ms CPU"
+            )
             return timed(read, rounds)
         finally:
             server.terminate()
