@@ -9,8 +9,10 @@ import dataclasses
 import json
 import os
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -192,3 +194,81 @@ def test_a_bad_trend_is_one_line(value: str, words: str) -> None:
         dlmon_cmd("cluster", "127.0.0.1:1", "--once", "--trend", value), capture_output=True, text=True
     )
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and f"--trend must be {words}" in done.stderr
+
+
+# --- range queries that fail or answer oddly ---------------------------------------------------------
+
+
+def _prometheus_like(range_body: bytes) -> tuple[ThreadingHTTPServer, str]:
+    """Instant queries answered with one node's batches/s; /api/v1/query_range with ``range_body``."""
+    instant = {
+        "status": "success",
+        "data": {
+            "resultType": "vector",
+            "result": [
+                {
+                    "metric": {"__name__": "dlmon_loader_batches_per_second", "instance": "n0:9108"},
+                    "value": [1.0, "20"],
+                }
+            ],
+        },
+    }
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            ranged = self.path.startswith("/api/v1/query_range")
+            body = range_body if ranged else json.dumps(instant).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+@pytest.mark.parametrize(
+    ("range_body", "note"),
+    [
+        (b"<html>no</html>", "no trends: "),
+        (json.dumps({"status": "error", "error": "too many points"}).encode(), "no trends: "),
+        (  # a matrix with values that are not numbers, not finite, or not pairs: those points skipped
+            json.dumps(
+                {
+                    "status": "success",
+                    "data": {
+                        "resultType": "matrix",
+                        "result": [
+                            {"metric": {"instance": "n0:9108"}, "values": [[1, "NaN"], ["x", "1"], [2], 5]},
+                            {"metric": {"instance": "n0:9108"}, "values": "nope"},
+                        ],
+                    },
+                }
+            ).encode(),
+            None,
+        ),
+    ],
+)
+def test_range_queries_that_fail_or_answer_oddly_leave_the_trend_n_a(
+    range_body: bytes, note: str | None
+) -> None:
+    server, url = _prometheus_like(range_body)
+    try:
+        view = reader(ClusterOptions((), url, None, None, 5.0, 0.0))()
+    finally:
+        server.shutdown()
+        server.server_close()
+    (node,) = view.nodes
+    assert node.batches_per_s == 20.0  # the figures of now stand
+    assert node.batches_per_s_trend is None and node_cells(node)[2] == "n/a"
+    if note is None:
+        assert view.trend_note is None and view.trend_step_s == 15.0
+    else:
+        assert (
+            view.trend_note is not None and view.trend_note.startswith(note) and "\n" not in view.trend_note
+        )
+        assert view.trend_step_s is None and view.trend_note in table(view)
