@@ -218,9 +218,9 @@ def cluster_json(*args: str) -> dict[str, Any] | None:
 
 
 def _both_ranks(view: dict[str, Any] | None) -> bool:
-    return bool(view) and sorted(
-        r["rank"] for n in view["nodes"] for r in n["ranks"] if r["batches_per_s"]
-    ) == [0, 1]  # type: ignore[index]
+    if not view:
+        return False
+    return sorted(r["rank"] for n in view["nodes"] for r in n["ranks"] if r["batches_per_s"]) == [0, 1]
 
 
 def _with_cause(view: dict[str, Any] | None) -> dict[str, Any] | None:

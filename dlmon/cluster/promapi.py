@@ -1,7 +1,8 @@
 """Read the nodes from a Prometheus server's HTTP API (stdlib only): one instant query per
 series the view needs, the swinging per-interval figures as ``avg_over_time`` over a window,
-grouped by ``instance``; two range queries for each node's trend (``read_trends``). A server that cannot be reached, does not speak the API, or holds no
-dlmon series raises :class:`PrometheusError` with one line for the user."""
+grouped by ``instance``; two range queries for each node's trend (``read_trends``). A server that
+cannot be reached, does not speak the API, or holds no dlmon series raises
+:class:`PrometheusError` with one line for the user."""
 
 from __future__ import annotations
 
