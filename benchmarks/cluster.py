@@ -1,4 +1,4 @@
-"""What ``dlmon cluster`` costs for a fleet: 64 nodes x 8 ranks of synthetic exporters.
+"""What ``dlmon cluster`` costs for a fleet: 64 (or 512) nodes x 8 ranks of synthetic exporters.
 
 A child process serves ``--nodes`` real dlmon exporters on loopback (``dlmon.export.prometheus.
 serve``), each pinned to a snapshot widened from a real sample of this process to ``--ranks``
@@ -16,6 +16,7 @@ series each node serves.
 
     python benchmarks/cluster.py                       # 64 nodes x 8 ranks, 10 rounds
     python benchmarks/cluster.py --prometheus
+    python benchmarks/cluster.py --nodes 512 --prometheus --scrape-interval 15 --rounds 5
 """
 
 from __future__ import annotations
@@ -38,8 +39,10 @@ from pathlib import Path
 from dlmon.analysis import Analyzer
 from dlmon.cluster.command import ClusterOptions, reader
 from dlmon.cluster.exposition import parse
+from dlmon.cluster.promapi import read_trends
 from dlmon.cluster.readings import NodeReading
 from dlmon.cluster.scrape import NEEDED_SET
+from dlmon.cluster.trend import slots
 from dlmon.cluster.view import cluster_view
 from dlmon.collect.sampler import Sampler
 from dlmon.export.prometheus import Address, Exporter, serve
@@ -139,14 +142,15 @@ def fetch_all(urls: list[str]) -> list[bytes]:
         return list(pool.map(get, urls))
 
 
-def prometheus_run(nodes: list[str], rounds: int) -> tuple[float, float, object] | None:
+def prometheus_run(nodes: list[str], rounds: int, scrape_s: float) -> tuple[float, float, object] | None:
     if shutil.which("prometheus") is None:
         print("prometheus: not installed, skipped")
         return None
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "prometheus.yml"
         config.write_text(
-            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: fleet\n"
+            f"global:\n  scrape_interval: {scrape_s:g}s\n  scrape_timeout: {scrape_s:g}s\n"
+            "scrape_configs:\n  - job_name: fleet\n"
             f"    static_configs:\n      - targets: {json.dumps(nodes)}\n"
         )
         import socket
@@ -167,7 +171,7 @@ def prometheus_run(nodes: list[str], rounds: int) -> tuple[float, float, object]
         try:
             options = ClusterOptions((), f"http://127.0.0.1:{port}", "fleet", None, 30.0, 2.0)
             read = reader(options)
-            deadline = time.monotonic() + 90
+            deadline = time.monotonic() + 90 + 10 * scrape_s
             while time.monotonic() < deadline:
                 try:
                     view = read()
@@ -176,7 +180,13 @@ def prometheus_run(nodes: list[str], rounds: int) -> tuple[float, float, object]
                 except Exception:
                     pass
                 time.sleep(1)
-            time.sleep(3)  # a window of scrapes for avg_over_time
+            time.sleep(3 * scrape_s)  # a window of scrapes for avg_over_time, a trend of a few slots
+            where = slots(options.trend_s, time.time())
+            trends = timed(lambda: read_trends(options.prometheus or "", "fleet", None, where, 30.0), rounds)
+            print(
+                f"prometheus, the 2 range queries (trends) alone: {trends[0] * 1000:.0f} ms wall, "
+                f"{trends[1] * 1000:.0f} ms CPU"
+            )
             return timed(read, rounds)
         finally:
             server.terminate()
@@ -189,6 +199,8 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--prometheus", action="store_true")
+    ap.add_argument("--scrape-interval", type=float, default=1.0, help="Prometheus's, seconds")
+    ap.add_argument("--no-direct", action="store_true", help="only the baseline and Prometheus")
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve:
@@ -214,7 +226,7 @@ def main() -> None:
         )
         base = timed(lambda: fetch_all(urls), args.rounds)
         options = ClusterOptions(tuple(nodes), None, None, None, 10.0, 0.0)
-        direct = timed(reader(options), args.rounds)
+        direct = timed(reader(options), 1 if args.no_direct else args.rounds)
 
         def parse_and_view() -> object:
             now = time.time()
@@ -233,9 +245,11 @@ def main() -> None:
             ("  of which parse + view (no I/O)", local),
         ]
         if args.prometheus:
-            prom = prometheus_run(nodes, args.rounds)
+            prom = prometheus_run(nodes, args.rounds, args.scrape_interval)
             if prom is not None:
                 rows.append(("dlmon cluster --prometheus", prom))
+                trends = sum(1 for n in getattr(prom[2], "nodes", ()) if n.batches_per_s_trend is not None)
+                print(f"prometheus: {trends} of {len(nodes)} nodes with a trend (range queries)")
         for name, (wall, cpu, _) in rows:
             print(f"{name:34} {wall * 1000:10.0f} ms {cpu * 1000:9.0f} ms")
         print(f"direct / baseline: wall {direct[0] / base[0]:.1f}x, CPU {direct[1] / base[1]:.1f}x")

@@ -594,6 +594,7 @@ def _export_all_jobs(prometheus: str, seconds: float) -> None:
 
 MAX_CLUSTER_TIMEOUT_S = 600
 MAX_CLUSTER_WINDOW_S = 3600
+MAX_CLUSTER_TREND_S = 7 * 24 * 3600  # a week, in trend.POINTS slots of 8.4 h
 
 
 @main.command()
@@ -626,6 +627,12 @@ MAX_CLUSTER_WINDOW_S = 3600
     metavar="S",
     help="Average the per-interval figures over S seconds (several scrapes; avg_over_time). Default 2.",
 )
+@click.option(
+    "--trend",
+    default="300",
+    metavar="S",
+    help="Each node's batches/s and data wait over the last S seconds, as a sparkline (default 300).",
+)
 @click.option("--interval", default="2", metavar="S", help="Seconds between refreshes (default 2).")
 def cluster(
     nodes: tuple[str, ...],
@@ -638,6 +645,7 @@ def cluster(
     as_json: bool,
     timeout: str,
     window: str,
+    trend: str,
     interval: str,
 ) -> None:
     """Many nodes from one terminal: one row per node (its ranks under it), worst first, the
@@ -660,6 +668,9 @@ def cluster(
         fail(f"--timeout must be at most {MAX_CLUSTER_TIMEOUT_S} seconds, not {timeout!r}")
     if window_s > MAX_CLUSTER_WINDOW_S:
         fail(f"--window must be at most {MAX_CLUSTER_WINDOW_S} seconds, not {window!r}")
+    trend_s = positive_seconds(trend, "--trend")
+    if trend_s > MAX_CLUSTER_TREND_S:
+        fail(f"--trend must be at most {MAX_CLUSTER_TREND_S} seconds, not {trend!r}")
     interval_s = interval_seconds(interval)
     addresses: tuple[str, ...] = ()
     if prometheus_url is not None:
@@ -672,7 +683,7 @@ def cluster(
             addresses = resolve_nodes(nodes, hosts_file, port, os.environ.get("SLURM_JOB_NODELIST"))
         except HostsError as exc:
             fail(str(exc))
-    options = ClusterOptions(addresses, prometheus_url, job, match, timeout_s, window_s)
+    options = ClusterOptions(addresses, prometheus_url, job, match, timeout_s, window_s, trend_s)
     screen = None  # --json without --once: one JSON line every --interval
     if not once and not as_json:
         problem = terminal_problem()

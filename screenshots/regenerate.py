@@ -13,7 +13,9 @@ The runs, each in its own tmux server:
 - ``death``: ``dlmon run`` of a real DataLoader job (screenshots/jobs/loader_job.py); one of its
   workers is SIGKILLed; the trainer dies of torch's error and the final frame has the verdict;
 - ``ddp``: ``dlmon run -- python -m torch.distributed.run --nproc_per_node 2`` of a gloo DDP job
-  (screenshots/jobs/ddp_job.py), two ranks with two workers each.
+  (screenshots/jobs/ddp_job.py), two ranks with two workers each;
+- ``cluster``: ``dlmon cluster`` over a two-node torchrun job, each node under ``dlmon run
+  --prometheus`` in its own UTS namespace (``unshare -u``: needs root), node-b's loader slowed.
 
 Whatever happens, every training a run started is killed (its process group, by the pid the
 dashboard's header shows) before the next run starts. With the whole set done, the layout it was
@@ -27,11 +29,13 @@ import argparse
 import contextlib
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -51,8 +55,9 @@ SHOTS = {
     "demo-leak-worker-detail.svg": "leak",
     "run-worker-killed-160x50.svg": "death",
     "run-ddp-160x50.svg": "ddp",
+    "cluster-2-nodes-160x20.svg": "cluster",
 }
-RUNS = ("healthy", "leak", "death", "ddp")
+RUNS = ("healthy", "leak", "death", "ddp", "cluster")
 UP = re.compile(r"up (?:(\d+)h)?(?:(\d+)m)?(\d+)s")
 
 
@@ -241,6 +246,68 @@ def ddp(seconds: float) -> None:
         s.save("run-ddp-160x50.svg")
 
 
+PORT_LINE = re.compile(r"serving Prometheus metrics on http://\S+?:(\d+)/metrics")
+
+
+def cluster(seconds: float) -> None:
+    """``dlmon cluster`` over a real two-node torchrun job (node ranks 0 and 1, rendezvous on
+    127.0.0.1), each node under ``dlmon run --prometheus`` in its own UTS namespace (``unshare
+    -u``, so the hosts are node-a and node-b), node-b's loader slow (tests/agent_scripts/
+    ddp_straggler.py); the screen after ``seconds`` of its own refreshes (its trend columns), with
+    node-b's ranks unfolded."""
+    job = ROOT / "tests" / "agent_scripts" / "ddp_straggler.py"
+    master = free_port()
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "PYTHONPATH": _pythonpath()}
+    logs = Path(tempfile.mkdtemp(prefix="dlmon-shots-cluster-"))
+    nodes: list[subprocess.Popen[bytes]] = []
+    try:
+        for node_rank, host in enumerate(("node-a", "node-b")):
+            torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank"]
+            torchrun += [str(node_rank), "--nproc_per_node", "1", "--master_addr", "127.0.0.1"]
+            torchrun += ["--master_port", str(master), str(job), "--seconds", "900", "--slow-rank", "1"]
+            torchrun += ["--sleep-ms", "8"]
+            inner = [sys.executable, "-m", "dlmon", "run", "--headless", "--prometheus", "127.0.0.1:0", "--"]
+            with open(logs / f"{host}.err", "wb") as err:
+                nodes.append(
+                    subprocess.Popen(
+                        [
+                            "unshare",
+                            "-u",
+                            "sh",
+                            "-c",
+                            f"hostname {host} && exec {shlex.join(inner + torchrun)}",
+                        ],
+                        stdout=subprocess.DEVNULL,
+                        stderr=err,
+                        env=env,
+                        cwd=ROOT,
+                        start_new_session=True,
+                    )
+                )
+        ports = []
+        for host in ("node-a", "node-b"):
+            deadline = time.monotonic() + 120
+            while (m := PORT_LINE.search((logs / f"{host}.err").read_text())) is None:
+                if time.monotonic() > deadline:
+                    raise SystemExit(
+                        f"{host}: no exporter after 120 s:\n{(logs / f'{host}.err').read_text()}"
+                    )
+                time.sleep(0.5)
+            ports.append(m.group(1))
+        command = dlmon("cluster", *(f"127.0.0.1:{p}" for p in ports), "--trend", f"{seconds:.0f}")
+        with shot("cluster", command, size=(160, 20)) as s:
+            s.wait_for("the straggler", lambda t: "rank 1 on node-b sets the pace" in t, 180)
+            time.sleep(seconds)  # the trend columns fill with the screen's own refreshes
+            s.wait_for("its cause", lambda t: "why:" in t and "not measured" not in t, 60, soft=True)
+            s.keys("up", "enter")  # the cursor follows its node as the rows re-sort: up to node-b, the worst
+            s.save("cluster-2-nodes-160x20.svg")
+    finally:
+        for node in nodes:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(node.pid, signal.SIGKILL)
+            node.wait()
+
+
 def main() -> None:
     formatter = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
@@ -253,7 +320,13 @@ def main() -> None:
     started = time.monotonic()
     for stale in HERE.glob("dlmon-*.svg"):  # a half-finished earlier run's unrenamed screenshot
         stale.unlink()
-    runs: dict[str, Callable[[float], None]] = {"healthy": healthy, "leak": leak, "death": death, "ddp": ddp}
+    runs: dict[str, Callable[[float], None]] = {
+        "healthy": healthy,
+        "leak": leak,
+        "death": death,
+        "ddp": ddp,
+        "cluster": cluster,
+    }
     for name in only:
         runs[name]({"leak": 1.5, "death": 0.5}.get(name, 1.0) * args.seconds)
     if set(only) == set(RUNS):

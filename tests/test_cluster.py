@@ -218,9 +218,9 @@ def cluster_json(*args: str) -> dict[str, Any] | None:
 
 
 def _both_ranks(view: dict[str, Any] | None) -> bool:
-    return bool(view) and sorted(
-        r["rank"] for n in view["nodes"] for r in n["ranks"] if r["batches_per_s"]
-    ) == [0, 1]  # type: ignore[index]
+    if not view:
+        return False
+    return sorted(r["rank"] for n in view["nodes"] for r in n["ranks"] if r["batches_per_s"]) == [0, 1]
 
 
 def _with_cause(view: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -384,6 +384,28 @@ def test_prometheus_with_a_window_shorter_than_its_scrapes_reads_the_last_values
 
 
 @pytest.mark.slow
+def test_prometheus_range_queries_give_each_node_s_trend(two_nodes: TwoNodes) -> None:
+    """Each node's batches/s and data wait over the last minute, from /api/v1/query_range: both
+    nodes moving, the slowed node-b waiting more than node-a; on the table as sparklines."""
+    prom = ("--prometheus", two_nodes.prometheus, "--job", "train", "--trend", "60")
+    view = cluster_json(*prom)
+    assert view is not None and view["trend_step_s"] == 3.0 and view["trend_note"] is None, view
+    nodes = {n["host"]: n for n in view["nodes"]}
+    for host in HOSTS:
+        rates = [p for p in nodes[host]["batches_per_s_trend"] if p is not None]
+        waits = [p for p in nodes[host]["data_wait_trend"] if p is not None]
+        assert len(nodes[host]["batches_per_s_trend"]) == 20 and len(rates) >= 5, nodes[host]
+        assert all(r > 0 for r in rates) and len(waits) >= 5, nodes[host]
+    b_waits = [p for p in nodes["node-b"]["data_wait_trend"][-3:] if p is not None]
+    a_waits = [p for p in nodes["node-a"]["data_wait_trend"][-3:] if p is not None]
+    assert b_waits and a_waits and max(b_waits) > max(a_waits), (b_waits, a_waits)
+    done = cluster(*prom, "--once")
+    assert done.returncode == 0 and "batch/s trend" in done.stdout, done.stderr
+    rows = [line for line in done.stdout.splitlines() if line.startswith(("node-a", "node-b"))]
+    assert len(rows) == 2 and all(any(c in row for c in "▁▂▃▄▅▆▇█") for row in rows), done.stdout
+
+
+@pytest.mark.slow
 def test_a_target_prometheus_cannot_scrape_is_a_row_saying_so(two_nodes: TwoNodes) -> None:
     view = cluster_json("--prometheus", two_nodes.prometheus, "--match", '{job=~"train|gone"}')
     assert view is not None, "no view"
@@ -502,6 +524,7 @@ def test_the_screen_in_a_real_terminal(two_nodes: TwoNodes, source: str) -> None
     try:
         screen = tmux.wait_for("rank 1 on node-b sets the pace", timeout=60)
         assert "node-a" in screen and "▸ node-b (1 rank)" in screen, screen
+        assert "batch/s trend" in screen and any(c in screen for c in "▁▂▃▄▅▆▇█"), screen
         tmux("send-keys", "-t", "t", "Enter")
         screen = tmux.wait_for("└ rank 1", timeout=10)
         tmux("send-keys", "-t", "t", "q")

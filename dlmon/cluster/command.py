@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from dlmon.analysis.detectors._base import duration
-from dlmon.cluster.promapi import PrometheusError, read_prometheus
+from dlmon.cluster.promapi import PrometheusError, read_prometheus, read_trends
 from dlmon.cluster.scrape import scrape_nodes
-from dlmon.cluster.view import ClusterView, NodeRow, cluster_view
+from dlmon.cluster.trend import History, slots, sparkline
+from dlmon.cluster.view import ClusterView, NodeRow, cluster_view, with_trends
 from dlmon.model.format import human_bytes
 
 EXIT_NO_NODE = 1  # --once: not one node answered
@@ -36,15 +37,21 @@ class ClusterOptions:
     match: str | None
     timeout_s: float
     window_s: float  # the per-interval figures are averaged over this (several scrapes, avg_over_time)
+    trend_s: float = 300.0  # each node's batches/s and data wait over this long, in trend.POINTS slots
 
 
 Reader = Callable[[], ClusterView]
 
 
 def reader(options: ClusterOptions) -> Reader:
-    """A function reading the cluster once more, averaged over ``window_s``."""
+    """A function reading the cluster once more, averaged over ``window_s``, with each node's
+    trend over ``trend_s``: Prometheus's range queries, or (direct) what this reader saw at its
+    own refreshes. The straggler it named last is held (see view.find_straggler)."""
+    history = History(options.trend_s)
+    last: list[ClusterView] = []
 
     def read() -> ClusterView:
+        held = last[-1].straggler if last else None
         if options.prometheus is not None:
             try:
                 readings, source = read_prometheus(
@@ -52,11 +59,25 @@ def reader(options: ClusterOptions) -> Reader:
                 )
             except PrometheusError as exc:
                 raise ClusterFailed(str(exc)) from None
+            now = time.time()
+            view = cluster_view(readings, source, now, held)
+            where = slots(options.trend_s, now)
+            try:
+                trends = read_trends(options.prometheus, options.job, options.match, where, options.timeout_s)
+            except PrometheusError as exc:  # the figures of now stand; their history is n/a
+                view = with_trends(view, None, {}, f"no trends: {exc}")
+            else:
+                view = with_trends(view, where, trends)
         else:
             count = round(options.window_s) + 1  # a scrape a second, both ends included
             readings = scrape_nodes(options.nodes, options.timeout_s, readings=count, every_s=1.0)
             source = f"{len(options.nodes)} dlmon exporter{'s' if len(options.nodes) != 1 else ''}"
-        return cluster_view(readings, source, time.time())
+            now = time.time()
+            view = cluster_view(readings, source, now, held)
+            figures = ((n.address, n.batches_per_s, n.data_wait) for n in view.nodes if n.answered)
+            view = with_trends(view, *history.record(now, figures))
+        last[:] = [view]
+        return view
 
     return read
 
@@ -77,9 +98,10 @@ def _rate(value: float | None) -> str:
 
 
 def node_cells(node: NodeRow) -> tuple[str, ...]:
-    """(host, batches/s, data wait, headroom, time to OOM, GPU memory, GPU idle, verdict)."""
+    """(host, batches/s, its trend, data wait, its trend, headroom, time to OOM, GPU memory,
+    GPU idle, verdict)."""
     if node.problem is not None:
-        return (node.host, "", "", "", "", "", "", node.problem)
+        return (node.host, "", "", "", "", "", "", "", "", node.problem)
     gpu = (
         "n/a"
         if node.gpu_memory_total_bytes is None
@@ -92,7 +114,9 @@ def node_cells(node: NodeRow) -> tuple[str, ...]:
     return (
         node.host,
         _rate(node.batches_per_s),
+        sparkline(node.batches_per_s_trend),
         _pct(node.data_wait),
+        sparkline(node.data_wait_trend, top=1.0),
         human_bytes(node.headroom_bytes),
         oom,
         gpu,
@@ -101,7 +125,10 @@ def node_cells(node: NodeRow) -> tuple[str, ...]:
     )
 
 
-HEADERS = ("node", "batch/s", "wait", "headroom", "to OOM", "GPU mem", "GPU idle", "verdict")
+HEADERS = (
+    "node", "batch/s", "batch/s trend", "wait", "wait trend", "headroom", "to OOM", "GPU mem", "GPU idle",
+    "verdict",
+)  # fmt: skip
 
 
 def table(view: ClusterView) -> str:
@@ -110,9 +137,11 @@ def table(view: ClusterView) -> str:
         rows.append(node_cells(node))
         for r in node.ranks:
             why = r.verdict.reason if r.verdict else ""
-            rows.append((f"  rank {r.rank}", _rate(r.batches_per_s), _pct(r.data_wait), "", "", "", "", why))
+            rows.append(
+                (f"  rank {r.rank}", _rate(r.batches_per_s), "", _pct(r.data_wait), "", "", "", "", "", why)
+            )
     widths = [max(len(row[i]) for row in rows) for i in range(len(HEADERS) - 1)]
-    lines = [f"straggler: {view.straggler_note}"]
+    lines = [f"straggler: {view.straggler_note}"] + ([view.trend_note] if view.trend_note else [])
     for row in rows:
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1])
     return "\n".join(line.rstrip() for line in lines)

@@ -1,7 +1,8 @@
-"""Read the nodes from a Prometheus server's HTTP API (instant queries, stdlib only): one query
-per series the view needs, the swinging per-interval figures as ``avg_over_time`` over a window,
-grouped by ``instance``. A server that cannot be reached, does not speak the API, or holds no
-dlmon series raises :class:`PrometheusError` with one line for the user."""
+"""Read the nodes from a Prometheus server's HTTP API (stdlib only): one instant query per
+series the view needs, the swinging per-interval figures as ``avg_over_time`` over a window,
+grouped by ``instance``; two range queries for each node's trend (``read_trends``). A server that
+cannot be reached, does not speak the API, or holds no dlmon series raises
+:class:`PrometheusError` with one line for the user."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from typing import Any
 from dlmon.cluster.bounded import TooLarge, TooSlow, get, read_body
 from dlmon.cluster.exposition import Labels, Series
 from dlmon.cluster.readings import AVERAGED, NEEDED, NodeReading
+from dlmon.cluster.trend import Slots, Trend, bucketed
 
 _DROPPED = frozenset({"__name__", "instance", "job"})
 # One query's answer: ~350 bytes a series, so ~90 000 series (512 nodes x 8 ranks x 20 processes
@@ -52,7 +54,21 @@ class Api:
         self.timeout = timeout
 
     def query(self, promql: str) -> list[dict[str, Any]]:
-        where = f"{self.base}/api/v1/query?{urllib.parse.urlencode({'query': promql})}"
+        return self._ask("query", {"query": promql})
+
+    def query_range(self, promql: str, where: Slots) -> list[dict[str, Any]]:
+        """A matrix: each series' values at the slots' ends, ``where.count`` of them at most."""
+        params = {
+            "query": promql,
+            "start": f"{where.start:.3f}",
+            "end": f"{where.end:.3f}",
+            "step": f"{where.step_s:.3f}",
+        }
+        return self._ask("query_range", params)
+
+    def _ask(self, endpoint: str, params: dict[str, str]) -> list[dict[str, Any]]:
+        promql = params["query"]
+        where = f"{self.base}/api/v1/{endpoint}?{urllib.parse.urlencode(params)}"
         try:
             body = get(where, self.timeout, MAX_BODY)
         except TooLarge:
@@ -68,7 +84,7 @@ class Api:
             body = _error_body(exc, self.timeout)  # a bad query: the API answers 400 with its error in JSON
             if not _api_error(body):
                 raise PrometheusError(
-                    f"{self.base} answered HTTP {exc.code} to /api/v1/query: not a Prometheus server?"
+                    f"{self.base} answered HTTP {exc.code} to /api/v1/{endpoint}: not a Prometheus server?"
                 ) from None
         except urllib.error.URLError as exc:
             reason = exc.reason
@@ -198,3 +214,47 @@ def read_prometheus(
     ]
     source = f"Prometheus {api.base}" + (f" {{{where}}}" if where else "")
     return readings, source
+
+
+def _values(item: dict[str, Any]) -> list[tuple[float, float]]:
+    """A matrix series' (time, value) pairs, those that are numbers and finite."""
+    out: list[tuple[float, float]] = []
+    values = item.get("values")
+    for pair in values if isinstance(values, list) else []:
+        try:
+            t, value = float(pair[0]), float(pair[1])
+        except (IndexError, TypeError, ValueError):
+            continue
+        if math.isfinite(t) and math.isfinite(value):
+            out.append((t, value))
+    return out
+
+
+def read_trends(
+    url: str, job: str | None, match: str | None, where: Slots, timeout: float
+) -> dict[str, Trend]:
+    """Each instance's batches/s (per rank its busiest loader, summed over the node's ranks) and
+    data wait (its most waiting rank's share of wall time) over the slots, each slot the average
+    of the scrapes within it: two range queries."""
+    api = Api(url, timeout)
+    sel = selector(job, match)
+    step = f"{max(1, round(where.step_s * 1000))}ms"
+    rate = (
+        "sum by (instance) (max by (instance, rank) "
+        f"(avg_over_time(dlmon_loader_batches_per_second{{{sel}}}[{step}])))"
+    )
+    wait = f"max by (instance) (avg_over_time(dlmon_job_data_wait_wall_ratio{{{sel}}}[{step}]))"
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        rates, waits = pool.map(lambda q: api.query_range(q, where), (rate, wait))
+
+    def by_instance(answer: list[dict[str, Any]]) -> dict[str, tuple[float | None, ...]]:
+        out: dict[str, tuple[float | None, ...]] = {}
+        for item in answer:
+            instance = str(item.get("metric", {}).get("instance", ""))
+            points = bucketed(_values(item), where, at_ends=True)
+            if instance and points is not None:
+                out[instance] = points
+        return out
+
+    got_rates, got_waits = by_instance(rates), by_instance(waits)
+    return {i: Trend(got_rates.get(i), got_waits.get(i)) for i in sorted({*got_rates, *got_waits})}

@@ -14,6 +14,7 @@ from dlmon.analysis.detectors._base import duration
 from dlmon.analysis.detectors.loader import LoaderNumbers
 from dlmon.cluster.exposition import Series
 from dlmon.cluster.readings import NodeReading
+from dlmon.cluster.trend import Points, Slots, Trend
 from dlmon.model.format import human_bytes
 
 SEVERITY = {"critical": 3, "warning": 2, "info": 1}
@@ -72,6 +73,10 @@ class NodeRow:
     clock_offset_s: float | None  # its snapshot time minus the reading time; None: n/a
     verdict: Verdict | None
     ranks: tuple[RankRow, ...]
+    # the last --trend seconds in slots, oldest first (a slot with nothing measured: None);
+    # None: no range data for this node ("n/a")
+    batches_per_s_trend: Points | None = None
+    data_wait_trend: Points | None = None
 
     @property
     def severity(self) -> int:
@@ -101,6 +106,8 @@ class ClusterView:
     nodes: tuple[NodeRow, ...]
     straggler: Straggler | None
     straggler_note: str  # the straggler's line, or why there is none
+    trend_step_s: float | None = None  # each trend slot's length; None: no trends read
+    trend_note: str | None = None  # why no node has a trend (the range queries failed)
 
 
 # --- one node ------------------------------------------------------------------------------------
@@ -361,7 +368,7 @@ def _measured_cause(
     other_workers = [r.workers for r, _ in others if r.workers is not None]
     if slow.workers is not None and other_workers and slow.workers < min(other_workers):
         return (
-            "fewer_workers",
+            local.FEWER_WORKERS,
             f"it has {slow.workers} DataLoader workers, the other ranks {min(other_workers)} or more",
         )
     # each worker's CPU, as the local detector: a rank with more workers uses more cores in all
@@ -371,7 +378,7 @@ def _measured_cause(
     busy = each is not None and each >= BUSY_WORKER_CORES
     if each is not None and busy and other_cpu and each >= max(other_cpu) + CPU_GAP_CORES:
         return (
-            "cpu",
+            local.CPU,
             f"its workers are CPU-bound at {each:.0%} of a core each, the other ranks' at most "
             f"{max(other_cpu):.0%}",
         )
@@ -382,7 +389,7 @@ def _measured_cause(
         and (not other_swap or max(other_swap) < SWAP_BYTES)
     ):
         return (
-            "swap",
+            local.SWAP,
             f"its processes have {human_bytes(slow.swap_bytes)} swapped out, the other ranks' little",
         )
     # one disk serves every rank of its node: it tells the slow rank apart only when no rank it is
@@ -397,7 +404,7 @@ def _measured_cause(
         and node.disk_busy >= max(other_nodes) + IO_GAP
     ):
         return (
-            "io",
+            local.IO,
             f"its node's disk is busy {node.disk_busy:.0%} of the time, the other nodes' at most "
             f"{max(other_nodes):.0%}",
         )
@@ -411,9 +418,15 @@ def _node_says(slow: RankRow) -> tuple[str, str] | None:
     return v.cause, f"dlmon on its node finds {v.kind.replace('_', ' ')}, cause {v.cause.replace('_', ' ')}"
 
 
-def find_straggler(nodes: Sequence[NodeRow]) -> tuple[Straggler | None, str]:
+def _held(held: Straggler | None, node: NodeRow, slow: RankRow) -> bool:
+    return held is not None and (held.address, held.rank, held.site) == (node.address, slow.rank, slow.site)
+
+
+def find_straggler(nodes: Sequence[NodeRow], held: Straggler | None = None) -> tuple[Straggler | None, str]:
     """The rank whose loader wait sets everyone's pace, across nodes: the local detector's rule
-    (dlmon.analysis.detectors.straggler) over every node's ranks at the same loader site."""
+    (dlmon.analysis.detectors.straggler) over every node's ranks at the same loader site; ``held``,
+    the straggler named at the last refresh, is kept at the rule's hold thresholds while it stays
+    the slowest rank of its site."""
     everyone = [
         (r, n) for n in nodes if n.answered for r in n.ranks if r.loader_wait is not None and r.batches_per_s
     ]
@@ -436,23 +449,16 @@ def find_straggler(nodes: Sequence[NodeRow]) -> tuple[Straggler | None, str]:
         wait = slow.loader_wait or 0.0
         most = max(p[0].loader_wait or 0.0 for p in others)
         rates = [p[0].batches_per_s or 0.0 for p in pairs]
-        if (
-            wait < local.WAIT_FRACTION
-            or wait - most < local.WAIT_GAP
-            or wait < local.WAIT_RATIO * most
-            or min(rates) < local.LOCKSTEP_RATE_RATIO * max(rates)
-        ):
+        if not local.paces_the_job(wait, most, rates, _held(held, node, slow)):
             continue
         measured = _measured_cause(slow, node, others)
         said = _node_says(slow)
         cause, why = (
-            measured or said or ("not_measured", "nothing dlmon exports differs from the other ranks")
+            measured or said or (local.NOT_MEASURED, "nothing dlmon exports differs from the other ranks")
         )
         # as the local detector: without a measured difference from the other ranks, a possibility
         # (every rank's loader may be as slow, the slowest by a hair pacing the job), info
-        severity = "info"
-        if measured:
-            severity = "critical" if wait >= local.CRITICAL_WAIT_FRACTION else "warning"
+        severity = local.severity_of(wait, measured=measured is not None)
         named = sorted(p[0].rank for p in others)
         who = (
             f"rank{'s' if len(named) > 1 else ''} {', '.join(map(str, named))}"
@@ -480,7 +486,7 @@ def find_straggler(nodes: Sequence[NodeRow]) -> tuple[Straggler | None, str]:
         )
         verdict = rank.verdict
         assert verdict is not None
-        cause = verdict.cause or "not_measured"
+        cause = verdict.cause or local.NOT_MEASURED
         line = (
             f"rank {rank.rank} on {node.host} sets its node's pace "
             f"(dlmon there: straggler, cause {cause.replace('_', ' ')})"
@@ -507,9 +513,25 @@ def find_straggler(nodes: Sequence[NodeRow]) -> tuple[Straggler | None, str]:
     return None, "no straggler: no rank waits for its data far longer than the others"
 
 
-def cluster_view(readings: Sequence[NodeReading], source: str, now: float) -> ClusterView:
+def with_trends(
+    view: ClusterView, where: Slots | None, trends: Mapping[str, Trend], note: str | None = None
+) -> ClusterView:
+    """The view with each node's trend (a node ``trends`` lacks: n/a)."""
+    nodes = tuple(
+        replace(n, batches_per_s_trend=t.batches_per_s, data_wait_trend=t.data_wait)
+        if (t := trends.get(n.address)) is not None
+        else n
+        for n in view.nodes
+    )
+    return replace(view, nodes=nodes, trend_step_s=None if where is None else where.step_s, trend_note=note)
+
+
+def cluster_view(
+    readings: Sequence[NodeReading], source: str, now: float, held: Straggler | None = None
+) -> ClusterView:
+    """``held``: the straggler of the last refresh (see find_straggler)."""
     rows = [node_row(r) for r in readings]
-    straggler, note = find_straggler(rows)
+    straggler, note = find_straggler(rows, held)
 
     def badness(node: NodeRow) -> tuple[int, int, float, str]:
         severity = node.severity

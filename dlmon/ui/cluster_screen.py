@@ -6,6 +6,7 @@ view and says why on the status line."""
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Callable
 
@@ -31,7 +32,18 @@ def rank_cells(rank: RankRow) -> tuple[str, ...]:
     cpu = "" if rank.worker_cpu is None else f"workers {rank.workers or '?'} at {rank.worker_cpu:.1f} cores"
     verdict = rank.verdict.reason if rank.verdict else "ok"
     loader = f"{rank.site or ''} wait {pct(rank.loader_wait)} of its loader time; {cpu}".strip("; ")
-    return (f"  └ rank {rank.rank}", rate, pct(rank.data_wait), "", "", "", "", f"{verdict} · {loader}")
+    return (
+        f"  └ rank {rank.rank}",
+        rate,
+        "",
+        pct(rank.data_wait),
+        "",
+        "",
+        "",
+        "",
+        "",
+        f"{verdict} · {loader}",
+    )
 
 
 class ClusterApp(App[int]):
@@ -40,6 +52,7 @@ class ClusterApp(App[int]):
         Binding("q", "quit", "Quit"),
         Binding("enter", "fold", "Ranks", priority=True),
         Binding("r", "refresh_now", "Refresh"),
+        Binding("s", "save_svg", "Screenshot"),
     ]
     CSS = """
     #straggler { height: auto; padding: 0 1; }
@@ -106,7 +119,9 @@ class ClusterApp(App[int]):
         answered = sum(1 for n in view.nodes if n.answered)
         self.query_one("#status", Static).update(
             f"{view.source}: {answered}/{len(view.nodes)} nodes answered at "
-            f"{time.strftime('%H:%M:%S', time.localtime(view.time))} · enter: a node's ranks · q: quit"
+            f"{time.strftime('%H:%M:%S', time.localtime(view.time))}"
+            + (f" · {view.trend_note}" if view.trend_note else "")
+            + " · enter: a node's ranks · q: quit"
         )
         self._fill()
 
@@ -162,6 +177,17 @@ class ClusterApp(App[int]):
 
     def action_refresh_now(self) -> None:
         self.refresh_view()
+
+    def action_save_svg(self) -> None:
+        """An SVG of the screen in screenshots/ (when the current directory has one) or here."""
+        directory = "screenshots" if os.path.isdir("screenshots") else "."
+        name = f"dlmon-cluster-{time.strftime('%Y%m%d-%H%M%S')}.svg"
+        try:
+            path = self.save_screenshot(name, directory)
+        except OSError as exc:
+            self.notify(f"could not save the screenshot: {exc}", severity="error")
+            return
+        self.notify(f"screenshot saved: {path}")
 
 
 def run_cluster_screen(read: Reader, interval_s: float, first: ClusterView | None = None) -> int:

@@ -84,6 +84,27 @@ def _by_site(s: Snapshot) -> dict[str, dict[int, LoaderSample]]:
     return sites
 
 
+def paces_the_job(wait: float, others_max_wait: float, rates: Sequence[float], held: bool) -> bool:
+    """The straggler rule, here and across nodes (dlmon.cluster.view): the slowest rank's loader
+    ``wait`` stands out from every other rank's (at most ``others_max_wait``) while all move in
+    lockstep (``rates``, every rank's batches/s). ``held``: the same rank was named last time, and
+    is kept at the lower hold thresholds while it stays the slowest (no flicker at the edge)."""
+    return not (
+        wait < (HOLD_WAIT_FRACTION if held else WAIT_FRACTION)
+        or wait - others_max_wait < (HOLD_WAIT_GAP if held else WAIT_GAP)
+        or wait < WAIT_RATIO * others_max_wait
+        or min(rates) < LOCKSTEP_RATE_RATIO * max(rates)
+    )
+
+
+def severity_of(wait: float, measured: bool) -> str:
+    """A warning (critical past CRITICAL_WAIT_FRACTION) only for a difference measured on the slow
+    rank; without one, info (see _unproven)."""
+    if not measured:
+        return INFO
+    return CRITICAL if wait >= CRITICAL_WAIT_FRACTION else WARNING
+
+
 def detect_straggler(ctx: Context) -> list[Candidate]:
     s = ctx.latest
     if sum(1 for ls in s.loaders if ls.rank is not None) < 2:
@@ -103,12 +124,7 @@ def detect_straggler(ctx: Context) -> list[Candidate]:
         key = f"straggler:{site}:rank:{slow.loader.rank}"
         held = ctx.is_active(STRAGGLER, key)
         rates = [x.rate for x in known]
-        if (
-            slow.wait < (HOLD_WAIT_FRACTION if held else WAIT_FRACTION)
-            or slow.wait - most_other < (HOLD_WAIT_GAP if held else WAIT_GAP)
-            or slow.wait < WAIT_RATIO * most_other
-            or min(rates) < LOCKSTEP_RATE_RATIO * max(rates)
-        ):
+        if not paces_the_job(slow.wait, most_other, rates, held):
             continue
         out.append(_straggler(ctx, key, site, slow, others, window))
     return out
@@ -281,11 +297,9 @@ def _straggler(
         f"{noun} {names} {verb} {most_other:.0%} (mean over {duration(WINDOW_S)}, all at "
         f"{slow.rate:.1f} batches/s): the other ranks wait for it in the collective, outside their loaders"
     )
-    if causes:
-        severity = CRITICAL if slow.wait >= CRITICAL_WAIT_FRACTION else WARNING
-    else:  # no measured difference: info, never the job's warning (see _unproven)
+    severity = severity_of(slow.wait, measured=bool(causes))
+    if not causes:  # no measured difference: info, never the job's warning (see _unproven)
         causes = [_unproven(ctx, slow, window)]
-        severity = INFO
     why = "; ".join(c[1] for c in causes)
     advice = " ".join(c[2] for c in causes)
     return Candidate(

@@ -1,0 +1,274 @@
+"""``dlmon cluster``'s trends (each node's batches/s and data wait over ``--trend``) in the direct
+form, and the straggler held across refreshes: real dlmon exporters served on loopback, read by
+the command's own reader, their snapshots changed between refreshes. (The Prometheus form's
+range queries are tested on the real two-node job in test_cluster.py.)"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from dlmon.cluster.command import ClusterOptions, as_dict, node_cells, reader, table
+from dlmon.cluster.trend import POINTS, History, bucketed, slots, sparkline
+from dlmon.collect.sampler import Sampler
+from dlmon.export.prometheus import Address, Exporter, Server, serve
+from dlmon.model import LoaderSample, Snapshot
+from export_support import dlmon_cmd
+
+
+@pytest.fixture(scope="module")
+def snapshot() -> Snapshot:
+    sampler = Sampler(os.getpid())
+    try:
+        return sampler.sample()
+    finally:
+        sampler.close()
+
+
+def _ranked(snapshot: Snapshot, rank: int, wait: float, rate: float = 20.0) -> Snapshot:
+    loader = LoaderSample(
+        id=f"{100 + rank}:1",
+        name="train.py:40",
+        pid=100 + rank,
+        num_workers=2,
+        batches_total=500,
+        batches_per_s=rate,
+        data_wait_fraction=wait,
+        wall_wait_fraction=wait,
+        rank=rank,
+        local_rank=0,
+        node_rank=rank,
+        world_size=2,
+    )
+    return dataclasses.replace(
+        snapshot, loaders=(loader,), alerts=(), disks=(), host=f"n{rank}", time=time.time()
+    )
+
+
+@dataclasses.dataclass
+class Fleet:
+    exporters: list[Exporter]
+    servers: list[Server]
+    snapshot: Snapshot
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(f"127.0.0.1:{s.port}" for s in self.servers)
+
+    def set(self, waits: tuple[float, float], rates: tuple[float, float] = (20.0, 20.0)) -> None:
+        """Both nodes' exporters now serve these loader waits and batch rates (ranks 0 and 1)."""
+        for rank, exporter in enumerate(self.exporters):
+            exporter(_ranked(self.snapshot, rank, waits[rank], rates[rank]))
+
+
+@pytest.fixture
+def fleet(snapshot: Snapshot) -> Iterator[Fleet]:
+    exporters = [Exporter(), Exporter()]
+    found = Fleet(exporters, [], snapshot)
+    found.set((0.05, 0.05))
+    found.servers = [serve(e, Address("127.0.0.1", 0)) for e in exporters]
+    try:
+        yield found
+    finally:
+        for server in found.servers:
+            server.close()
+
+
+def test_the_direct_form_keeps_each_node_s_trend_across_refreshes(fleet: Fleet) -> None:
+    read = reader(ClusterOptions(fleet.nodes, None, None, None, 5.0, 0.0, trend_s=20.0))
+    first = read()
+    assert first.trend_step_s == 1.0
+    for node in first.nodes:  # one refresh: one slot measured, the rest not yet
+        assert node.batches_per_s_trend is not None and len(node.batches_per_s_trend) == 20
+        assert [p for p in node.batches_per_s_trend if p is not None] == [20.0]
+    for rate in (10.0, 5.0):
+        time.sleep(1.1)
+        fleet.set((0.05, 0.05), (rate, rate))
+        view = read()
+    trend = view.nodes[0].batches_per_s_trend
+    # oldest first, each slot the mean of the refreshes in it (slots as long as the refreshes' gaps)
+    measured = [p for p in trend or () if p is not None]
+    assert len(measured) >= 2 and measured == sorted(measured, reverse=True), trend
+    assert measured[0] > measured[-1] and trend is not None and trend[-1] == measured[-1] <= 7.5
+    assert all(n.data_wait_trend is not None and n.data_wait_trend[-1] == 0.05 for n in view.nodes)
+    cells = node_cells(view.nodes[0])
+    assert cells[2].lstrip()[0] == "█" and " " not in cells[2].strip(), cells  # the node's own top; no gap
+    assert cells[4].strip() == "▁" * len(cells[4].strip()), cells
+    data = json.loads(json.dumps(as_dict(view)))
+    assert [p for p in data["nodes"][0]["batches_per_s_trend"] if p is not None] == measured
+    assert data["trend_step_s"] == view.trend_step_s and view.trend_step_s is not None
+    assert "batch/s trend" in table(view).splitlines()[1]
+
+
+def test_a_node_with_no_range_data_shows_n_a(fleet: Fleet) -> None:
+    closed = fleet.nodes[0].rsplit(":", 1)[0] + ":1"
+    view = reader(ClusterOptions((fleet.nodes[0], closed), None, None, None, 5.0, 0.0))()
+    answered = next(n for n in view.nodes if n.answered)
+    assert answered.batches_per_s_trend is not None
+    silent = next(n for n in view.nodes if not n.answered)
+    assert silent.batches_per_s_trend is None and silent.data_wait_trend is None
+    no_history = dataclasses.replace(answered, batches_per_s_trend=None, data_wait_trend=None)
+    cells = node_cells(no_history)
+    assert (cells[2], cells[4]) == ("n/a", "n/a")
+
+
+def test_the_trend_stays_bounded_however_long_the_window_and_many_the_refreshes() -> None:
+    week = slots(7 * 24 * 3600, 1e9)
+    assert week.count == POINTS and week.step_s == 7 * 24 * 3600 / POINTS
+    history = History(600.0, keep=100)
+    for i in range(10_000):
+        where, trends = history.record(1000.0 + i * 0.05, [("n:1", float(i), 0.5)])
+    trend = trends["n:1"]
+    assert trend.batches_per_s is not None and len(trend.batches_per_s) == POINTS
+    assert len(history._seen["n:1"]) == 100
+    # a range query's evaluation times land in their own slots, to the millisecond
+    assert bucketed([(where.end - where.step_s + 0.0004, 1.0)], where, at_ends=True) == (None,) * 18 + (
+        1.0,
+        None,
+    )
+    assert sparkline((None, 0.0, 0.5, 1.0), top=1.0) == " ▁▅█"
+
+
+def test_refreshes_further_apart_than_a_slot_leave_no_blank_slots() -> None:
+    """--trend 60 (20 slots of 3 s) read every 4 s (a refresh of 2 s of scrapes, 2 s apart): a
+    slot between two refreshes stood blank, a sparkline with a hole every few characters."""
+    history = History(60.0)
+    for i in range(30):
+        where, trends = history.record(1000.0 + 4.0 * i, [("n:1", 10.0, 0.5)])
+    assert where.step_s == 4.0 and where.count == 15
+    assert trends["n:1"].batches_per_s == (10.0,) * 15
+    assert sparkline(trends["n:1"].data_wait, top=1.0) == "▅" * 15
+
+
+# --- the straggler held across refreshes -----------------------------------------------------------
+
+
+def _named(read_waits: list[tuple[float, float]], fleet: Fleet) -> list[int | None]:
+    """The straggler's rank at each refresh, the two nodes serving these loader waits in turn."""
+    read = reader(ClusterOptions(fleet.nodes, None, None, None, 5.0, 0.0, trend_s=10.0))
+    out: list[int | None] = []
+    for waits in read_waits:
+        fleet.set(waits)
+        view = read()
+        out.append(None if view.straggler is None else view.straggler.rank)
+    return out
+
+
+def test_a_straggler_at_the_edge_of_the_rule_does_not_flicker(fleet: Fleet) -> None:
+    """A rank waiting 35% then 25% of its loader time (the other rank 2%), in turn: the rule names
+    it at 30%, and a rank once named stays named at the local detector's hold thresholds (20%, 15
+    points) while it stays the slowest; it went on and off at each refresh."""
+    assert _named([(0.02, 0.35), (0.02, 0.25), (0.02, 0.35), (0.02, 0.25)], fleet) == [1, 1, 1, 1]
+
+
+def test_a_held_straggler_goes_when_it_is_not_the_slowest_or_below_the_hold(fleet: Fleet) -> None:
+    # a real straggler is named at once; another rank taking its place is named at once
+    assert _named([(0.02, 0.35), (0.6, 0.02)], fleet) == [1, 0]
+    # the held rank is no longer the slowest: no hold for it (and the new slowest is no straggler)
+    assert _named([(0.02, 0.35), (0.3, 0.25)], fleet) == [1, None]
+    # below the hold thresholds: gone
+    assert _named([(0.02, 0.35), (0.02, 0.15)], fleet) == [1, None]
+    # never named: 25% is below the rule's 30% without a hold
+    assert _named([(0.02, 0.25), (0.02, 0.25)], fleet) == [None, None]
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ("0", "more than 0"),
+        ("abc", "a number of seconds"),
+        ("1e9", "at most 604800"),
+        ("nan", "a finite number"),
+    ],
+)
+def test_a_bad_trend_is_one_line(value: str, words: str) -> None:
+    done = subprocess.run(
+        dlmon_cmd("cluster", "127.0.0.1:1", "--once", "--trend", value), capture_output=True, text=True
+    )
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and f"--trend must be {words}" in done.stderr
+
+
+# --- range queries that fail or answer oddly ---------------------------------------------------------
+
+
+def _prometheus_like(range_body: bytes) -> tuple[ThreadingHTTPServer, str]:
+    """Instant queries answered with one node's batches/s; /api/v1/query_range with ``range_body``."""
+    instant = {
+        "status": "success",
+        "data": {
+            "resultType": "vector",
+            "result": [
+                {
+                    "metric": {"__name__": "dlmon_loader_batches_per_second", "instance": "n0:9108"},
+                    "value": [1.0, "20"],
+                }
+            ],
+        },
+    }
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            ranged = self.path.startswith("/api/v1/query_range")
+            body = range_body if ranged else json.dumps(instant).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+@pytest.mark.parametrize(
+    ("range_body", "note"),
+    [
+        (b"<html>no</html>", "no trends: "),
+        (json.dumps({"status": "error", "error": "too many points"}).encode(), "no trends: "),
+        (  # a matrix with values that are not numbers, not finite, or not pairs: those points skipped
+            json.dumps(
+                {
+                    "status": "success",
+                    "data": {
+                        "resultType": "matrix",
+                        "result": [
+                            {"metric": {"instance": "n0:9108"}, "values": [[1, "NaN"], ["x", "1"], [2], 5]},
+                            {"metric": {"instance": "n0:9108"}, "values": "nope"},
+                        ],
+                    },
+                }
+            ).encode(),
+            None,
+        ),
+    ],
+)
+def test_range_queries_that_fail_or_answer_oddly_leave_the_trend_n_a(
+    range_body: bytes, note: str | None
+) -> None:
+    server, url = _prometheus_like(range_body)
+    try:
+        view = reader(ClusterOptions((), url, None, None, 5.0, 0.0))()
+    finally:
+        server.shutdown()
+        server.server_close()
+    (node,) = view.nodes
+    assert node.batches_per_s == 20.0  # the figures of now stand
+    assert node.batches_per_s_trend is None and node_cells(node)[2] == "n/a"
+    if note is None:
+        assert view.trend_note is None and view.trend_step_s == 15.0
+    else:
+        assert (
+            view.trend_note is not None and view.trend_note.startswith(note) and "\n" not in view.trend_note
+        )
+        assert view.trend_step_s is None and view.trend_note in table(view)
