@@ -255,9 +255,12 @@ def test_attach_inject_without_gdb_says_to_install_it(spawn: Spawn, tmp_path: Pa
     env = {**os.environ, "PATH": str(tmp_path)}  # no gdb on it
     cmd = [sys.executable, "-m", "dlmon", "attach", str(proc.pid), "--inject", "--once"]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env, cwd=ROOT)
-    assert result.returncode == 2 and result.stdout == ""
+    assert result.returncode == 0, result.stderr  # the watch goes on with the outside figures
     (line,) = result.stderr.strip().splitlines()
-    assert line.startswith("dlmon: error: ") and "install gdb (apt-get install gdb)" in line
+    assert (
+        line.startswith("dlmon: the agent was not loaded: ") and "install gdb (apt-get install gdb)" in line
+    )
+    assert line.endswith("watching with the outside figures") and str(proc.pid) in result.stdout
 
 
 @pytest.mark.parametrize(

@@ -349,3 +349,65 @@ def test_a_load_that_cannot_be_done_says_why_and_the_watch_goes_on(spawn: Spawn,
     with open(f"/proc/{proc.pid}/status") as fh:
         assert "TracerPid:\t0" in fh.read()  # gdb is gone
     terminal("send-keys", "-t", "t", "q")
+
+
+# -- a load that cannot be done: one line, and the watch goes on with the outside figures ----------
+
+
+def refused_line(stderr: str, pid: int, why: str) -> str:
+    lines = [x for x in stderr.splitlines() if "the agent was not loaded" in x]
+    assert len(lines) == 1, stderr
+    (line,) = lines
+    assert line.startswith("dlmon: the agent was not loaded: ") and str(pid) in line and why in line, line
+    assert line.endswith("; watching with the outside figures"), line
+    return line
+
+
+def test_record_inject_into_a_job_that_is_not_python_records_it_without_the_agent(
+    clean_env: str, tmp_path: Path
+) -> None:
+    job = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    try:
+        out = tmp_path / "r.jsonl"
+        got = dlmon(
+            "record", str(job.pid), "--inject", "-o", str(out), "--duration", "2", "--interval", "0.5"
+        )
+        assert got.returncode == 0, got.stderr
+        refused_line(got.stderr, job.pid, "does not look like CPython")
+        assert f"recorded to {out}" in got.stderr
+        snaps = snapshots(out)
+        assert snaps and all(s["target"]["pid"] == job.pid for s in snaps)  # type: ignore[index]
+        assert job.poll() is None
+    finally:
+        job.kill()
+        job.wait()
+
+
+def test_advise_inject_into_a_stopped_job_says_why_and_advises_from_outside(
+    spawn: Spawn, clean_env: str
+) -> None:
+    import signal
+
+    proc = spawn('print("READY", flush=True)\nimport time; time.sleep(600)')
+    os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        got = dlmon("advise", str(proc.pid), "--inject", "--seconds", "1", "--json")
+        assert got.returncode == 0, got.stderr
+        refused_line(got.stderr, proc.pid, f"kill -CONT {proc.pid}")
+        assert json.loads(got.stdout)["has_agent"] is False
+        with open(f"/proc/{proc.pid}/status") as fh:
+            assert "State:\tT" in fh.read()  # left as the user stopped it
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+
+
+def test_attach_inject_into_a_job_that_is_not_python_still_prints_its_sample(clean_env: str) -> None:
+    job = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    try:
+        got = dlmon("attach", str(job.pid), "--inject", "--once", "--json")
+        assert got.returncode == 0, got.stderr
+        refused_line(got.stderr, job.pid, "does not look like CPython")
+        assert json.loads(got.stdout)["target"]["pid"] == job.pid
+    finally:
+        job.kill()
+        job.wait()
