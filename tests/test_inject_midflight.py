@@ -411,3 +411,34 @@ def test_attach_inject_into_a_job_that_is_not_python_still_prints_its_sample(cle
     finally:
         job.kill()
         job.wait()
+
+
+def test_record_inject_while_the_trainer_sleeps_30_s_records_on_and_the_training_wakes_unharmed(
+    spawn: Spawn, clean_env: str, tmp_path: Path
+) -> None:
+    """Its only Python thread sleeps in time.sleep(30) with the GIL released: gdb's breakpoint is
+    never reached within the load's 10 s. It is left running untouched, the recording goes on with
+    the outside figures (its workers included), and the training wakes and finishes."""
+    pytest.importorskip("torch")
+    code = (
+        "import time\nimport torch\nfrom torch.utils.data import DataLoader\n"
+        "it = iter(DataLoader(list(range(64)), batch_size=4, num_workers=2))\n"
+        "next(it)\nprint('WORKERS', *[w.pid for w in it._workers], flush=True)\n"
+        "print('READY', flush=True)\ntime.sleep(30)\n"
+        "print('DONE', 1 + sum(1 for _ in it), flush=True)\n"
+    )
+    wrapper = f"print('READY', flush=True)\nexec(compile({code!r}, '<trainer>', 'exec'))"
+    proc = spawn(wrapper)
+    assert proc.stdout is not None
+    workers = [int(w) for w in proc.stdout.readline().split()[1:]]
+    assert proc.stdout.readline().strip() == "READY"
+    out = tmp_path / "r.jsonl"
+    got = dlmon("record", str(proc.pid), "--inject", "-o", str(out), "--duration", "2", "--interval", "0.5")
+    assert got.returncode == 0, got.stderr
+    refused_line(got.stderr, proc.pid, "ran no Python within 10 s")
+    pids = {p["pid"] for s in snapshots(out) for p in s["processes"]}  # type: ignore[attr-defined]
+    assert set(workers) <= pids
+    with open(f"/proc/{proc.pid}/status") as fh:
+        assert "TracerPid:\t0" in fh.read()
+    assert proc.stdout.readline().split() == ["DONE", "16"]
+    assert proc.wait(timeout=30) == 0
