@@ -442,3 +442,20 @@ def test_record_inject_while_the_trainer_sleeps_30_s_records_on_and_the_training
         assert "TracerPid:\t0" in fh.read()
     assert proc.stdout.readline().split() == ["DONE", "16"]
     assert proc.wait(timeout=30) == 0
+
+
+def test_attach_inject_that_cannot_load_opens_the_dashboard_with_the_reason(
+    spawn: Spawn, terminal: Tmux
+) -> None:
+    """The line said on stderr is hidden by the dashboard: the reason takes the offer's place."""
+    proc = spawn('print("READY", flush=True)\nimport time; time.sleep(600)')
+    terminal("send-keys", "-t", "t", f"{sys.executable} -m dlmon attach {proc.pid} --inject", "Enter")
+    deadline = time.monotonic() + 60
+    while "press i to try again" not in flat(terminal.screen()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    screen = flat(terminal.screen())
+    assert f"process {proc.pid} ran no Python within 10 s" in screen and "press i to try again" in screen, (
+        screen
+    )
+    assert proc.poll() is None
+    terminal("send-keys", "-t", "t", "q")

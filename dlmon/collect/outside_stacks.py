@@ -124,7 +124,10 @@ def parse_py_bt(text: str) -> tuple[StackFrame, ...]:
 def _py_bt(gdb: str, extension: str, pid: int) -> OutsideStack | None:
     # the main thread's Python stack: a DataLoader worker's loop runs there
     stopped_before = _state(pid) == "T"
-    cmd = [gdb, "-q", "-batch", "-nx", "-p", str(pid), "-ex", f"source {extension}", "-ex", "py-bt"]
+    # the symbols of the executable and libpython only: a torch worker maps hundreds of MB of .so
+    # files whose reading would keep it stopped for seconds
+    cmd = [gdb, "-q", "-batch", "-nx", "-iex", "set auto-load off", "-iex", "set auto-solib-add off"]
+    cmd += ["-p", str(pid), "-ex", "sharedlibrary libpython", "-ex", f"source {extension}", "-ex", "py-bt"]
     try:
         done = subprocess.run(
             cmd,
