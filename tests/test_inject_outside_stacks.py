@@ -132,6 +132,21 @@ def test_a_worker_hung_before_the_load_has_its_stack_read_from_outside(
     assert f"worker 0 (pid {ev['pid']}) is stuck in" in stalls[-1]["message"]
     assert STACK_TAKEN[SOURCE_PY_SPY] in stalls[-1]["message"]
 
+    # the worker's detail screen (Enter on its row): the stack, and how it was taken
+    from dlmon.flow.records import iter_records
+    from dlmon.model import Snapshot
+    from dlmon.ui.state import DashboardState
+    from dlmon.ui.views import detail_lines, text_of
+
+    state = DashboardState()
+    for record in iter_records(str(out)):
+        if isinstance(record, Snapshot):
+            state.ingest(record)
+    assert state.latest is not None
+    (row,) = [r for r in state.rows.values() if r.process.pid == ev["pid"]]
+    detail = "\n".join(text_of(x) for x in detail_lines(row, state.latest, 200))
+    assert STACK_TAKEN[SOURCE_PY_SPY] in detail and "in hang_here" in detail, detail
+
 
 def hanging(python: str) -> subprocess.Popen[str]:
     code = (
