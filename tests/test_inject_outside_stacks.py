@@ -208,3 +208,51 @@ def test_py_bt_is_read_outermost_first() -> None:
         '  File "/w.py", line 300, in _worker_loop\n'
     )
     assert [(f.function, f.line) for f in parse_py_bt(text)] == [("_worker_loop", 300), ("hang_here", 9)]
+
+
+def lone_worker_history(stack_source: str, frames: tuple[str, ...]) -> list[object]:
+    """Worker 1 finishes nothing for 3 minutes, asleep, while the loader goes on; its stacks were
+    taken the way ``stack_source`` says."""
+    import dataclasses
+
+    from dlmon.analysis import Analyzer
+    from dlmon.model.snapshot import ProcessStack, StackFrame
+    from tests.scenarios.synth import MAIN_PID, loader, proc, snap
+
+    workers = [proc(MAIN_PID + 1 + i, worker_id=i, cpu=50.0 if i == 0 else 0.0) for i in range(2)]
+    stack = ProcessStack(
+        pid=MAIN_PID + 2,
+        role="worker",
+        worker_id=1,
+        time=0.0,
+        thread="MainThread",
+        frames=tuple(StackFrame("/job/data.py", 9, f) for f in frames),
+        state="S",
+        source=stack_source,
+    )
+    history = []
+    for k in range(200):
+        ls = dataclasses.replace(
+            loader(worker_pids=[p.pid for p in workers], num_workers=2),
+            batches_total=2 * k,
+            batches_per_s=2.0,
+            in_call_s=0.0,
+            batches_per_worker=(2 * k, 0),
+        )
+        s = snap(k, workers, loaders=[ls])
+        history.append(dataclasses.replace(s, stacks=(stack,) if k % 30 == 29 else ()))
+    a = Analyzer(cores=2, strict=True)
+    return [a(s) for s in history]
+
+
+def test_a_worker_whose_stack_could_not_be_read_is_not_called_stuck_alone() -> None:
+    """Without a stack, one quiet worker looks like one whose shard ran out: 'none' is no stack."""
+    outs = lone_worker_history(SOURCE_NONE, ())
+    assert not [a for s in outs for a in s.alerts if a.kind == "stall"]  # type: ignore[attr-defined]
+
+
+def test_a_worker_stuck_alone_says_its_stack_was_read_from_outside() -> None:
+    outs = lone_worker_history(SOURCE_PY_SPY, ("_worker_loop", "hang_here"))
+    stalls = [a for s in outs for a in s.alerts if a.kind == "stall"]  # type: ignore[attr-defined]
+    assert stalls and stalls[-1].evidence["stack_taken"] == STACK_TAKEN[SOURCE_PY_SPY], stalls[-1:]
+    assert STACK_TAKEN[SOURCE_PY_SPY] in stalls[-1].message

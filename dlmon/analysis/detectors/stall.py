@@ -302,8 +302,8 @@ def _lone_workers(
         if idle_for < limit or not loader_moving or not asleep:
             continue
         stack = latest_stack(ctx, pid)
-        if stack is None or _is_idle(stack):
-            continue  # no stack, or waiting for work (a shard ran out): not provably stuck
+        if stack is None or not stack.frames or _is_idle(stack):
+            continue  # no stack (or none readable), or waiting for work (a shard ran out): not provably stuck
         where, ev = _where(stack, proc)
         stuck = f" It is stuck {where}." if where else ""
         evidence: dict[str, float | int | str | None] = {
