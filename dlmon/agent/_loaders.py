@@ -123,15 +123,16 @@ def adopt_calls_in_progress() -> int:
         depth = 0
         while f is not None and depth < 64:
             depth += 1
-            if f.f_code.co_name == "__next__":
+            if f.f_code.co_name == "__next__":  # another iterator's (a generator's) is walked past
                 try:
                     it = f.f_locals.get("self")
-                    fresh = isinstance(it, base) and getattr(it, "_dlmon_st", None) is None
-                    if fresh and not _attach_refused(it) and _adopt(it, f.f_back, now):
-                        adopted += 1
+                    if isinstance(it, base):
+                        fresh = getattr(it, "_dlmon_st", None) is None
+                        if fresh and not _attach_refused(it) and _adopt(it, f.f_back, now):
+                            adopted += 1
+                        break
                 except Exception:
-                    pass
-                break
+                    break
             f = f.f_back
     return adopted
 
