@@ -204,7 +204,10 @@ prometheus_pids_option = click.option(
     "every restart would add series; a worker is keyed by loader and worker_id either way).",
 )
 
-INJECT_FIRST_HELP = "Load the agent into PID first (gdb on Python 3.9-3.13, sys.remote_exec on 3.14+)."
+INJECT_FIRST_HELP = (
+    "Load the agent into PID first (gdb on Python 3.9-3.13, sys.remote_exec on 3.14+); "
+    "if it cannot, one line says why and the watch goes on with the outside figures."
+)
 RANK_HELP = (
     "Show only rank N of a distributed job (torchrun, SLURM: RANK as the agent read it) and what "
     "belongs to no rank."
@@ -223,8 +226,9 @@ rank_option = click.option("--rank", "rank", type=click.IntRange(0), metavar="N"
 @click.option(
     "--inject/--no-inject",
     default=None,
-    help="Load the agent into PID first (gdb on Python 3.9-3.13, sys.remote_exec on 3.14+); "
-    "--no-inject: never offer it. Default: the dashboard of a job without the agent offers it (press i).",
+    help="Load the agent into PID first (gdb on Python 3.9-3.13, sys.remote_exec on 3.14+; if it "
+    "cannot, one line says why and the watch goes on); --no-inject: never offer it. "
+    "Default: the dashboard of a job without the agent offers it (press i).",
 )
 @click.option("--prometheus", metavar="[HOST:]PORT", help=PROMETHEUS_HELP)
 @prometheus_pids_option

@@ -349,3 +349,113 @@ def test_a_load_that_cannot_be_done_says_why_and_the_watch_goes_on(spawn: Spawn,
     with open(f"/proc/{proc.pid}/status") as fh:
         assert "TracerPid:\t0" in fh.read()  # gdb is gone
     terminal("send-keys", "-t", "t", "q")
+
+
+# -- a load that cannot be done: one line, and the watch goes on with the outside figures ----------
+
+
+def refused_line(stderr: str, pid: int, why: str) -> str:
+    lines = [x for x in stderr.splitlines() if "the agent was not loaded" in x]
+    assert len(lines) == 1, stderr
+    (line,) = lines
+    assert line.startswith("dlmon: the agent was not loaded: ") and str(pid) in line and why in line, line
+    assert line.endswith("; watching with the outside figures"), line
+    return line
+
+
+def test_record_inject_into_a_job_that_is_not_python_records_it_without_the_agent(
+    clean_env: str, tmp_path: Path
+) -> None:
+    job = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    try:
+        out = tmp_path / "r.jsonl"
+        got = dlmon(
+            "record", str(job.pid), "--inject", "-o", str(out), "--duration", "2", "--interval", "0.5"
+        )
+        assert got.returncode == 0, got.stderr
+        refused_line(got.stderr, job.pid, "does not look like CPython")
+        assert f"recorded to {out}" in got.stderr
+        snaps = snapshots(out)
+        assert snaps and all(s["target"]["pid"] == job.pid for s in snaps)  # type: ignore[index]
+        assert job.poll() is None
+    finally:
+        job.kill()
+        job.wait()
+
+
+def test_advise_inject_into_a_stopped_job_says_why_and_advises_from_outside(
+    spawn: Spawn, clean_env: str
+) -> None:
+    import signal
+
+    proc = spawn('print("READY", flush=True)\nimport time; time.sleep(600)')
+    os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        got = dlmon("advise", str(proc.pid), "--inject", "--seconds", "1", "--json")
+        assert got.returncode == 0, got.stderr
+        refused_line(got.stderr, proc.pid, f"kill -CONT {proc.pid}")
+        assert json.loads(got.stdout)["has_agent"] is False
+        with open(f"/proc/{proc.pid}/status") as fh:
+            assert "State:\tT" in fh.read()  # left as the user stopped it
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+
+
+def test_attach_inject_into_a_job_that_is_not_python_still_prints_its_sample(clean_env: str) -> None:
+    job = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    try:
+        got = dlmon("attach", str(job.pid), "--inject", "--once", "--json")
+        assert got.returncode == 0, got.stderr
+        refused_line(got.stderr, job.pid, "does not look like CPython")
+        assert json.loads(got.stdout)["target"]["pid"] == job.pid
+    finally:
+        job.kill()
+        job.wait()
+
+
+def test_record_inject_while_the_trainer_sleeps_30_s_records_on_and_the_training_wakes_unharmed(
+    spawn: Spawn, clean_env: str, tmp_path: Path
+) -> None:
+    """Its only Python thread sleeps in time.sleep(30) with the GIL released: gdb's breakpoint is
+    never reached within the load's 10 s. It is left running untouched, the recording goes on with
+    the outside figures (its workers included), and the training wakes and finishes."""
+    pytest.importorskip("torch")
+    code = (
+        "import time\nimport torch\nfrom torch.utils.data import DataLoader\n"
+        "it = iter(DataLoader(list(range(64)), batch_size=4, num_workers=2))\n"
+        "next(it)\nprint('WORKERS', *[w.pid for w in it._workers], flush=True)\n"
+        "print('READY', flush=True)\ntime.sleep(30)\n"
+        "print('DONE', 1 + sum(1 for _ in it), flush=True)\n"
+    )
+    wrapper = f"print('READY', flush=True)\nexec(compile({code!r}, '<trainer>', 'exec'))"
+    proc = spawn(wrapper)
+    assert proc.stdout is not None
+    workers = [int(w) for w in proc.stdout.readline().split()[1:]]
+    assert proc.stdout.readline().strip() == "READY"
+    out = tmp_path / "r.jsonl"
+    got = dlmon("record", str(proc.pid), "--inject", "-o", str(out), "--duration", "2", "--interval", "0.5")
+    assert got.returncode == 0, got.stderr
+    refused_line(got.stderr, proc.pid, "ran no Python within 10 s")
+    pids = {p["pid"] for s in snapshots(out) for p in s["processes"]}  # type: ignore[attr-defined]
+    assert set(workers) <= pids
+    with open(f"/proc/{proc.pid}/status") as fh:
+        assert "TracerPid:\t0" in fh.read()
+    assert proc.stdout.readline().split() == ["DONE", "16"]
+    assert proc.wait(timeout=30) == 0
+
+
+def test_attach_inject_that_cannot_load_opens_the_dashboard_with_the_reason(
+    spawn: Spawn, terminal: Tmux
+) -> None:
+    """The line said on stderr is hidden by the dashboard: the reason takes the offer's place."""
+    proc = spawn('print("READY", flush=True)\nimport time; time.sleep(600)')
+    terminal("send-keys", "-t", "t", f"{sys.executable} -m dlmon attach {proc.pid} --inject", "Enter")
+    deadline = time.monotonic() + 60
+    while "press i to try again" not in flat(terminal.screen()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    screen = flat(terminal.screen())
+    assert f"process {proc.pid} ran no Python within 10 s" in screen and "press i to try again" in screen, (
+        screen
+    )
+    assert proc.poll() is None
+    terminal("send-keys", "-t", "t", "q")

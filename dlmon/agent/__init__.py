@@ -130,6 +130,10 @@ def _start(injected: bool = False) -> None:
         _started_pid = pid
         if injected:
             _hooks.R.injected_unix_time = time.time()
+            with contextlib.suppress(Exception):
+                from dlmon.agent._loaders import adopt_calls_in_progress
+
+                adopt_calls_in_progress()
         _last_words.install()  # its lines go to the journal, which exists from now on
         _server_error = None
         _hooks.R.degraded.pop("server", None)

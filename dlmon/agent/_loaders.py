@@ -81,7 +81,7 @@ def _late_attach(it: Any, data: Any, t0: int, t1: int, first: bool) -> None:
     try:
         if _attach_refused(it):
             return
-        st = _attach(it, None)
+        st = _adopted(it) or _attach(it, None)
         if st is None:
             return
         c = st.c
@@ -98,6 +98,69 @@ def _late_attach(it: Any, data: Any, t0: int, t1: int, first: bool) -> None:
         pass
     if R.sigchld_deferred:
         install_deferred_sigchld_observer()
+
+
+# iterators adopted in the middle of a call at the load, until their next batch (id -> state)
+_ADOPTED: dict[int, _IterState] = {}
+
+
+def adopt_calls_in_progress() -> int:
+    """Loaded into a running job: iterators whose ``__next__`` is running in some thread now (a
+    trainer waiting for a worker that hung before the load) are attached at once, their call timed
+    from the load (its true start is unknown, so the wait is a lower bound). Without this such a
+    loader stays unknown for as long as the hang lasts. The number adopted; never raises."""
+    base = getattr(sys.modules.get("torch.utils.data.dataloader"), "_BaseDataLoaderIter", None)
+    if not isinstance(base, type):
+        return 0
+    adopted = 0
+    now = _pc()
+    try:
+        frames = list(sys._current_frames().values())
+    except Exception:
+        return 0
+    for top in frames:
+        f: Any = top
+        depth = 0
+        while f is not None and depth < 64:
+            depth += 1
+            if f.f_code.co_name == "__next__":  # another iterator's (a generator's) is walked past
+                try:
+                    it = f.f_locals.get("self")
+                    if isinstance(it, base):
+                        fresh = getattr(it, "_dlmon_st", None) is None
+                        if fresh and not _attach_refused(it) and _adopt(it, f.f_back, now):
+                            adopted += 1
+                        break
+                except Exception:
+                    break
+            f = f.f_back
+    return adopted
+
+
+def _adopt(it: Any, caller: Any, now: int) -> bool:
+    st = _attach(it, None)
+    if st is None:
+        return False
+    if caller is not None:  # the line iterating it, not the load thread's
+        code = caller.f_code
+        _set_site(st.loader, (code.co_filename, caller.f_lineno, code.co_name), "first_iterated")
+    st.in_epoch = True
+    st.t_in = now
+    # served from now on, but its next batch must still pass through _late_attach: the main
+    # thread installs the deferred SIGCHLD observer there (the load thread cannot)
+    _ADOPTED[id(it)] = st
+    with contextlib.suppress(AttributeError):
+        del it._dlmon_st
+    return True
+
+
+def _adopted(it: Any) -> _IterState | None:
+    st = _ADOPTED.pop(id(it), None)
+    if st is None or st.wref is None or st.wref() is not it:
+        return None
+    setattr(it, "_dlmon_st", st)  # noqa: B010 (mypy narrowed it through the identity check)
+    st.t_in = 0
+    return st
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,6 +10,8 @@ at most every ``RETAKE_S`` per loader. A healthy job never pays for any of it.
   worker start appends all its threads' stacks to ``<pid>.stack`` in the agent's private directory.
   The signal is sent only to a process of the tree whose stack file's header names that very
   process (pid and start time): the signal's default action would kill one without the handler.
+- A worker forked before the agent was loaded into the running job has no handler: its stack is
+  read from outside (:mod:`dlmon.collect.outside_stacks`, py-spy or gdb), never signalled.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 
 from dlmon.agent._journal import STACK_HEADER, STACK_SIGNAL, STACK_SUFFIX
 from dlmon.collect.agent_client import AgentClient, AgentReading
+from dlmon.collect.outside_stacks import read_stack
 from dlmon.model.format import DEAD_STATES
 from dlmon.model.snapshot import LoaderSample, ProcessSample, ProcessStack, StackFrame
 from dlmon.model.stall_rule import STALL_RULE, StallRule, pace_reading
@@ -244,11 +247,16 @@ class StallProbe:
         if STACK_SIGNAL is None:
             return []
         sent: list[tuple[int, int, int, str, int]] = []  # (worker id, pid, trainer, file, size before)
+        outside: list[ProcessStack] = []
         for trainer, wid, pid in workers:
             name = self._agent.agent_pid_of(trainer, pid)  # the worker's own pid: a container's
             file = f"{name}{STACK_SUFFIX}"
             try:
                 fd = self._agent.open_agent_file(trainer, file)
+            except FileNotFoundError:
+                if self._agent.stack_dir(trainer) is not None:  # forked before the agent: no handler
+                    outside.append(self._outside_stack(wid, pid))
+                continue
             except OSError:
                 continue
             try:
@@ -276,9 +284,9 @@ class StallProbe:
                 continue
             sent.append((wid, pid, trainer, file, size))
         if not sent:
-            return []
+            return outside
         deadline = time.monotonic() + DUMP_WAIT_S
-        out: list[ProcessStack] = []
+        out: list[ProcessStack] = outside
         pending = list(sent)
         while pending and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -291,6 +299,23 @@ class StallProbe:
                 out.append(self._worker_stack(wid, pid, text))
             pending = still
         return out
+
+    @staticmethod
+    def _outside_stack(wid: int, pid: int) -> ProcessStack:
+        got = read_stack(pid)
+        state, wchan, reading = proc_state(pid)
+        return ProcessStack(
+            pid=pid,
+            role="worker",
+            worker_id=wid,
+            time=time.time(),
+            thread=got.thread,
+            frames=got.frames[-MAX_FRAMES:],
+            state=state,
+            wchan=wchan,
+            reading=reading,
+            source=got.source,
+        )
 
     def _new_text(self, trainer: int, file: str, size: int) -> str | None:
         """What a stack file in the directory of trainer's agent holds from ``size`` on."""

@@ -12,9 +12,10 @@ from dataclasses import dataclass
 
 from dlmon.collect.agent_client import AgentClient
 from dlmon.launch import gdb_inject
-from dlmon.launch.console import Failed
+from dlmon.launch.console import Failed, echo
 from dlmon.launch.inject import InjectError, inject, unsupported_reason
-from dlmon.launch.target_python import ProcAccessError, read_target
+from dlmon.launch.target_python import ProcAccessError, process_state, read_target
+from dlmon.model.format import DEAD_STATES
 
 # docs/performance.md: the target's longest pause while gdb loads the agent, on an idle machine
 # (median 55 ms, max 68; 83 to 121 ms median on a busy one)
@@ -25,9 +26,12 @@ GDB_PAUSE = "~60 ms pause"
 class AgentOffer:
     pid: int
     how: str  # "gdb" or "sys.remote_exec"
+    failed: str | None = None  # why --inject's load failed, before the dashboard opened
 
     @property
     def offer(self) -> str:
+        if self.failed:
+            return f"{self.failed} (press i to try again)"
         how = f"gdb; {GDB_PAUSE}" if self.how == "gdb" else self.how
         return f"no agent in this job: press i to load the agent into pid {self.pid} ({how})"
 
@@ -41,7 +45,7 @@ class AgentOffer:
         return None
 
 
-def offer_for(pid: int) -> AgentOffer | None:
+def offer_for(pid: int, failed: str | None = None) -> AgentOffer | None:
     """An offer for ``pid``, or None when it has an agent already or a load cannot work here (not
     CPython, an unsupported version, no gdb, another user's process): the hint stays then."""
     if AgentClient.find_socket(pid) is not None:
@@ -52,13 +56,21 @@ def offer_for(pid: int) -> AgentOffer | None:
         return None
     if unsupported_reason(target, pid, gdb=gdb_inject.find_gdb()) is not None or target.version is None:
         return None
-    return AgentOffer(pid, "sys.remote_exec" if target.version >= (3, 14) else "gdb")
+    return AgentOffer(pid, "sys.remote_exec" if target.version >= (3, 14) else "gdb", failed)
 
 
-def load_first(pid: int) -> None:
-    """``--inject``: load the agent before the watch opens (a no-op where it serves already);
-    :class:`Failed` with the one line that says why it cannot."""
+def load_first(pid: int) -> str | None:
+    """``--inject``: load the agent before the watch opens (a no-op where it serves already).
+
+    When it cannot, one line with the reason and the fix, and the watch goes on with the outside
+    figures: that line is returned (None once the agent serves). :class:`Failed` only when there is
+    no process left to watch."""
     try:
         inject(pid)
     except InjectError as exc:
-        raise Failed(str(exc)) from None
+        state, _ = process_state(pid)
+        if not state or state in DEAD_STATES:
+            raise Failed(str(exc)) from None
+        echo(f"the agent was not loaded: {exc}; watching with the outside figures")
+        return str(exc)
+    return None

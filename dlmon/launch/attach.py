@@ -47,17 +47,22 @@ def attach(
     JSON object) per sample on stdout; ``once``: one sample, printed.
 
     ``inject``: True loads the agent first; None offers it on the dashboard of a job without one
-    ("press i"); False never does."""
+    ("press i"); False never does. A load that fails says why in one line and the watch goes on
+    with the outside figures (the dashboard offers to try again)."""
+    failed: str | None = None
     if inject:
         from dlmon.launch.agent_offer import load_first
 
-        load_first(target)
+        failed = load_first(target)
     if once:
         attach_once(target, as_json)
         return 0
     no_terminal = terminal_problem()
     if not no_terminal and not as_json:
-        return attach_dashboard(target, interval, record_path, plugs, rank, dashboard, offer=inject is None)
+        offer = inject is None or failed is not None
+        return attach_dashboard(
+            target, interval, record_path, plugs, rank, dashboard, offer=offer, failed=failed
+        )
     if sys.stdout.isatty() and not as_json:  # a terminal that cannot show the dashboard
         echo(f"{no_terminal}: printing one line per sample instead")
     from dlmon.model.format import one_line
@@ -96,6 +101,7 @@ def attach_dashboard(
     dashboard: Dashboard,
     *,
     offer: bool = False,
+    failed: str | None = None,
 ) -> int:
     from dlmon.collect.sampler import NoSuchProcess
 
@@ -111,7 +117,7 @@ def attach_dashboard(
     if offer:  # the outside figures at once; the agent on request
         from dlmon.launch.agent_offer import offer_for
 
-        source.agent_loader = offer_for(pid)
+        source.agent_loader = offer_for(pid, failed)
     say_record_opened(source.writer)
     report_screenshots(dashboard(source, interval=interval, rank=rank))
     report_faults(watch.faults)

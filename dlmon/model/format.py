@@ -9,6 +9,17 @@ from dlmon.model import Snapshot
 
 DEAD_STATES = ("Z", "X")  # a zombie or dead process: StatFields.state, ProcessSample.state
 
+# How a stack was taken, where the way matters to its reader (ProcessStack.source); the agent's
+# and the worker's own faulthandler dump need no word.
+STACK_TAKEN = {
+    "py-spy": "stack read from outside by py-spy --nonblocking (may be torn)",
+    "gdb": "stack read from outside by gdb py-bt (the worker was paused for the read)",
+    "none": (
+        "no stack: this worker was forked before the agent was loaded; "
+        "pip install py-spy to read it from outside"
+    ),
+}
+
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
 

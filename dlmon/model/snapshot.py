@@ -394,7 +394,9 @@ class ProcessStack:
     state: str | None = None  # /proc/PID/stat state then
     wchan: str | None = None  # the kernel function it sleeps in (/proc/PID/wchan)
     reading: str | None = None  # a regular file it has open for reading, if any (/proc/PID/fd)
-    source: str = ""  # "agent" (sys._current_frames), "faulthandler" (worker dump), "none"
+    # "agent" (sys._current_frames), "faulthandler" (worker dump), "crash", "py-spy" / "gdb" (read from
+    # outside: a worker forked before the agent), "none" (no way to read it: frames empty)
+    source: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,7 @@ from dlmon.analysis.detectors.processes import describe_frames, format_stack, la
 from dlmon.analysis.severity import CRITICAL, WARNING
 from dlmon.analysis.stats import median
 from dlmon.model import LoaderSample, ProcessSample
-from dlmon.model.format import DEAD_STATES
+from dlmon.model.format import DEAD_STATES, STACK_TAKEN
 from dlmon.model.snapshot import ProcessStack
 from dlmon.model.stall_rule import STALL_RULE, StallRule, pace_reading
 
@@ -178,7 +178,9 @@ def _stuck_worker(
     """(worker id, pid, its stack) of the worker the trainer waits for; Nones when unknown."""
     alive = [(wid, pid) for wid, pid in enumerate(ls.worker_pids) if pid in by_pid]
     stacks = {pid: latest_stack(ctx, pid) for _, pid in alive}
-    busy = [(wid, pid) for wid, pid in alive if stacks[pid] is not None and not _is_idle(stacks[pid])]  # type: ignore[arg-type]
+    # a stack without frames ("none": no way to read it) tells nothing
+    read = {pid: st for pid, st in stacks.items() if st is not None and st.frames}
+    busy = [(wid, pid) for wid, pid in alive if pid in read and not _is_idle(read[pid])]
     if busy:
         wid, pid = busy[0]
         return wid, pid, stacks[pid]
@@ -196,6 +198,9 @@ def _where(stack: ProcessStack | None, proc: ProcessSample | None) -> tuple[str,
         parts.append(f"in {describe_frames(stack.frames)}")
         ev["stack"] = format_stack(stack.frames)
         ev["stuck_in"] = describe_frames(stack.frames)
+    taken = STACK_TAKEN.get(stack.source) if stack is not None else None
+    if taken:
+        ev["stack_taken"] = taken
     state = stack.state if stack is not None and stack.state else (proc.state if proc is not None else None)
     extra = []
     if state:
@@ -206,6 +211,8 @@ def _where(stack: ProcessStack | None, proc: ProcessSample | None) -> tuple[str,
         extra.append(f"file {stack.reading}")
     if extra:
         parts.append("(" + ", ".join(extra) + ")")
+    if taken:
+        parts.append(f"[{taken}]")
     ev.update(
         state=state,
         wchan=stack.wchan if stack is not None else None,
@@ -343,8 +350,8 @@ def _lone_workers(
         if idle_for < limit or not loader_moving or not asleep:
             continue
         stack = latest_stack(ctx, pid)
-        if stack is None or _is_idle(stack):
-            continue  # no stack, or waiting for work (a shard ran out): not provably stuck
+        if stack is None or not stack.frames or _is_idle(stack):
+            continue  # no stack (or none readable), or waiting for work (a shard ran out): not provably stuck
         where, ev = _where(stack, proc)
         stuck = f" It is stuck {where}." if where else ""
         evidence: dict[str, float | int | str | None] = {

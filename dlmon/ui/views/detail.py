@@ -113,12 +113,16 @@ def stack_lines(row: ProcessRow, snapshot: Snapshot | None, width: int) -> Lines
         if a.evidence.get("pid") != row.process.pid or a.kind not in (STALL, WORKER_DIED, TRAINER_DIED):
             continue
         stack = a.evidence.get("stack")
-        if not isinstance(stack, str) or not stack:
+        taken = a.evidence.get("stack_taken")
+        if (not isinstance(stack, str) or not stack) and not isinstance(taken, str):
             continue
         head = "stuck" if a.kind == STALL else "died"
         extra = [f"{k} {a.evidence[k]}" for k in ("state", "wchan", "reading") if a.evidence.get(k)]
         title = f"{head}: " + "  ".join(extra) if extra else head + ":"
         out: list[Line] = [(), ((clip(title, width), "crit"),)]
+        if isinstance(taken, str):  # read from outside (py-spy, gdb), or how to get it
+            out.append(((clip("  " + taken, width), "dim"),))
+        stack = stack if isinstance(stack, str) else ""
         out.extend(((clip("  " + ln, width), ""),) for ln in stack.splitlines())
         return tuple(out)
     return ()
