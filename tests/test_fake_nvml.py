@@ -119,6 +119,80 @@ def test_bindings_structs_match_the_drivers(fake_nvml: Path, tmp_path: Path) -> 
     assert driver_mem == binding_mem == version_size == 40
 
 
+# nvidia-ml-py 12.535.77's process struct: 32 bytes, where the driver fills 24-byte entries.
+BINDINGS_12_535_77 = """
+    import ctypes, json, sys
+    import pynvml
+
+    class c_nvmlProcessInfo_v3_t(pynvml._PrintableStructure):
+        _fields_ = [
+            ("pid", ctypes.c_uint),
+            ("usedGpuMemory", ctypes.c_ulonglong),
+            ("gpuInstanceId", ctypes.c_uint),
+            ("computeInstanceId", ctypes.c_uint),
+            ("usedGpuCcProtectedMemory", ctypes.c_ulonglong),
+        ]
+
+    pynvml.c_nvmlProcessInfo_v3_t = c_nvmlProcessInfo_v3_t
+    from dlmon.collect.gpu import GpuCollector
+    from dlmon.model.serialize import to_dict
+    collector = GpuCollector(host_pids=True)
+    status, devices = collector.sample()
+    print(json.dumps([to_dict(d) for d in devices]))
+    collector.close()
+"""
+
+
+def test_bindings_with_a_32_byte_process_struct_still_read_every_pid(fake_nvml: Path, tmp_path: Path) -> None:
+    """Issue 24 item 3: with 12.535.77's struct the _v3 list misreads every entry after the first
+    (garbage pids shown as other processes). dlmon checks the size at start and reads the _v2
+    list, whose struct is the driver's."""
+    config = _config(
+        tmp_path,
+        f"device\nname G\nuuid GPU-1\ntotal {80 * GiB}\nused {9 * GiB}\n"
+        f"compute 4101 {1 * GiB}\ncompute 4102 {2 * GiB}\ncompute 4103 {3 * GiB}\n",
+    )
+    result = run_python(BINDINGS_12_535_77, fake_nvml, config)
+    assert result.returncode == 0, result.stderr
+    (device,) = json.loads(result.stdout)
+    assert [(p["pid"], p["used_memory_bytes"]) for p in device["processes"]] == [
+        (4101, 1 * GiB),
+        (4102, 2 * GiB),
+        (4103, 3 * GiB),
+    ]
+    assert device["unavailable_reason"] is None
+
+
+def test_a_misread_process_entry_is_never_shown_as_a_process() -> None:
+    """Entries whose pid cannot be a pid (0, or past Linux's limit) are dropped and said, not
+    shown as another user's process holding VRAM."""
+
+    class Entry:
+        def __init__(self, pid: int, used: int) -> None:
+            self.pid, self.usedGpuMemory = pid, used
+
+    class Library:
+        def nvmlInit(self) -> None: ...
+        def nvmlSystemGetDriverVersion(self) -> str:
+            return "550.1"
+        def nvmlDeviceGetCount(self) -> int:
+            return 1
+        def nvmlDeviceGetHandleByIndex(self, index: int) -> object:
+            return object()
+        def nvmlDeviceGetName(self, handle: object) -> str:
+            return "G"
+        def nvmlDeviceGetUUID(self, handle: object) -> str:
+            return "GPU-1"
+        def nvmlDeviceGetComputeRunningProcesses(self, handle: object) -> list[Entry]:
+            return [Entry(4101, GiB), Entry(0, 4101), Entry(4294967295, 0)]
+
+    from dlmon.collect.gpu import GpuCollector
+
+    _, devices = GpuCollector(Library(), host_pids=True).sample()
+    assert [p.pid for p in devices[0].processes] == [4101]
+    assert "process list misread" in (devices[0].unavailable_reason or "")
+
+
 def test_devices_memory_and_processes_read_through_the_real_bindings(fake_nvml: Path, tmp_path: Path) -> None:
     status, devices = _sample(fake_nvml, _config(tmp_path, TWO_DEVICES))
     assert status == {

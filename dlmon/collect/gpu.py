@@ -13,6 +13,7 @@ on machines without it. It never imports torch, rich or textual.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import enum
 import os
@@ -31,6 +32,15 @@ ULONGLONG_MAX: Final = (1 << 64) - 1
 
 #: The inode of the initial (host) pid namespace, a kernel constant (PROC_PID_INIT_INO).
 PROC_PID_INIT_INO: Final = 0xEFFFFFFC
+
+#: Size of the driver's nvmlProcessInfo_t, which the _v2 and _v3 process lists fill.
+DRIVER_PROCESS_INFO_BYTES: Final = 24
+
+#: Linux's PID_MAX_LIMIT on 64-bit: no pid is 0 or above it. An entry outside means the
+#: bindings and the driver disagree on the process struct's layout.
+PID_MAX_LIMIT: Final = 1 << 22
+
+MISREAD_PROCESSES: Final = "process list misread (entries with impossible pids left out)"
 
 CONTAINER_PIDS_NOTE: Final = (
     "per-process VRAM unavailable: dlmon runs in a container's pid namespace and NVML lists host "
@@ -417,7 +427,20 @@ class GpuCollector:
             return GpuStatus(available=False, reason=_init_failure_reason(kind, error))
         self._initialized = True
         self._driver_version = _str_or_none(self._query("nvmlSystemGetDriverVersion"))
+        self._check_process_struct()
         return None
+
+    def _check_process_struct(self) -> None:
+        """nvidia-ml-py 12.535.77 declares a 32-byte ``_v3`` process struct that drivers fill
+        with 24-byte entries: every entry after the first is misread (garbage pids). With such
+        bindings the _v3 lists are not called; the _v2 ones use the driver's 24-byte layout."""
+        struct = getattr(self._lib, "c_nvmlProcessInfo_v3_t", None)
+        try:
+            size = ctypes.sizeof(struct) if struct is not None else DRIVER_PROCESS_INFO_BYTES
+        except TypeError:  # not a ctypes type: a stand-in library, nothing to check
+            return
+        if size != DRIVER_PROCESS_INFO_BYTES:
+            self._missing.update(variants[0] for variants in _PROCESS_LISTS)
 
     def _bind_error_classes(self) -> None:
         kinds: list[tuple[type[BaseException], NVMLErrorKind]] = []
@@ -559,6 +582,8 @@ class GpuCollector:
         if device.mig_mode is None:
             expected["utilisation"] = device.utilization_percent
         missing = {figure for figure, value in expected.items() if value is None}
+        if any(words == MISREAD_PROCESSES for _, _, words in self._device_errors):
+            missing.add("processes")  # the list is there, with entries left out
         if not missing:
             return device
         lost = [words for _, kind, words in self._device_errors if kind is NVMLErrorKind.GPU_IS_LOST]
@@ -811,6 +836,13 @@ class GpuCollector:
                 try:
                     pid = int(pid)
                 except (TypeError, ValueError):
+                    continue
+                if not 0 < pid <= PID_MAX_LIMIT:
+                    # A misread entry (bindings and driver disagree on the struct), never
+                    # anybody's process: shown, it would be an "other" process holding VRAM.
+                    self._device_errors.append(
+                        ("processes", NVMLErrorKind.OTHER, MISREAD_PROCESSES)
+                    )
                     continue
                 used = _bytes_or_none(getattr(entry, "usedGpuMemory", None))
                 if pid in per_pid:
