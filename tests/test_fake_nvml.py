@@ -175,14 +175,19 @@ def test_a_misread_process_entry_is_never_shown_as_a_process() -> None:
         def nvmlInit(self) -> None: ...
         def nvmlSystemGetDriverVersion(self) -> str:
             return "550.1"
+
         def nvmlDeviceGetCount(self) -> int:
             return 1
+
         def nvmlDeviceGetHandleByIndex(self, index: int) -> object:
             return object()
+
         def nvmlDeviceGetName(self, handle: object) -> str:
             return "G"
+
         def nvmlDeviceGetUUID(self, handle: object) -> str:
             return "GPU-1"
+
         def nvmlDeviceGetComputeRunningProcesses(self, handle: object) -> list[Entry]:
             return [Entry(4101, GiB), Entry(0, 4101), Entry(4294967295, 0)]
 
@@ -515,7 +520,9 @@ def test_record_of_a_job_on_a_mig_slice_has_the_slice_and_the_jobs_vram(
         (0, 2, "MIG-22222222-1111-2222-3333-444444444444"),
     ]
     assert last["gpus"][0]["mig_mode"] is True and last["gpus"][0]["unavailable_reason"] is None
-    assert last["gpus"][2]["processes"] == [{"pid": target.pid, "used_memory_bytes": 5 * GiB}]
+    assert last["gpus"][2]["processes"] == [
+        {"pid": target.pid, "used_memory_bytes": 5 * GiB, "sm_percent": None}
+    ]
     (main,) = [p for p in last["processes"] if p["pid"] == target.pid]
     assert main["gpu_memory_bytes"] == 5 * GiB
 
@@ -708,7 +715,7 @@ def test_nvml_is_started_again_after_a_driver_reload(fake_nvml: Path, tmp_path: 
         assert status["available"] is True, status
         assert [d["memory_used_bytes"] for d in devices] == [20 * GiB, 3 * GiB]
         assert [d["unavailable_reason"] for d in devices] == [None, None]
-        assert devices[0]["processes"][0] == {"pid": 4242, "used_memory_bytes": 18 * GiB}
+        assert devices[0]["processes"][0] == {"pid": 4242, "used_memory_bytes": 18 * GiB, "sm_percent": None}
 
 
 def test_the_reason_is_the_missing_figures_not_the_first_error_of_the_read(
@@ -1006,7 +1013,9 @@ def test_record_keeps_producing_snapshots_while_nvml_hangs_and_marks_the_gpu_fig
     assert len(snapshots) >= 8, len(snapshots)  # 20 at its pace; NVML's pace: 2 in 10 s
     first, last = snapshots[0], snapshots[-1]
     assert [g["stale_age_s"] for g in first["gpus"]] == [None, None]
-    assert first["gpus"][0]["processes"] == [{"pid": target.pid, "used_memory_bytes": 2147483648}]
+    assert first["gpus"][0]["processes"] == [
+        {"pid": target.pid, "used_memory_bytes": 2147483648, "sm_percent": None}
+    ]
     # The last answer stands in, marked stale with its age (it grows as the hang lasts).
     ages = [g["stale_age_s"] for g in last["gpus"]]
     assert all(age is not None and age > 1.0 for age in ages), ages
@@ -1260,3 +1269,159 @@ def test_a_reading_under_a_second_old_says_so_not_0s() -> None:
     )
     line = text_of(gpu_lines(state, 160, compact=False)[0])
     assert "stale <1s" in line and "stale 0s" not in line
+
+
+# -- beyond: the trainer's GPU confirms or tempers input_bound -----------------------------------
+
+INPUT_BOUND_JOB = """
+import sys, time
+import dlmon.agent
+
+dlmon.agent.start()
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+class Slow(Dataset):
+    def __len__(self):
+        return 10**6
+
+    def __getitem__(self, i):
+        time.sleep(0.02)  # one worker, 8 samples a batch: the trainer waits nearly all the time
+        return torch.zeros(4)
+
+
+if __name__ == "__main__":
+    print("READY", flush=True)
+    end = time.monotonic() + float(sys.argv[1])
+    for batch in DataLoader(Slow(), batch_size=8, num_workers=1):
+        if time.monotonic() > end:
+            break
+"""
+
+
+def test_a_real_input_bound_job_is_confirmed_by_its_idle_gpu_and_tempered_by_a_busy_one(
+    fake_nvml: Path, tmp_path: Path, host_namespace: None
+) -> None:
+    """A real DataLoader job starved by its one slow worker, recorded twice by `dlmon record`
+    with the stand-in listing the trainer on GPU 0: idle 70%, then busy 97%. The record's
+    input_bound says the GPU's figure: critical and confirmed, then a warning whose wait is
+    hidden behind GPU work. A colleague's GPU beside it (99% busy) is never the trainer's."""
+    script = tmp_path / "job.py"
+    script.write_text(INPUT_BOUND_JOB)
+    env = environment(fake_nvml, _config(tmp_path, ""))
+    job = subprocess.Popen([sys.executable, str(script), "120"], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert job.stdout is not None and job.stdout.readline().strip() == "READY"
+        found = {}
+        for util in (30, 97):
+            config = _config(
+                tmp_path,
+                f"device\ntotal {80 * GiB}\nused {10 * GiB}\nutil {util}\ncompute {job.pid} {8 * GiB}\n"
+                f"device\ntotal {80 * GiB}\nused {70 * GiB}\nutil 99\ncompute 7 {60 * GiB}\n",
+            )
+            out = tmp_path / f"record-{util}.jsonl"
+            result = subprocess.run(
+                [*DLMON_RECORD, str(job.pid), "-o", str(out), "--interval", "0.5", "--duration", "16"],
+                capture_output=True,
+                text=True,
+                timeout=90,
+                env=environment(fake_nvml, config),
+            )
+            assert result.returncode == 0, result.stderr
+            lines = [json.loads(line) for line in out.read_text().splitlines()]
+            last = [line for line in lines if line["type"] == "snapshot"][-1]
+            found[util] = [a for a in last["alerts"] if a["kind"] == "input_bound"]
+    finally:
+        job.kill()
+        job.wait()
+    (idle,) = found[30]
+    assert "its GPU 0 was idle 70% of that time" in idle["message"], idle["message"]
+    assert idle["severity"] == "critical"
+    (busy,) = found[97]
+    assert "yet its GPU 0 was busy 97% of that time: the wait is hidden" in busy["message"], busy["message"]
+    assert busy["severity"] == "warning"
+
+
+BEYOND = f"""
+device
+total {80 * GiB}
+used {20 * GiB}
+util 88
+compute 4242 {18 * GiB}
+compute 4243 {1 * GiB}
+sm 4242 45
+power_mw 300000
+clock_events 0x41
+"""
+
+TWO_SWEEPS = """
+    import ctypes, json, sys, time
+    from dlmon.collect.gpu import GpuCollector
+    from dlmon.model.serialize import to_dict
+    collector = GpuCollector(host_pids=True)
+    first = collector.sample()[1]
+    time.sleep(0.5)
+    second = collector.sample()[1]
+    lib = ctypes.CDLL(sys.argv[1] + "/libnvidia-ml.so.1")
+    lib.fakeNvmlLastSeenTimestamp.restype = ctypes.c_ulonglong
+    print(json.dumps({
+        "first": [to_dict(d) for d in first], "second": [to_dict(d) for d in second],
+        "last_seen": lib.fakeNvmlLastSeenTimestamp(), "now_us": int(time.time() * 1e6),
+    }))
+    collector.close()
+"""
+
+
+def test_per_process_sm_utilisation_power_and_clock_events(fake_nvml: Path, tmp_path: Path) -> None:
+    """Issue 24, beyond: each process's SM utilisation from its samples since the newest one seen
+    (the second sweep asks from the first's timestamp, never from 0), power from the energy
+    counter's delta (none at the first sweep), and the clock event reasons that slow the GPU
+    (idle is no slowdown)."""
+    result = run_python(TWO_SWEEPS, fake_nvml, _config(tmp_path, BEYOND), args=(str(fake_nvml),))
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    (first,), (second,) = data["first"], data["second"]
+    sm = {p["pid"]: p["sm_percent"] for p in second["processes"]}
+    assert sm == {4242: 45.0, 4243: None}
+    assert {p["pid"]: p["sm_percent"] for p in first["processes"]}[4242] == 45.0
+    assert first["power_w"] is None
+    assert 270 <= second["power_w"] <= 330, second["power_w"]
+    assert second["clock_events"] == ["hw thermal"]
+    # asked for samples newer than the first sweep's, a moment ago: not 0, not the whole buffer
+    assert 0 < data["now_us"] - data["last_seen"] < 5_000_000
+
+
+def test_a_driver_without_the_beyond_calls_reads_as_before(fake_nvml: Path, tmp_path: Path) -> None:
+    """NOT_SUPPORTED or missing: no sm figure, no power, no clock events, and no reason on the
+    device (these are extras, not figures the device lacks)."""
+    config = _config(
+        tmp_path,
+        f"device\ntotal {80 * GiB}\nused {20 * GiB}\ncompute 4242 {GiB}\n"
+        "fail nvmlDeviceGetProcessUtilization 3\nfail nvmlDeviceGetCurrentClocksEventReasons 3\n",
+    )
+    result = run_python(TWO_SWEEPS, fake_nvml, config, args=(str(fake_nvml),))
+    assert result.returncode == 0, result.stderr
+    (second,) = json.loads(result.stdout)["second"]
+    assert [p["sm_percent"] for p in second["processes"]] == [None]
+    assert (second["power_w"], second["clock_events"], second["unavailable_reason"]) == (None, [], None)
+
+
+def test_the_gpu_panel_shows_power_slowdowns_and_each_processs_sm_share(
+    fake_nvml: Path, tmp_path: Path
+) -> None:
+    from test_ui_support import MAIN_PID
+
+    from dlmon.ui.state import DashboardState
+    from dlmon.ui.text import text_of
+    from dlmon.ui.views.gpu import gpu_lines
+
+    config = _config(tmp_path, BEYOND.replace("4242", str(MAIN_PID)))
+    result = run_python(TWO_SWEEPS, fake_nvml, config, args=(str(fake_nvml),))
+    assert result.returncode == 0, result.stderr
+    devices = _gpu_devices(json.loads(result.stdout)["second"])
+    state = DashboardState()
+    state.ingest(_mig_snapshot(devices))
+    full = [text_of(line) for line in gpu_lines(state, 200, compact=False, detailed=True)]
+    assert " W" in full[0] and "clocks held down: hw thermal" in full[0], full[0]
+    assert any(f"pid {MAIN_PID} main 18.0G sm 45%" in line for line in full), full

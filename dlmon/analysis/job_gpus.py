@@ -53,3 +53,22 @@ def job_tensor_gpus(s: Snapshot) -> list[GpuDevice]:
         or g.torch_allocated_bytes
         or (not g.is_mig_parent and any(gp.pid in unaccounted for gp in g.processes))
     ]
+
+
+def process_gpu_busy(s: Snapshot, pid: int) -> tuple[tuple[str, float, bool], ...]:
+    """(device key, busy %, whether it is the process's own) of each GPU where NVML lists
+    process ``pid``, read this tick (a stale reading is no figure for this tick): the process's
+    own SM utilisation where NVML gives it (a colleague's kernels on the same GPU do not count),
+    else the device's. A card in MIG mode reports no utilisation."""
+    out: list[tuple[str, float, bool]] = []
+    for g in s.gpus:
+        if g.stale_age_s is not None or g.is_mig_parent:
+            continue
+        mine = next((gp for gp in g.processes if gp.pid == pid), None)
+        if mine is None:
+            continue
+        if mine.sm_percent is not None:
+            out.append((g.key, mine.sm_percent, True))
+        elif g.utilization_percent is not None:
+            out.append((g.key, g.utilization_percent, False))
+    return tuple(out)

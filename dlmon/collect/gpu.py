@@ -40,6 +40,20 @@ DRIVER_PROCESS_INFO_BYTES: Final = 24
 #: bindings and the driver disagree on the process struct's layout.
 PID_MAX_LIMIT: Final = 1 << 22
 
+#: NVML's clock event ("throttle") reasons that hold the clocks down, by bit. Idle, application
+#: clocks, sync boost and display clocks are settings or rest, not slowdowns: left out.
+CLOCK_EVENTS: Final = (
+    (0x04, "sw power cap"),
+    (0x08, "hw slowdown"),
+    (0x20, "sw thermal"),
+    (0x40, "hw thermal"),
+    (0x80, "power brake"),
+)
+
+#: How far back the first per-process utilisation read of a device looks (NVML keeps a buffer
+#: of samples; later reads ask for those after the newest one seen).
+FIRST_UTIL_LOOKBACK_US: Final = 1_000_000
+
 MISREAD_PROCESSES: Final = "process list misread (entries with impossible pids left out)"
 
 CONTAINER_PIDS_NOTE: Final = (
@@ -286,6 +300,10 @@ class GpuCollector:
         self._mig_mode: dict[int, bool] = {}
         # MIG cards whose aggregate memory NVML refused (no privileges): not asked again.
         self._no_aggregate: set[int] = set()
+        # Per device index: the newest per-process utilisation sample seen (µs, NVML's CPU
+        # timestamp), and the energy counter's last reading (mJ, at this clock's time).
+        self._util_seen: dict[int, int] = {}
+        self._energy: dict[int, tuple[int, float]] = {}
         # Function names found missing (in pynvml or in the driver): not tried again.
         self._missing: set[str] = set()
         self._memory_v2: bool | None = None  # None: not yet known
@@ -343,6 +361,8 @@ class GpuCollector:
         self._mig_mode.clear()
         self._minor.clear()
         self._no_aggregate.clear()
+        self._util_seen.clear()
+        self._energy.clear()
 
     def _sample_devices(self) -> tuple[GpuStatus, tuple[GpuDevice, ...]]:
         """Every device's reading (NVML is up)."""
@@ -535,6 +555,8 @@ class GpuCollector:
         self._mig_mode.pop(index, None)
         self._minor.pop(index, None)
         self._no_aggregate.discard(index)
+        self._util_seen.pop(index, None)
+        self._energy.pop(index, None)
         self._last_reading.pop(index, None)
         self._backoff.pop(index, None)
 
@@ -622,6 +644,8 @@ class GpuCollector:
         used = total = None
         utilization = None
         processes: tuple[GpuProcess, ...] = ()
+        power: float | None = None
+        events: tuple[str, ...] = ()
         mig: bool | None = None
         migs: list[GpuDevice] = []
         try:
@@ -669,6 +693,11 @@ class GpuCollector:
                 self._check_slow()
                 self._figure = "processes"
                 processes = self._processes(index, handle)
+                self._check_slow()
+                processes = self._with_sm_util(index, handle, processes)
+                self._check_slow()
+                power = self._power(index, handle)
+                events = self._clock_events(index, handle)
         except _DeviceLost:
             return (GpuDevice(index, None, None, None, None, None),)
         except _DeviceSlow:  # what it answered so far; the rest is not asked for
@@ -694,6 +723,8 @@ class GpuCollector:
             processes=processes,
             mig_mode=mig,
             minor_number=self._minor.get(index),
+            power_w=power,
+            clock_events=events,
         )
         return (card, *migs)
 
@@ -840,9 +871,7 @@ class GpuCollector:
                 if not 0 < pid <= PID_MAX_LIMIT:
                     # A misread entry (bindings and driver disagree on the struct), never
                     # anybody's process: shown, it would be an "other" process holding VRAM.
-                    self._device_errors.append(
-                        ("processes", NVMLErrorKind.OTHER, MISREAD_PROCESSES)
-                    )
+                    self._device_errors.append(("processes", NVMLErrorKind.OTHER, MISREAD_PROCESSES))
                     continue
                 used = _bytes_or_none(getattr(entry, "usedGpuMemory", None))
                 if pid in per_pid:
@@ -857,6 +886,58 @@ class GpuCollector:
                     known = [v for v in (merged[pid], used) if v is not None]
                     merged[pid] = max(known) if known else None
         return tuple(GpuProcess(pid, merged[pid]) for pid in sorted(merged))
+
+    def _with_sm_util(
+        self, index: int, handle: Any, processes: tuple[GpuProcess, ...]
+    ) -> tuple[GpuProcess, ...]:
+        """``processes`` with NVML's per-process SM utilisation: the mean of each one's samples
+        newer than the newest seen on this device (NVML keeps a buffer; asking from 0 each time
+        would average over all of it). NOT_FOUND (no sample since) and NOT_SUPPORTED leave None."""
+        if not processes:
+            return processes
+        seen = self._util_seen.get(index)
+        since = seen if seen is not None else max(0, int(time.time() * 1e6) - FIRST_UTIL_LOOKBACK_US)
+        samples = self._quiet(index, "nvmlDeviceGetProcessUtilization", handle, since)
+        if samples is NA:
+            return processes
+        per_pid: dict[int, list[float]] = {}
+        newest = since
+        try:
+            for sample in samples:
+                stamp, pid, sm = int(sample.timeStamp), int(sample.pid), int(sample.smUtil)
+                if stamp <= since or not 0 <= sm <= 100:
+                    continue  # an old sample, or a value NVML does not give
+                newest = max(newest, stamp)
+                per_pid.setdefault(pid, []).append(float(sm))
+        except (TypeError, ValueError, AttributeError):
+            return processes
+        self._util_seen[index] = newest
+        return tuple(
+            dataclasses.replace(p, sm_percent=sum(v) / len(v)) if (v := per_pid.get(p.pid)) else p
+            for p in processes
+        )
+
+    def _power(self, index: int, handle: Any) -> float | None:
+        """Mean watts since the previous sweep, from the energy counter (mJ since the driver
+        loaded): a delta, not nvmlDeviceGetPowerUsage's instant reading."""
+        energy = self._quiet(index, "nvmlDeviceGetTotalEnergyConsumption", handle)
+        now = self._clock()
+        if energy is NA or isinstance(energy, bool) or not isinstance(energy, int):
+            self._energy.pop(index, None)
+            return None
+        last = self._energy.get(index)
+        self._energy[index] = (energy, now)
+        if last is None or now <= last[1] or energy < last[0]:
+            return None  # the first reading, or a counter that went back (a driver reload)
+        return round((energy - last[0]) / 1000.0 / (now - last[1]), 1)
+
+    def _clock_events(self, index: int, handle: Any) -> tuple[str, ...]:
+        reasons = self._quiet(index, "nvmlDeviceGetCurrentClocksEventReasons", handle)
+        if reasons is NA and self.last_error is NVMLErrorKind.FUNCTION_NOT_FOUND:
+            reasons = self._quiet(index, "nvmlDeviceGetCurrentClocksThrottleReasons", handle)  # drivers < 535
+        if reasons is NA or isinstance(reasons, bool) or not isinstance(reasons, int):
+            return ()
+        return tuple(name for bit, name in CLOCK_EVENTS if reasons & bit)
 
     def _process_listing(self, index: int, handle: Any, variants: Iterable[str]) -> list[Any]:
         """The first variant whose function exists; an empty list when none answers."""

@@ -104,6 +104,8 @@ class Thresholds:
     busy_cpu_percent: float = 85.0  # a worker near one core
     idle_cpu_percent: float = 60.0
     main_busy_cpu_percent: float = 90.0
+    # the process's own GPUs this busy over the window: the data wait is hidden behind GPU work
+    input_gpu_busy_percent: float = 90.0
     # shm_exhaustion
     shm_free_fraction: float = 0.10
     shm_free_bytes: float = 64.0 * MIB
