@@ -84,14 +84,13 @@ def test_a_hung_nvml_costs_one_step_and_the_run_goes_on(fake_nvml: Path, tmp_pat
     """Every device call sleeps 10 minutes: the devices step is cut off at --max-step with what it
     found, and the steps after it still run and write their lines."""
     config = DEVICE + "delay_ms 600000\n"
-    args = ("--only", "versions,devices,children_vram", "--max-step", "6", "--budget", "120")
+    args = ("--only", "devices,children_vram", "--max-step", "6", "--budget", "120")
     done, lines = _check(fake_nvml, tmp_path, config, *args)
     assert done.returncode == 1, done.stdout + done.stderr
     cut = [line for line in lines if line["step"] == "devices"]
     assert [(line["check"], line["result"]) for line in cut] == [("finished in time", "FAIL")]
     assert "cut off after 6 s" in cut[0]["detail"]
-    assert any(line["step"] == "children_vram" for line in lines)
-    assert any(line["step"] == "versions" and line["result"] == "PASS" for line in lines)
+    assert any(line["step"] == "children_vram" for line in lines)  # run after it, whatever it found
 
 
 def test_no_gpu_is_one_line_and_exit_2(fake_nvml: Path, tmp_path: Path) -> None:
