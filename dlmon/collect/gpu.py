@@ -50,8 +50,8 @@ CLOCK_EVENTS: Final = (
     (0x80, "power brake"),
 )
 
-#: How far back the first per-process utilisation read of a device looks (NVML keeps a buffer
-#: of samples; later reads ask for those after the newest one seen).
+#: How far back a per-process utilisation read looks at least (NVML keeps a buffer of samples;
+#: a read asks for those after the newest one seen, or after this long ago if that is sooner).
 FIRST_UTIL_LOOKBACK_US: Final = 1_000_000
 
 MISREAD_PROCESSES: Final = "process list misread (entries with impossible pids left out)"
@@ -697,6 +697,7 @@ class GpuCollector:
                 processes = self._with_sm_util(index, handle, processes)
                 self._check_slow()
                 power = self._power(index, handle)
+                self._check_slow()
                 events = self._clock_events(index, handle)
         except _DeviceLost:
             return (GpuDevice(index, None, None, None, None, None),)
@@ -708,6 +709,7 @@ class GpuCollector:
                 used,
                 total,
                 utilization,
+                processes,  # a list read in full is kept: the extras after it were the slow part
                 unavailable_reason=SLOW_REASON,
                 mig_mode=mig,
                 minor_number=self._minor.get(index),
@@ -890,30 +892,45 @@ class GpuCollector:
     def _with_sm_util(
         self, index: int, handle: Any, processes: tuple[GpuProcess, ...]
     ) -> tuple[GpuProcess, ...]:
-        """``processes`` with NVML's per-process SM utilisation: the mean of each one's samples
-        newer than the newest seen on this device (NVML keeps a buffer; asking from 0 each time
-        would average over all of it). NOT_FOUND (no sample since) and NOT_SUPPORTED leave None."""
+        """``processes`` with NVML's per-process SM utilisation over the samples newer than the
+        newest seen on this device, looking back at least FIRST_UTIL_LOOKBACK_US (NVML keeps a
+        buffer; asking from 0 would average over all of it; asking only since the last sweep can
+        find no new sample when sweeps are faster than NVML's sampling).
+
+        NVML returns a sample only for a process with non-zero utilisation in that period: a
+        listed process without one ran no kernel then, so it counts 0 in every period where
+        another process has a sample, and 0 when NOT_FOUND says no process had any (a starved
+        trainer beside a colleague's busy job is idle, not unknown). NOT_SUPPORTED and other
+        errors leave None."""
         if not processes:
             return processes
+        floor = max(0, int(time.time() * 1e6) - FIRST_UTIL_LOOKBACK_US)
         seen = self._util_seen.get(index)
-        since = seen if seen is not None else max(0, int(time.time() * 1e6) - FIRST_UTIL_LOOKBACK_US)
+        since = floor if seen is None else min(seen, floor)
         samples = self._quiet(index, "nvmlDeviceGetProcessUtilization", handle, since)
         if samples is NA:
+            if self.last_error is NVMLErrorKind.NOT_FOUND:
+                return tuple(dataclasses.replace(p, sm_percent=0.0) for p in processes)
             return processes
-        per_pid: dict[int, list[float]] = {}
-        newest = since
+        per_pid: dict[int, float] = {}
+        stamps: set[int] = set()
+        newest = seen if seen is not None else since
         try:
             for sample in samples:
                 stamp, pid, sm = int(sample.timeStamp), int(sample.pid), int(sample.smUtil)
                 if stamp <= since or not 0 <= sm <= 100:
                     continue  # an old sample, or a value NVML does not give
                 newest = max(newest, stamp)
-                per_pid.setdefault(pid, []).append(float(sm))
+                stamps.add(stamp)
+                per_pid[pid] = per_pid.get(pid, 0.0) + float(sm)
         except (TypeError, ValueError, AttributeError):
             return processes
         self._util_seen[index] = newest
+        if not stamps:
+            return tuple(dataclasses.replace(p, sm_percent=0.0) for p in processes)
+        periods = len(stamps)  # the sampling periods in which some process ran a kernel
         return tuple(
-            dataclasses.replace(p, sm_percent=sum(v) / len(v)) if (v := per_pid.get(p.pid)) else p
+            dataclasses.replace(p, sm_percent=round(min(100.0, per_pid.get(p.pid, 0.0) / periods), 1))
             for p in processes
         )
 
