@@ -9,6 +9,8 @@ hardware can confirm.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -33,17 +35,20 @@ def fake_nvml(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _check(
-    fake_nvml: Path, tmp_path: Path, config: str, *args: str
+    fake_nvml: Path, tmp_path: Path, config: str, *args: str, python_path: Path | None = None
 ) -> tuple[subprocess.CompletedProcess[str], list[dict[str, Any]]]:
     conf = tmp_path / "nvml.conf"
     conf.write_text(config)
     out = tmp_path / "out"
+    env = environment(fake_nvml, conf)
+    if python_path is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(python_path), env["PYTHONPATH"]])
     done = subprocess.run(
         [sys.executable, str(SCRIPT), "--out", str(out), *args],
         capture_output=True,
         text=True,
         timeout=240,
-        env=environment(fake_nvml, conf),
+        env=env,
     )
     lines = []
     if (out / "results.jsonl").exists():
@@ -91,6 +96,58 @@ def test_a_hung_nvml_costs_one_step_and_the_run_goes_on(fake_nvml: Path, tmp_pat
     assert [(line["check"], line["result"]) for line in cut] == [("finished in time", "FAIL")]
     assert "cut off after 6 s" in cut[0]["detail"]
     assert any(line["step"] == "children_vram" for line in lines)  # run after it, whatever it found
+
+
+# Started in the devices step (through sitecustomize, before the step's NVML hangs): a process
+# of a session of its own, as dlmon run's and dlmon tune's trainings and the CUDA children are.
+ESCAPER = """
+import subprocess, sys
+if "--step" in sys.argv and "devices" in sys.argv:
+    subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)", "{marker}"],
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+"""
+
+
+def _marked(marker: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if marker.encode() in argv:
+                found.append(int(entry))
+    return found
+
+
+def test_a_step_cut_off_leaves_nothing_running_that_left_its_process_group(
+    fake_nvml: Path, tmp_path: Path
+) -> None:
+    """A step's training under dlmon run, or a CUDA child, runs in a session of its own: killing the
+    step's process group missed it, and a cut-off step left it running, holding its GPU memory
+    (found in review: dlmon tune's `while True` training would outlive the whole run). The
+    runner finds them by a token in their environment and kills them when the step ends."""
+    marker = f"gpu-check-escaper-{os.getpid()}"
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(ESCAPER.format(marker=marker))
+    config = DEVICE + "delay_ms 600000\n"
+    args = ("--only", "devices", "--max-step", "6", "--budget", "60")
+    try:
+        done, lines = _check(fake_nvml, tmp_path, config, *args, python_path=hook)
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert _marked(marker) == [], "a process the step started is still running"
+        left = [line for line in lines if line["check"] == "left nothing running"]
+        assert left and left[0]["result"] == "WARN", lines
+    finally:
+        for pid in _marked(marker):
+            os.kill(pid, signal.SIGKILL)
 
 
 def test_no_gpu_is_one_line_and_exit_2(fake_nvml: Path, tmp_path: Path) -> None:
