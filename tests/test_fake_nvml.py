@@ -715,7 +715,7 @@ def test_nvml_is_started_again_after_a_driver_reload(fake_nvml: Path, tmp_path: 
         assert status["available"] is True, status
         assert [d["memory_used_bytes"] for d in devices] == [20 * GiB, 3 * GiB]
         assert [d["unavailable_reason"] for d in devices] == [None, None]
-        assert devices[0]["processes"][0] == {"pid": 4242, "used_memory_bytes": 18 * GiB, "sm_percent": None}
+        assert devices[0]["processes"][0] == {"pid": 4242, "used_memory_bytes": 18 * GiB, "sm_percent": 0.0}
 
 
 def test_the_reason_is_the_missing_figures_not_the_first_error_of_the_read(
@@ -1014,7 +1014,7 @@ def test_record_keeps_producing_snapshots_while_nvml_hangs_and_marks_the_gpu_fig
     first, last = snapshots[0], snapshots[-1]
     assert [g["stale_age_s"] for g in first["gpus"]] == [None, None]
     assert first["gpus"][0]["processes"] == [
-        {"pid": target.pid, "used_memory_bytes": 2147483648, "sm_percent": None}
+        {"pid": target.pid, "used_memory_bytes": 2147483648, "sm_percent": 0.0}
     ]
     # The last answer stands in, marked stale with its age (it grows as the hang lasts).
     ages = [g["stale_age_s"] for g in last["gpus"]]

@@ -304,6 +304,9 @@ class GpuCollector:
         # timestamp), and the energy counter's last reading (mJ, at this clock's time).
         self._util_seen: dict[int, int] = {}
         self._energy: dict[int, tuple[int, float]] = {}
+        # (device index, function) of the extras a device said NOT_SUPPORTED to: not asked again
+        # (each sweep would pay for them on every such device).
+        self._unsupported: set[tuple[int, str]] = set()
         # Function names found missing (in pynvml or in the driver): not tried again.
         self._missing: set[str] = set()
         self._memory_v2: bool | None = None  # None: not yet known
@@ -363,6 +366,7 @@ class GpuCollector:
         self._no_aggregate.clear()
         self._util_seen.clear()
         self._energy.clear()
+        self._unsupported.clear()
 
     def _sample_devices(self) -> tuple[GpuStatus, tuple[GpuDevice, ...]]:
         """Every device's reading (NVML is up)."""
@@ -557,6 +561,7 @@ class GpuCollector:
         self._no_aggregate.discard(index)
         self._util_seen.pop(index, None)
         self._energy.pop(index, None)
+        self._unsupported -= {key for key in self._unsupported if key[0] == index}
         self._last_reading.pop(index, None)
         self._backoff.pop(index, None)
 
@@ -907,7 +912,7 @@ class GpuCollector:
         floor = max(0, int(time.time() * 1e6) - FIRST_UTIL_LOOKBACK_US)
         seen = self._util_seen.get(index)
         since = floor if seen is None else min(seen, floor)
-        samples = self._quiet(index, "nvmlDeviceGetProcessUtilization", handle, since)
+        samples = self._extra(index, "nvmlDeviceGetProcessUtilization", handle, since)
         if samples is NA:
             if self.last_error is NVMLErrorKind.NOT_FOUND:
                 return tuple(dataclasses.replace(p, sm_percent=0.0) for p in processes)
@@ -934,10 +939,21 @@ class GpuCollector:
             for p in processes
         )
 
+    def _extra(self, index: int, name: str, *args: Any) -> Any:
+        """:meth:`_quiet` for a figure beyond the device's own (per-process utilisation, energy,
+        clock reasons): a device that does not support it is not asked again."""
+        if (index, name) in self._unsupported:
+            self.last_error = NVMLErrorKind.NOT_SUPPORTED
+            return NA
+        result = self._quiet(index, name, *args)
+        if self.last_error is NVMLErrorKind.NOT_SUPPORTED:
+            self._unsupported.add((index, name))
+        return result
+
     def _power(self, index: int, handle: Any) -> float | None:
         """Mean watts since the previous sweep, from the energy counter (mJ since the driver
         loaded): a delta, not nvmlDeviceGetPowerUsage's instant reading."""
-        energy = self._quiet(index, "nvmlDeviceGetTotalEnergyConsumption", handle)
+        energy = self._extra(index, "nvmlDeviceGetTotalEnergyConsumption", handle)
         now = self._clock()
         if energy is NA or isinstance(energy, bool) or not isinstance(energy, int):
             self._energy.pop(index, None)
@@ -949,9 +965,9 @@ class GpuCollector:
         return round((energy - last[0]) / 1000.0 / (now - last[1]), 1)
 
     def _clock_events(self, index: int, handle: Any) -> tuple[str, ...]:
-        reasons = self._quiet(index, "nvmlDeviceGetCurrentClocksEventReasons", handle)
+        reasons = self._extra(index, "nvmlDeviceGetCurrentClocksEventReasons", handle)
         if reasons is NA and self.last_error is NVMLErrorKind.FUNCTION_NOT_FOUND:
-            reasons = self._quiet(index, "nvmlDeviceGetCurrentClocksThrottleReasons", handle)  # drivers < 535
+            reasons = self._extra(index, "nvmlDeviceGetCurrentClocksThrottleReasons", handle)  # drivers < 535
         if reasons is NA or isinstance(reasons, bool) or not isinstance(reasons, int):
             return ()
         return tuple(name for bit, name in CLOCK_EVENTS if reasons & bit)
