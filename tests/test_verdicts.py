@@ -458,6 +458,26 @@ def test_a_gpu_kept_busy_by_another_process_is_not_the_trainers_when_nvml_gives_
     assert alert.severity == "critical" and alert.evidence["gpus"] is None
 
 
+def test_a_stray_context_on_another_ranks_gpu_does_not_halve_the_trainers_own() -> None:
+    """A rank listed on GPU 0 only by a stray context (every rank touching cuda:0), where rank 0's
+    kernels run, and on its own GPU 1 busy 95%: its own GPU's figure says the wait is hidden (found
+    in review: the mean over both, 47%, kept the verdict critical and named both GPUs)."""
+    from dlmon.model import GpuProcess
+
+    gpu0 = dataclasses.replace(
+        gpu(0, util=99.0),
+        processes=(
+            GpuProcess(MAIN_PID, 500 * 2**20, sm_percent=0.0),
+            GpuProcess(4242, None, sm_percent=99.0),
+        ),
+    )
+    alert = _input_bound_alert([gpu0, _own_sm(gpu(1, util=95.0), 95.0)])
+    assert "yet its kernels kept GPU 1 busy 95% of that time: the wait is hidden" in alert.message, (
+        alert.message
+    )
+    assert alert.severity == "warning" and alert.evidence["gpus"] == "1"
+
+
 def test_input_bound_names_no_gpu_the_trainer_is_not_on_or_whose_reading_is_stale() -> None:
     """A colleague's GPU (NVML does not list the trainer there) and a stale reading say nothing
     about the trainer's GPU: the verdict is as without a GPU."""

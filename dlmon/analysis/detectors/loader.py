@@ -141,18 +141,22 @@ class GpuBusy:
     share of time a kernel ran), where NVML lists the process on them."""
 
     keys: tuple[str, ...]  # device keys, e.g. ("0",) or ("3", "4")
-    busy_percent: float  # mean over the window and the devices
+    busy_percent: float  # mean over the window of each tick's busiest device
     own: bool  # the process's own kernels (NVML's per-process figure), not the whole device's
 
 
 def _gpu_busy(ctx: Context, seconds: float, pid: int) -> GpuBusy | None:
+    """Each tick's busiest of the process's GPUs, over the window: a rank listed on a second GPU
+    only by a stray context (every rank touching cuda:0) runs none of its kernels there, and a
+    mean would halve its own GPU's figure."""
     ticks = ctx.per_snapshot(seconds, ("gpu_busy", pid), partial(process_gpu_busy, pid=pid))
     own = any(mine for tick in ticks for _, _, mine in tick)
-    values = [u for tick in ticks for _, u, mine in tick if mine == own]
-    if not values or len([t for t in ticks if t]) < max(2, len(ticks) // 2):
+    busiest = [max(((u, k) for k, u, mine in tick if mine == own), default=None) for tick in ticks]
+    values = [b for b in busiest if b is not None]
+    if not values or len(values) < max(2, len(ticks) // 2):
         return None  # too few ticks with a reading to say what the GPU did over the window
-    keys = tuple(dict.fromkeys(k for tick in ticks for k, _, mine in tick if mine == own))
-    return GpuBusy(keys, mean(values), own)
+    keys = tuple(dict.fromkeys(k for _, k in values))
+    return GpuBusy(keys, mean([u for u, _ in values]), own)
 
 
 def _gpu_sentence(busy: GpuBusy, hidden: bool) -> str:
