@@ -120,6 +120,85 @@ def test_bindings_structs_match_the_drivers(fake_nvml: Path, tmp_path: Path) -> 
     assert driver_mem == binding_mem == version_size == 40
 
 
+# nvidia-ml-py 12.535.77's process struct: 32 bytes, where the driver fills 24-byte entries.
+BINDINGS_12_535_77 = """
+    import ctypes, json, sys
+    import pynvml
+
+    class c_nvmlProcessInfo_v3_t(pynvml._PrintableStructure):
+        _fields_ = [
+            ("pid", ctypes.c_uint),
+            ("usedGpuMemory", ctypes.c_ulonglong),
+            ("gpuInstanceId", ctypes.c_uint),
+            ("computeInstanceId", ctypes.c_uint),
+            ("usedGpuCcProtectedMemory", ctypes.c_ulonglong),
+        ]
+
+    pynvml.c_nvmlProcessInfo_v3_t = c_nvmlProcessInfo_v3_t
+    from dlmon.collect.gpu import GpuCollector
+    from dlmon.model.serialize import to_dict
+    collector = GpuCollector(host_pids=True)
+    status, devices = collector.sample()
+    print(json.dumps([to_dict(d) for d in devices]))
+    collector.close()
+"""
+
+
+def test_bindings_with_a_32_byte_process_struct_still_read_every_pid(fake_nvml: Path, tmp_path: Path) -> None:
+    """Issue 24 item 3: with 12.535.77's struct the _v3 list misreads every entry after the first
+    (garbage pids shown as other processes). dlmon checks the size at start and reads the _v2
+    list, whose struct is the driver's."""
+    config = _config(
+        tmp_path,
+        f"device\nname G\nuuid GPU-1\ntotal {80 * GiB}\nused {9 * GiB}\n"
+        f"compute 4101 {1 * GiB}\ncompute 4102 {2 * GiB}\ncompute 4103 {3 * GiB}\n",
+    )
+    result = run_python(BINDINGS_12_535_77, fake_nvml, config)
+    assert result.returncode == 0, result.stderr
+    (device,) = json.loads(result.stdout)
+    assert [(p["pid"], p["used_memory_bytes"]) for p in device["processes"]] == [
+        (4101, 1 * GiB),
+        (4102, 2 * GiB),
+        (4103, 3 * GiB),
+    ]
+    assert device["unavailable_reason"] is None
+
+
+def test_a_misread_process_entry_is_never_shown_as_a_process() -> None:
+    """Entries whose pid cannot be a pid (0, or past Linux's limit) are dropped and said, not
+    shown as another user's process holding VRAM."""
+
+    class Entry:
+        def __init__(self, pid: int, used: int) -> None:
+            self.pid, self.usedGpuMemory = pid, used
+
+    class Library:
+        def nvmlInit(self) -> None: ...
+        def nvmlSystemGetDriverVersion(self) -> str:
+            return "550.1"
+
+        def nvmlDeviceGetCount(self) -> int:
+            return 1
+
+        def nvmlDeviceGetHandleByIndex(self, index: int) -> object:
+            return object()
+
+        def nvmlDeviceGetName(self, handle: object) -> str:
+            return "G"
+
+        def nvmlDeviceGetUUID(self, handle: object) -> str:
+            return "GPU-1"
+
+        def nvmlDeviceGetComputeRunningProcesses(self, handle: object) -> list[Entry]:
+            return [Entry(4101, GiB), Entry(0, 4101), Entry(4294967295, 0)]
+
+    from dlmon.collect.gpu import GpuCollector
+
+    _, devices = GpuCollector(Library(), host_pids=True).sample()
+    assert [p.pid for p in devices[0].processes] == [4101]
+    assert "process list misread" in (devices[0].unavailable_reason or "")
+
+
 def test_devices_memory_and_processes_read_through_the_real_bindings(fake_nvml: Path, tmp_path: Path) -> None:
     status, devices = _sample(fake_nvml, _config(tmp_path, TWO_DEVICES))
     assert status == {
@@ -442,7 +521,9 @@ def test_record_of_a_job_on_a_mig_slice_has_the_slice_and_the_jobs_vram(
         (0, 2, "MIG-22222222-1111-2222-3333-444444444444"),
     ]
     assert last["gpus"][0]["mig_mode"] is True and last["gpus"][0]["unavailable_reason"] is None
-    assert last["gpus"][2]["processes"] == [{"pid": target.pid, "used_memory_bytes": 5 * GiB}]
+    assert last["gpus"][2]["processes"] == [
+        {"pid": target.pid, "used_memory_bytes": 5 * GiB, "sm_percent": None}
+    ]
     (main,) = [p for p in last["processes"] if p["pid"] == target.pid]
     assert main["gpu_memory_bytes"] == 5 * GiB
 
@@ -703,7 +784,7 @@ def test_nvml_is_started_again_after_a_driver_reload(fake_nvml: Path, tmp_path: 
         assert status["available"] is True, status
         assert [d["memory_used_bytes"] for d in devices] == [20 * GiB, 3 * GiB]
         assert [d["unavailable_reason"] for d in devices] == [None, None]
-        assert devices[0]["processes"][0] == {"pid": 4242, "used_memory_bytes": 18 * GiB}
+        assert devices[0]["processes"][0] == {"pid": 4242, "used_memory_bytes": 18 * GiB, "sm_percent": 0.0}
 
 
 def test_the_reason_is_the_missing_figures_not_the_first_error_of_the_read(
@@ -1001,7 +1082,9 @@ def test_record_keeps_producing_snapshots_while_nvml_hangs_and_marks_the_gpu_fig
     assert len(snapshots) >= 8, len(snapshots)  # 20 at its pace; NVML's pace: 2 in 10 s
     first, last = snapshots[0], snapshots[-1]
     assert [g["stale_age_s"] for g in first["gpus"]] == [None, None]
-    assert first["gpus"][0]["processes"] == [{"pid": target.pid, "used_memory_bytes": 2147483648}]
+    assert first["gpus"][0]["processes"] == [
+        {"pid": target.pid, "used_memory_bytes": 2147483648, "sm_percent": 0.0}
+    ]
     # The last answer stands in, marked stale with its age (it grows as the hang lasts).
     ages = [g["stale_age_s"] for g in last["gpus"]]
     assert all(age is not None and age > 1.0 for age in ages), ages
@@ -1255,3 +1338,209 @@ def test_a_reading_under_a_second_old_says_so_not_0s() -> None:
     )
     line = text_of(gpu_lines(state, 160, compact=False)[0])
     assert "stale <1s" in line and "stale 0s" not in line
+
+
+# -- beyond: the trainer's GPU confirms or tempers input_bound -----------------------------------
+
+INPUT_BOUND_JOB = """
+import sys, time
+import dlmon.agent
+
+dlmon.agent.start()
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+class Slow(Dataset):
+    def __len__(self):
+        return 10**6
+
+    def __getitem__(self, i):
+        time.sleep(0.02)  # one worker, 8 samples a batch: the trainer waits nearly all the time
+        return torch.zeros(4)
+
+
+if __name__ == "__main__":
+    print("READY", flush=True)
+    end = time.monotonic() + float(sys.argv[1])
+    for batch in DataLoader(Slow(), batch_size=8, num_workers=1):
+        if time.monotonic() > end:
+            break
+"""
+
+
+def test_a_real_input_bound_job_is_confirmed_by_its_idle_gpu_and_tempered_by_a_busy_one(
+    fake_nvml: Path, tmp_path: Path, host_namespace: None
+) -> None:
+    """A real DataLoader job starved by its one slow worker, recorded twice by `dlmon record`
+    with the stand-in listing the trainer on GPU 0: first beside a colleague whose kernels keep
+    the GPU 99% busy while the trainer has no sample (it ran none), then running 97% itself. The
+    record's input_bound says the trainer's own figure: critical and confirmed, then a warning
+    whose wait is hidden behind GPU work. A colleague's GPU beside it is never the trainer's."""
+    script = tmp_path / "job.py"
+    script.write_text(INPUT_BOUND_JOB)
+    env = environment(fake_nvml, _config(tmp_path, ""))
+    job = subprocess.Popen([sys.executable, str(script), "120"], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert job.stdout is not None and job.stdout.readline().strip() == "READY"
+        found = {}
+        for case, own in (("shared", f"compute 7 {GiB}\nsm 7 99\n"), ("busy", f"sm {job.pid} 97\n")):
+            util = 99 if case == "shared" else 97
+            config = _config(
+                tmp_path,
+                f"device\ntotal {80 * GiB}\nused {10 * GiB}\nutil {util}\ncompute {job.pid} {8 * GiB}\n{own}"
+                f"device\ntotal {80 * GiB}\nused {70 * GiB}\nutil 99\ncompute 7 {60 * GiB}\n",
+            )
+            out = tmp_path / f"record-{case}.jsonl"
+            result = subprocess.run(
+                [*DLMON_RECORD, str(job.pid), "-o", str(out), "--interval", "0.5", "--duration", "16"],
+                capture_output=True,
+                text=True,
+                timeout=90,
+                env=environment(fake_nvml, config),
+            )
+            assert result.returncode == 0, result.stderr
+            lines = [json.loads(line) for line in out.read_text().splitlines()]
+            last = [line for line in lines if line["type"] == "snapshot"][-1]
+            found[case] = [a for a in last["alerts"] if a["kind"] == "input_bound"]
+    finally:
+        job.kill()
+        job.wait()
+    (idle,) = found["shared"]
+    assert "its kernels kept GPU 0 busy only 0% of that time" in idle["message"], idle["message"]
+    assert idle["severity"] == "critical"
+    (busy,) = found["busy"]
+    hidden = "yet its kernels kept GPU 0 busy 97% of that time: the wait is hidden"
+    assert hidden in busy["message"], busy["message"]
+    assert busy["severity"] == "warning"
+
+
+BEYOND = f"""
+device
+total {80 * GiB}
+used {20 * GiB}
+util 88
+compute 4242 {18 * GiB}
+compute 4243 {1 * GiB}
+sm 4242 45
+power_mw 300000
+clock_events 0x41
+"""
+
+TWO_SWEEPS = """
+    import ctypes, json, sys, time
+    from dlmon.collect.gpu import GpuCollector
+    from dlmon.model.serialize import to_dict
+    collector = GpuCollector(host_pids=True)
+    first = collector.sample()[1]
+    time.sleep(0.5)
+    second = collector.sample()[1]
+    lib = ctypes.CDLL(sys.argv[1] + "/libnvidia-ml.so.1")
+    lib.fakeNvmlLastSeenTimestamp.restype = ctypes.c_ulonglong
+    print(json.dumps({
+        "first": [to_dict(d) for d in first], "second": [to_dict(d) for d in second],
+        "last_seen": lib.fakeNvmlLastSeenTimestamp(), "now_us": int(time.time() * 1e6),
+    }))
+    collector.close()
+"""
+
+
+def test_per_process_sm_utilisation_power_and_clock_events(fake_nvml: Path, tmp_path: Path) -> None:
+    """Issue 24, beyond: each process's SM utilisation from its samples since the newest one seen
+    (the second sweep asks from the first's timestamp, never from 0), power from the energy
+    counter's delta (none at the first sweep), and the clock event reasons that slow the GPU
+    (idle is no slowdown)."""
+    result = run_python(TWO_SWEEPS, fake_nvml, _config(tmp_path, BEYOND), args=(str(fake_nvml),))
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    (first,), (second,) = data["first"], data["second"]
+    sm = {p["pid"]: p["sm_percent"] for p in second["processes"]}
+    assert sm == {4242: 45.0, 4243: 0.0}  # NVML samples only processes that ran a kernel
+    assert {p["pid"]: p["sm_percent"] for p in first["processes"]}[4242] == 45.0
+    assert first["power_w"] is None
+    assert 270 <= second["power_w"] <= 330, second["power_w"]
+    assert second["clock_events"] == ["hw thermal"]
+    # asked for samples newer than the first sweep's, a moment ago: not 0, not the whole buffer
+    assert 0 < data["now_us"] - data["last_seen"] < 5_000_000
+
+
+def test_a_driver_without_the_beyond_calls_reads_as_before(fake_nvml: Path, tmp_path: Path) -> None:
+    """NOT_SUPPORTED or missing: no sm figure, no power, no clock events, and no reason on the
+    device (these are extras, not figures the device lacks)."""
+    config = _config(
+        tmp_path,
+        f"device\ntotal {80 * GiB}\nused {20 * GiB}\ncompute 4242 {GiB}\n"
+        "fail nvmlDeviceGetProcessUtilization 3\nfail nvmlDeviceGetCurrentClocksEventReasons 3\n",
+    )
+    result = run_python(TWO_SWEEPS, fake_nvml, config, args=(str(fake_nvml),))
+    assert result.returncode == 0, result.stderr
+    (second,) = json.loads(result.stdout)["second"]
+    assert [p["sm_percent"] for p in second["processes"]] == [None]
+    assert (second["power_w"], second["clock_events"], second["unavailable_reason"]) == (None, [], None)
+
+
+def test_the_gpu_panel_shows_power_slowdowns_and_each_processs_sm_share(
+    fake_nvml: Path, tmp_path: Path
+) -> None:
+    from test_ui_support import MAIN_PID
+
+    from dlmon.ui.state import DashboardState
+    from dlmon.ui.text import text_of
+    from dlmon.ui.views.gpu import gpu_lines
+
+    config = _config(tmp_path, BEYOND.replace("4242", str(MAIN_PID)))
+    result = run_python(TWO_SWEEPS, fake_nvml, config, args=(str(fake_nvml),))
+    assert result.returncode == 0, result.stderr
+    devices = _gpu_devices(json.loads(result.stdout)["second"])
+    state = DashboardState()
+    state.ingest(_mig_snapshot(devices))
+    full = [text_of(line) for line in gpu_lines(state, 200, compact=False, detailed=True)]
+    assert " W" in full[0] and "clocks held down: hw thermal" in full[0], full[0]
+    assert any(f"pid {MAIN_PID} main 18.0G sm 45%" in line for line in full), full
+
+
+def test_a_listed_process_without_samples_ran_no_kernel(fake_nvml: Path, tmp_path: Path) -> None:
+    """NVML returns a utilisation sample only for a process that ran a kernel in that period, and
+    NOT_FOUND when none did: a listed process without one is at 0%, not unknown. Read as unknown,
+    a starved trainer on a GPU kept busy by a colleague took the device's 99% as its own (found in
+    review: input_bound was tempered to "the wait is hidden" on an idle trainer)."""
+    config = _config(
+        tmp_path,
+        f"device\ntotal {80 * GiB}\nused {20 * GiB}\nutil 99\ncompute 4242 {GiB}\ncompute 7 {9 * GiB}\n"
+        "sm 7 99\n"
+        f"device\ntotal {80 * GiB}\nused {20 * GiB}\nutil 0\ncompute 4243 {GiB}\n",
+    )
+    result = run_python(TWO_SWEEPS, fake_nvml, config, args=(str(fake_nvml),))
+    assert result.returncode == 0, result.stderr
+    shared, alone = json.loads(result.stdout)["second"]
+    assert {p["pid"]: p["sm_percent"] for p in shared["processes"]} == {7: 99.0, 4242: 0.0}
+    assert [p["sm_percent"] for p in alone["processes"]] == [0.0]  # NOT_FOUND: no process ran one
+
+
+SLOW_UTIL = """
+    import json, sys
+    from dlmon.collect.gpu import GpuCollector
+    from dlmon.model.serialize import to_dict
+    collector = GpuCollector(host_pids=True, slow_device_s=0.2)
+    print(json.dumps([to_dict(d) for d in collector.sample()[1]]))
+    collector.close()
+"""
+
+
+def test_a_slow_utilisation_call_keeps_the_process_list_read_before_it(
+    fake_nvml: Path, tmp_path: Path
+) -> None:
+    """The extras come after the process list: a per-process utilisation call slower than the
+    device's limit cuts the read short, but the list already read stays (found in review: the
+    partial reading dropped it, and the job's VRAM with it, for the whole back-off)."""
+    config = _config(
+        tmp_path,
+        f"device\ntotal {80 * GiB}\nused {20 * GiB}\ncompute 4242 {3 * GiB}\nsm 4242 50\n"
+        "delay_ms 400\ndelay_fn nvmlDeviceGetProcessUtilization\npower_mw 1000\n",
+    )
+    result = run_python(SLOW_UTIL, fake_nvml, config)
+    assert result.returncode == 0, result.stderr
+    (device,) = json.loads(result.stdout)
+    assert device["unavailable_reason"] and "slow" in device["unavailable_reason"], device
+    assert [(p["pid"], p["used_memory_bytes"]) for p in device["processes"]] == [(4242, 3 * GiB)]
+    assert device["power_w"] is None  # not asked after the slow call

@@ -613,3 +613,27 @@ def test_a_device_slow_in_its_process_listings_is_not_asked_the_others() -> None
     assert (
         devices[0].unavailable_reason == "NVML: slow to answer" and devices[0].memory_used_bytes == 20 * GiB
     )
+
+
+def test_extras_a_device_does_not_support_are_not_asked_again_each_sweep() -> None:
+    """Per-process utilisation, energy and clock reasons NOT_SUPPORTED (an older card, a vGPU):
+    asked once, not at every sweep on every such device (found in review: three failing calls
+    a device a sweep, for nothing)."""
+    extras = (
+        "nvmlDeviceGetProcessUtilization",
+        "nvmlDeviceGetTotalEnergyConsumption",
+        "nvmlDeviceGetCurrentClocksEventReasons",
+    )
+    fake = FakeNVML(two_devices())
+
+    def unsupported(*args: Any) -> Any:
+        raise NVMLError_NotSupported()
+
+    for name in extras:
+        setattr(fake, name, fake._recorded(name, unsupported))
+    collector = GpuCollector(fake)
+    for _ in range(3):
+        _, devices = collector.sample()
+    assert [fake.count(name) for name in extras] == [2, 2, 2]  # once on each of the two devices
+    assert all(p.sm_percent is None for d in devices for p in d.processes)
+    assert all(d.power_w is None and d.clock_events == () for d in devices)

@@ -326,8 +326,13 @@ def _loader_died(serial: int, key: int) -> Callable[[Any], None]:
             R.loader_refs.pop(key, None)
             # a loader that goes on in this row (_continue_dead_twin) keeps it alive
             if ls is not None and not any(v is ls for v in list(R.by_loader_id.values())):
-                ls.alive = False
-                ls.dead_ns = time.monotonic_ns()
+                if ls.iters:
+                    # `for batch in DataLoader(...)`: the loader object is gone at once, its
+                    # iterator goes on; the row lives until the last iterator dies
+                    ls.tracked = False
+                else:
+                    ls.alive = False
+                    ls.dead_ns = time.monotonic_ns()
         except Exception:
             pass
 

@@ -53,3 +53,27 @@ def job_tensor_gpus(s: Snapshot) -> list[GpuDevice]:
         or g.torch_allocated_bytes
         or (not g.is_mig_parent and any(gp.pid in unaccounted for gp in g.processes))
     ]
+
+
+def process_gpu_busy(s: Snapshot, pid: int) -> tuple[tuple[str, float, bool], ...]:
+    """(device key, busy %, whether it is the process's own) of each GPU where NVML lists
+    process ``pid``, read this tick (a stale reading is no figure for this tick): the process's
+    own SM utilisation where NVML gives it (a colleague's kernels on the same GPU do not count),
+    never above the device's (NVML samples only the periods in which some process ran a kernel:
+    a trainer alone on its GPU, running in bursts between waits, reads busy in its samples); else
+    the device's, only where the process is alone on it (another process's kernels would read
+    as its own). A card in MIG mode reports no utilisation."""
+    out: list[tuple[str, float, bool]] = []
+    for g in s.gpus:
+        if g.stale_age_s is not None or g.is_mig_parent:
+            continue
+        mine = next((gp for gp in g.processes if gp.pid == pid), None)
+        if mine is None:
+            continue
+        device = g.utilization_percent
+        if mine.sm_percent is not None:
+            own = mine.sm_percent if device is None else min(mine.sm_percent, device)
+            out.append((g.key, own, True))
+        elif device is not None and all(gp.pid == pid for gp in g.processes):
+            out.append((g.key, device, False))
+    return tuple(out)

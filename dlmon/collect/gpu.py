@@ -13,6 +13,7 @@ on machines without it. It never imports torch, rich or textual.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import enum
 import os
@@ -32,6 +33,29 @@ ULONGLONG_MAX: Final = (1 << 64) - 1
 
 #: The inode of the initial (host) pid namespace, a kernel constant (PROC_PID_INIT_INO).
 PROC_PID_INIT_INO: Final = 0xEFFFFFFC
+
+#: Size of the driver's nvmlProcessInfo_t, which the _v2 and _v3 process lists fill.
+DRIVER_PROCESS_INFO_BYTES: Final = 24
+
+#: Linux's PID_MAX_LIMIT on 64-bit: no pid is 0 or above it. An entry outside means the
+#: bindings and the driver disagree on the process struct's layout.
+PID_MAX_LIMIT: Final = 1 << 22
+
+#: NVML's clock event ("throttle") reasons that hold the clocks down, by bit. Idle, application
+#: clocks, sync boost and display clocks are settings or rest, not slowdowns: left out.
+CLOCK_EVENTS: Final = (
+    (0x04, "sw power cap"),
+    (0x08, "hw slowdown"),
+    (0x20, "sw thermal"),
+    (0x40, "hw thermal"),
+    (0x80, "power brake"),
+)
+
+#: How far back a per-process utilisation read looks at least (NVML keeps a buffer of samples;
+#: a read asks for those after the newest one seen, or after this long ago if that is sooner).
+FIRST_UTIL_LOOKBACK_US: Final = 1_000_000
+
+MISREAD_PROCESSES: Final = "process list misread (entries with impossible pids left out)"
 
 CONTAINER_PIDS_NOTE: Final = (
     "per-process VRAM unavailable: dlmon runs in a container's pid namespace and NVML lists host "
@@ -265,6 +289,13 @@ class GpuCollector:
         self._mig_mode: dict[int, bool] = {}
         # MIG cards whose aggregate memory NVML refused (no privileges): not asked again.
         self._no_aggregate: set[int] = set()
+        # Per device index: the newest per-process utilisation sample seen (µs, NVML's CPU
+        # timestamp), and the energy counter's last reading (mJ, at this clock's time).
+        self._util_seen: dict[int, int] = {}
+        self._energy: dict[int, tuple[int, float]] = {}
+        # (device index, function) of the extras a device said NOT_SUPPORTED to: not asked again
+        # (each sweep would pay for them on every such device).
+        self._unsupported: set[tuple[int, str]] = set()
         # Function names found missing (in pynvml or in the driver): not tried again.
         self._missing: set[str] = set()
         self._memory_v2: bool | None = None  # None: not yet known
@@ -322,6 +353,9 @@ class GpuCollector:
         self._mig_mode.clear()
         self._minor.clear()
         self._no_aggregate.clear()
+        self._util_seen.clear()
+        self._energy.clear()
+        self._unsupported.clear()
 
     def _sample_devices(self) -> tuple[GpuStatus, tuple[GpuDevice, ...]]:
         """Every device's reading (NVML is up)."""
@@ -406,7 +440,20 @@ class GpuCollector:
             return GpuStatus(available=False, reason=_init_failure_reason(kind, error))
         self._initialized = True
         self._driver_version = _str_or_none(self._query("nvmlSystemGetDriverVersion"))
+        self._check_process_struct()
         return None
+
+    def _check_process_struct(self) -> None:
+        """nvidia-ml-py 12.535.77 declares a 32-byte ``_v3`` process struct that drivers fill
+        with 24-byte entries: every entry after the first is misread (garbage pids). With such
+        bindings the _v3 lists are not called; the _v2 ones use the driver's 24-byte layout."""
+        struct = getattr(self._lib, "c_nvmlProcessInfo_v3_t", None)
+        try:
+            size = ctypes.sizeof(struct) if struct is not None else DRIVER_PROCESS_INFO_BYTES
+        except TypeError:  # not a ctypes type: a stand-in library, nothing to check
+            return
+        if size != DRIVER_PROCESS_INFO_BYTES:
+            self._missing.update(variants[0] for variants in _PROCESS_LISTS)
 
     def _bind_error_classes(self) -> None:
         kinds: list[tuple[type[BaseException], NVMLErrorKind]] = []
@@ -501,6 +548,9 @@ class GpuCollector:
         self._mig_mode.pop(index, None)
         self._minor.pop(index, None)
         self._no_aggregate.discard(index)
+        self._util_seen.pop(index, None)
+        self._energy.pop(index, None)
+        self._unsupported -= {key for key in self._unsupported if key[0] == index}
         self._last_reading.pop(index, None)
         self._backoff.pop(index, None)
 
@@ -548,6 +598,8 @@ class GpuCollector:
         if device.mig_mode is None:
             expected["utilisation"] = device.utilization_percent
         missing = {figure for figure, value in expected.items() if value is None}
+        if any(words == MISREAD_PROCESSES for _, _, words in self._device_errors):
+            missing.add("processes")  # the list is there, with entries left out
         if not missing:
             return device
         lost = [words for _, kind, words in self._device_errors if kind is NVMLErrorKind.GPU_IS_LOST]
@@ -586,6 +638,8 @@ class GpuCollector:
         used = total = None
         utilization = None
         processes: tuple[GpuProcess, ...] = ()
+        power: float | None = None
+        events: tuple[str, ...] = ()
         mig: bool | None = None
         migs: list[GpuDevice] = []
         try:
@@ -633,6 +687,12 @@ class GpuCollector:
                 self._check_slow()
                 self._figure = "processes"
                 processes = self._processes(index, handle)
+                self._check_slow()
+                processes = self._with_sm_util(index, handle, processes)
+                self._check_slow()
+                power = self._power(index, handle)
+                self._check_slow()
+                events = self._clock_events(index, handle)
         except _DeviceLost:
             return (GpuDevice(index, None, None, None, None, None),)
         except _DeviceSlow:  # what it answered so far; the rest is not asked for
@@ -643,6 +703,7 @@ class GpuCollector:
                 used,
                 total,
                 utilization,
+                processes,  # a list read in full is kept: the extras after it were the slow part
                 unavailable_reason=SLOW_REASON,
                 mig_mode=mig,
                 minor_number=self._minor.get(index),
@@ -658,6 +719,8 @@ class GpuCollector:
             processes=processes,
             mig_mode=mig,
             minor_number=self._minor.get(index),
+            power_w=power,
+            clock_events=events,
         )
         return (card, *migs)
 
@@ -801,6 +864,11 @@ class GpuCollector:
                     pid = int(pid)
                 except (TypeError, ValueError):
                     continue
+                if not 0 < pid <= PID_MAX_LIMIT:
+                    # A misread entry (bindings and driver disagree on the struct), never
+                    # anybody's process: shown, it would be an "other" process holding VRAM.
+                    self._device_errors.append(("processes", NVMLErrorKind.OTHER, MISREAD_PROCESSES))
+                    continue
                 used = _bytes_or_none(getattr(entry, "usedGpuMemory", None))
                 if pid in per_pid:
                     previous = per_pid[pid]
@@ -814,6 +882,84 @@ class GpuCollector:
                     known = [v for v in (merged[pid], used) if v is not None]
                     merged[pid] = max(known) if known else None
         return tuple(GpuProcess(pid, merged[pid]) for pid in sorted(merged))
+
+    def _with_sm_util(
+        self, index: int, handle: Any, processes: tuple[GpuProcess, ...]
+    ) -> tuple[GpuProcess, ...]:
+        """``processes`` with NVML's per-process SM utilisation over the samples newer than the
+        newest seen on this device, looking back at least FIRST_UTIL_LOOKBACK_US (NVML keeps a
+        buffer; asking from 0 would average over all of it; asking only since the last sweep can
+        find no new sample when sweeps are faster than NVML's sampling).
+
+        NVML returns a sample only for a process with non-zero utilisation in that period: a
+        listed process without one ran no kernel then, so it counts 0 in every period where
+        another process has a sample, and 0 when NOT_FOUND says no process had any (a starved
+        trainer beside a colleague's busy job is idle, not unknown). NOT_SUPPORTED and other
+        errors leave None."""
+        if not processes:
+            return processes
+        floor = max(0, int(time.time() * 1e6) - FIRST_UTIL_LOOKBACK_US)
+        seen = self._util_seen.get(index)
+        since = floor if seen is None else min(seen, floor)
+        samples = self._extra(index, "nvmlDeviceGetProcessUtilization", handle, since)
+        if samples is NA:
+            if self.last_error is NVMLErrorKind.NOT_FOUND:
+                return tuple(dataclasses.replace(p, sm_percent=0.0) for p in processes)
+            return processes
+        per_pid: dict[int, float] = {}
+        stamps: set[int] = set()
+        newest = seen if seen is not None else since
+        try:
+            for sample in samples:
+                stamp, pid, sm = int(sample.timeStamp), int(sample.pid), int(sample.smUtil)
+                if stamp <= since or not 0 <= sm <= 100:
+                    continue  # an old sample, or a value NVML does not give
+                newest = max(newest, stamp)
+                stamps.add(stamp)
+                per_pid[pid] = per_pid.get(pid, 0.0) + float(sm)
+        except (TypeError, ValueError, AttributeError):
+            return processes
+        self._util_seen[index] = newest
+        if not stamps:
+            return tuple(dataclasses.replace(p, sm_percent=0.0) for p in processes)
+        periods = len(stamps)  # the sampling periods in which some process ran a kernel
+        return tuple(
+            dataclasses.replace(p, sm_percent=round(min(100.0, per_pid.get(p.pid, 0.0) / periods), 1))
+            for p in processes
+        )
+
+    def _extra(self, index: int, name: str, *args: Any) -> Any:
+        """:meth:`_quiet` for a figure beyond the device's own (per-process utilisation, energy,
+        clock reasons): a device that does not support it is not asked again."""
+        if (index, name) in self._unsupported:
+            self.last_error = NVMLErrorKind.NOT_SUPPORTED
+            return NA
+        result = self._quiet(index, name, *args)
+        if self.last_error is NVMLErrorKind.NOT_SUPPORTED:
+            self._unsupported.add((index, name))
+        return result
+
+    def _power(self, index: int, handle: Any) -> float | None:
+        """Mean watts since the previous sweep, from the energy counter (mJ since the driver
+        loaded): a delta, not nvmlDeviceGetPowerUsage's instant reading."""
+        energy = self._extra(index, "nvmlDeviceGetTotalEnergyConsumption", handle)
+        now = self._clock()
+        if energy is NA or isinstance(energy, bool) or not isinstance(energy, int):
+            self._energy.pop(index, None)
+            return None
+        last = self._energy.get(index)
+        self._energy[index] = (energy, now)
+        if last is None or now <= last[1] or energy < last[0]:
+            return None  # the first reading, or a counter that went back (a driver reload)
+        return round((energy - last[0]) / 1000.0 / (now - last[1]), 1)
+
+    def _clock_events(self, index: int, handle: Any) -> tuple[str, ...]:
+        reasons = self._extra(index, "nvmlDeviceGetCurrentClocksEventReasons", handle)
+        if reasons is NA and self.last_error is NVMLErrorKind.FUNCTION_NOT_FOUND:
+            reasons = self._extra(index, "nvmlDeviceGetCurrentClocksThrottleReasons", handle)  # drivers < 535
+        if reasons is NA or isinstance(reasons, bool) or not isinstance(reasons, int):
+            return ()
+        return tuple(name for bit, name in CLOCK_EVENTS if reasons & bit)
 
     def _process_listing(self, index: int, handle: Any, variants: Iterable[str]) -> list[Any]:
         """The first variant whose function exists; an empty list when none answers."""

@@ -485,6 +485,7 @@ GPU: Group[GpuDevice] = Group(
         gauge("dlmon_gpu_memory_used_bytes", "GPU memory used (all processes).", attr("memory_used_bytes")),
         gauge("dlmon_gpu_memory_total_bytes", "GPU memory.", attr("memory_total_bytes")),
         gauge("dlmon_gpu_utilization_ratio", "GPU busy share.", attr("utilization_percent", 0.01)),
+        gauge("dlmon_gpu_power_watts", "GPU power draw since the previous sweep.", attr("power_w")),
         gauge(
             "dlmon_gpu_torch_allocated_bytes", "torch.cuda.memory_allocated.", attr("torch_allocated_bytes")
         ),

@@ -252,6 +252,8 @@ def _bounds(name: str) -> tuple[float, float] | None:
         return 0.0, 1.0
     if name.endswith("_percent"):
         return 0.0, 1e6  # a process on many cores passes 100
+    if name.endswith("_w"):
+        return 0.0, 1e6  # watts
     if name.endswith("_total") and not name.endswith("_s_total"):
         return 0.0, MAX_COUNT
     if name.endswith("_s") or name.endswith("_s_total") or name.endswith("_ms"):

@@ -184,6 +184,9 @@ class DiskSample:
 class GpuProcess:
     pid: int
     used_memory_bytes: int | None
+    # NVML's per-process SM utilisation since the previous sweep (mean of its samples): the share
+    # of time this process's kernels ran. None: no sample (not reported, or no kernel ran).
+    sm_percent: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,6 +218,9 @@ class GpuDevice:
     unattributed_memory_bytes: int | None = None
     other_processes: int | None = None
     minor_number: int | None = None  # N of /dev/nvidiaN (None: a MIG device, or not known)
+    power_w: float | None = None  # mean draw since the previous sweep, from the energy counter
+    # why the clocks are held down now (NVML's clock event reasons), e.g. ("hw thermal",)
+    clock_events: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:

@@ -45,6 +45,11 @@
  *   mig_device 2              a MIG device in slot 2 (of nvmlDeviceGetMaxMigDeviceCount's 7) of
  *                             the device above; name, uuid, total, used, compute, fail lines
  *                             below describe it, up to the next device or mig_device
+ *   sm 1234 45                process 1234's SM utilisation samples say 45% (a new sample each
+ *                             nvmlDeviceGetProcessUtilization call, timestamped now; only those
+ *                             newer than lastSeenTimeStamp are returned, else NOT_FOUND)
+ *   power_mw 300000           the energy counter grows at this rate (mJ/s) from the first init
+ *   clock_events 0x40         nvmlDeviceGetCurrentClocksEventReasons' bitmask
  *   reload_after_ms 1500      (global) the driver is reloaded this long after the first init:
  *                             every call answers NVML_ERROR_UNINITIALIZED until nvmlInit* is
  *                             called again
@@ -119,6 +124,16 @@ typedef struct {
     int code;
 } fail_t;
 
+typedef struct {
+    unsigned int pid;
+    unsigned long long timeStamp;
+    unsigned int smUtil, memUtil, encUtil, decUtil;
+} nvmlProcessUtilizationSample_t;
+
+typedef struct {
+    unsigned int pid, sm;
+} sm_t;
+
 typedef struct fake_device {
     unsigned int index;
     char name[96];
@@ -136,6 +151,9 @@ typedef struct fake_device {
     unsigned int minor;
     struct fake_device *parent; /* set on a MIG device */
     unsigned int mig_slot;
+    sm_t sm[MAX_PROCS];
+    unsigned int n_sm;
+    unsigned long long power_mw, clock_events;
 } fake_device;
 
 typedef fake_device *nvmlDevice_t;
@@ -259,6 +277,12 @@ static void configure(void) {
             d->hang_after_ms = atol(rest);
         } else if (strcmp(line, "delay_fn") == 0) {
             snprintf(d->delay_fn, sizeof d->delay_fn, "%s", rest);
+        } else if (strcmp(line, "sm") == 0 && d->n_sm < MAX_PROCS) {
+            if (sscanf(rest, "%u %u", &d->sm[d->n_sm].pid, &d->sm[d->n_sm].sm) == 2) d->n_sm++;
+        } else if (strcmp(line, "power_mw") == 0) {
+            d->power_mw = strtoull(rest, NULL, 10);
+        } else if (strcmp(line, "clock_events") == 0) {
+            d->clock_events = strtoull(rest, NULL, 0);
         } else if (strcmp(line, "minor") == 0) {
             d->minor = (unsigned int)atoi(rest);
         } else if (strcmp(line, "mig") == 0) {
@@ -565,3 +589,54 @@ unsigned long fakeNvmlCountCalls(void) { return __atomic_load_n(&count_calls, __
 unsigned int fakeNvmlSizeofProcessInfo(void) { return (unsigned int)sizeof(nvmlProcessInfo_t); }
 unsigned int fakeNvmlSizeofProcessInfoV1(void) { return (unsigned int)sizeof(nvmlProcessInfo_v1_t); }
 unsigned int fakeNvmlSizeofMemoryV2(void) { return (unsigned int)sizeof(nvmlMemory_v2_t); }
+
+/* Per-process utilisation (nvml.h): the first call with utilization NULL sizes the buffer
+   (NVML_ERROR_INSUFFICIENT_SIZE and the count); samples are those newer than
+   lastSeenTimeStamp; none: NVML_ERROR_NOT_FOUND. Not supported on MIG. */
+static unsigned long long last_seen_asked;
+
+unsigned long long fakeNvmlLastSeenTimestamp(void) { return last_seen_asked; }
+
+nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtilizationSample_t *utilization,
+                                             unsigned int *count, unsigned long long lastSeenTimeStamp) {
+    nvmlReturn_t ret = enter(d, "nvmlDeviceGetProcessUtilization");
+    if (ret != NVML_SUCCESS) return ret;
+    if (d->parent != NULL || in_mig_mode(d)) return NVML_ERROR_NOT_SUPPORTED;
+    if (count == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    last_seen_asked = lastSeenTimeStamp;
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    unsigned long long stamp = (unsigned long long)now.tv_sec * 1000000ULL + now.tv_nsec / 1000;
+    unsigned int n = stamp > lastSeenTimeStamp ? d->n_sm : 0;
+    if (n == 0) return NVML_ERROR_NOT_FOUND;
+    if (utilization == NULL || *count < n) {
+        *count = n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (unsigned int i = 0; i < n; i++) {
+        utilization[i].pid = d->sm[i].pid;
+        utilization[i].timeStamp = stamp;
+        utilization[i].smUtil = d->sm[i].sm;
+        utilization[i].memUtil = d->sm[i].sm / 2;
+        utilization[i].encUtil = utilization[i].decUtil = 0;
+    }
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t d, unsigned long long *energy) {
+    nvmlReturn_t ret = enter(d, "nvmlDeviceGetTotalEnergyConsumption");
+    if (ret != NVML_SUCCESS) return ret;
+    if (d->power_mw == 0) return NVML_ERROR_NOT_SUPPORTED;
+    if (energy == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *energy = d->power_mw * (unsigned long long)ms_since_init() / 1000ULL;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t d, unsigned long long *reasons) {
+    nvmlReturn_t ret = enter(d, "nvmlDeviceGetCurrentClocksEventReasons");
+    if (ret != NVML_SUCCESS) return ret;
+    if (reasons == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *reasons = d->clock_events;
+    return NVML_SUCCESS;
+}

@@ -130,6 +130,7 @@ def gpu(
     reserved: float | None = None,
     pids: Sequence[int] = (MAIN_PID,),  # the processes NVML lists on it: the job's trainer by default
     peak: float | None = None,
+    util: float | None = 90.0,
 ) -> GpuDevice:
     return GpuDevice(
         index=index,
@@ -137,7 +138,7 @@ def gpu(
         uuid=f"GPU-{index}",
         memory_used_bytes=None if used is None else int(used),
         memory_total_bytes=None if total is None else int(total),
-        utilization_percent=90.0,
+        utilization_percent=util,
         torch_allocated_bytes=None if allocated is None else int(allocated),
         torch_reserved_bytes=None if reserved is None else int(reserved),
         torch_peak_allocated_bytes=None if peak is None else int(peak),

@@ -8,6 +8,7 @@ from functools import partial
 
 from dlmon.analysis.detectors._base import MIB, Candidate, Context, duration, size
 from dlmon.analysis.detectors.io import DiskLoad, IoNumbers, disk_loads, saturated_disks
+from dlmon.analysis.job_gpus import process_gpu_busy
 from dlmon.analysis.severity import CRITICAL, WARNING
 from dlmon.analysis.stats import mean, median
 from dlmon.analysis.wait import by_process, combine_shares, own_share, snapshot_shares
@@ -30,6 +31,8 @@ class LoaderNumbers:
     busy_cpu_percent: float = 85.0  # a worker near one core
     idle_cpu_percent: float = 60.0
     main_busy_cpu_percent: float = 90.0
+    # the process's own GPUs this busy over the window: the data wait is hidden behind GPU work
+    input_gpu_busy_percent: float = 90.0
     shm_free_fraction: float = 0.10
     shm_free_bytes: float = 64.0 * MIB
     shm_critical_free_fraction: float = 0.02
@@ -164,6 +167,46 @@ CULPRIT_SHARE = 0.25  # a loader that costs at least this part of the job's wait
 
 
 @dataclass(frozen=True, slots=True)
+class GpuBusy:
+    """How busy the training process's own GPUs were over the window (NVML's utilisation: the
+    share of time a kernel ran), where NVML lists the process on them."""
+
+    keys: tuple[str, ...]  # device keys, e.g. ("0",) or ("3", "4")
+    busy_percent: float  # mean over the window of each tick's busiest device
+    own: bool  # the process's own kernels (NVML's per-process figure), not the whole device's
+
+
+def _gpu_busy(ctx: Context, seconds: float, pid: int) -> GpuBusy | None:
+    """Each tick's busiest of the process's GPUs, over the window: a rank listed on a second GPU
+    only by a stray context (every rank touching cuda:0) runs none of its kernels there, and a
+    mean would halve its own GPU's figure."""
+    ticks = ctx.per_snapshot(seconds, ("gpu_busy", pid), partial(process_gpu_busy, pid=pid))
+    own = any(mine for tick in ticks for _, _, mine in tick)
+    busiest = [max(((u, k) for k, u, mine in tick if mine == own), default=None) for tick in ticks]
+    values = [b for b in busiest if b is not None]
+    if not values or len(values) < max(2, len(ticks) // 2):
+        return None  # too few ticks with a reading to say what the GPU did over the window
+    keys = tuple(dict.fromkeys(k for _, k in values))
+    return GpuBusy(keys, mean([u for u, _ in values]), own)
+
+
+def _gpu_sentence(busy: GpuBusy, hidden: bool) -> str:
+    which = f"GPU {busy.keys[0]}" if len(busy.keys) == 1 else f"GPUs {', '.join(busy.keys)}"
+    was = "was" if len(busy.keys) == 1 else "were"
+    if busy.own:
+        only = "" if hidden else "only "
+        did = f"its kernels kept {which} busy {only}{busy.busy_percent:.0f}% of that time"
+    elif hidden:
+        did = f"its {which} {was} busy {busy.busy_percent:.0f}% of that time"
+    else:
+        did = f"its {which} {was} idle {100.0 - busy.busy_percent:.0f}% of that time"
+    if hidden:
+        hidden_note = "the wait is hidden behind GPU work, so faster input may not speed the training up"
+        return f"; yet {did}: {hidden_note}"
+    return f"; {did}"
+
+
+@dataclass(frozen=True, slots=True)
 class _Shares:
     culprits: list[LoaderSample]  # the loaders that cost the job its wait, the verdict's first
     live: list[LoaderSample]  # all of the process's loaders
@@ -284,10 +327,17 @@ def _input_bound(
         cpu_text = "unknown" if worker_cpu is None else f"{worker_cpu:.0f}%"
         why = f"its workers run at {cpu_text} CPU and wait on no saturated disk"
         advice = "Profile a worker's __getitem__ (py-spy dump --pid) to see where the time goes."
+    # The GPU confirms the verdict (idle while the loader is waited on) or says the wait costs
+    # little (busy all along: CUDA's queue hides it): then never critical.
+    gpu = _gpu_busy(ctx, cfg.input_window_s, loader.pid)
+    hidden = gpu is not None and gpu.busy_percent >= cfg.input_gpu_busy_percent
+    if gpu is not None:
+        why += _gpu_sentence(gpu, hidden)
+    critical = wait >= cfg.input_critical_wait_fraction and not hidden
     return Candidate(
         INPUT_BOUND,
         f"loader:{loader.id}",
-        CRITICAL if wait >= cfg.input_critical_wait_fraction else WARNING,
+        CRITICAL if critical else WARNING,
         f"loader {loader.label}",
         f"{what}: {why}.",
         advice,
@@ -315,6 +365,9 @@ def _input_bound(
             "job_wall_wait_fraction": round(wait, 3),  # = data_wait_fraction: the job's share of wall time
             "own_wait_fraction": None if own is None else round(own, 3),  # within the loader's own iteration
             "loaders_named": ", ".join(x.name for x in shares.culprits),
+            "gpus": None if gpu is None else ", ".join(gpu.keys),  # the process's own, NVML's list
+            "gpu_busy_percent": None if gpu is None else round(gpu.busy_percent, 1),
+            "gpu_busy_own": None if gpu is None else gpu.own,  # the process's own kernels' share
         },
     )
 

@@ -76,7 +76,9 @@ def gpu_lines(
         for gp in sorted(g.processes, key=lambda x: -(x.used_memory_bytes or 0)):
             p = roles.get(gp.pid)
             who = _who(p) if p is not None else "other"
-            procs.append([(f"pid {gp.pid} ", "dim"), (f"{who} ", ""), (cbytes(gp.used_memory_bytes, NA), "")])
+            sm: list[Span] = [] if gp.sm_percent is None else [(f" sm {gp.sm_percent:.0f}%", "")]
+            vram = cbytes(gp.used_memory_bytes, NA)
+            procs.append([(f"pid {gp.pid} ", "dim"), (f"{who} ", ""), (vram, ""), *sm])
         if g.unattributed_processes:
             procs.append(_unattributed(g))
         out.extend(flow(procs, width, SEP, lead=[("  ", "")]))
@@ -105,6 +107,10 @@ def _gpu_head(g: GpuDevice, width: int, detailed: bool) -> Line:
     else:
         util = [("util ", "dim"), (_util(g.utilization_percent), _util_style(g.utilization_percent))]
     head: list[list[Span]] = [memory, util]
+    if g.power_w is not None:
+        head.append([(f"{g.power_w:.0f} W", "")])
+    if g.clock_events:
+        head.append([("clocks held down: ", "warn"), (", ".join(g.clock_events), "warn")])
     if g.unavailable_reason:
         head.append([("n/a: ", "warn"), (g.unavailable_reason, "warn")])
     if g.stale_age_s is not None:
