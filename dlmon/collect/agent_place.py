@@ -53,13 +53,6 @@ class AgentPlace:
     translated: bool  # the agent's pids are of a pid namespace below ours: map them to ours
 
 
-def _ns_inode(path: str) -> int | None:
-    try:
-        return os.stat(path).st_ino
-    except OSError:
-        return None
-
-
 def inner_uid(pid: int, uid: int, proc_root: str = "/proc") -> int:
     """``uid`` (as seen here) as the target sees it, through /proc/PID/uid_map (shown relative to
     our own user namespace); ``uid`` itself when the map cannot be read or does not cover it."""
@@ -154,7 +147,10 @@ def agent_place(pid: int, proc_root: str = "/proc") -> AgentPlace | None:
     ours = procfs.nspids("self", proc_root)
     agent_pid = ns[-1] if ns else pid
     translated = ns is not None and ours is not None and len(ns) > len(ours)
-    theirs_mnt, ours_mnt = _ns_inode(f"{proc_root}/{pid}/ns/mnt"), _ns_inode(f"{proc_root}/self/ns/mnt")
+    theirs_mnt, ours_mnt = (
+        procfs.ns_inode(f"{proc_root}/{pid}/ns/mnt"),
+        procfs.ns_inode(f"{proc_root}/self/ns/mnt"),
+    )
     if theirs_mnt is None or ours_mnt is None or theirs_mnt == ours_mnt:
         # our own file system (or one we may not read: then the usual places, as before); in
         # another pid namespace (unshare --pid without --mount) the socket has the agent's name
@@ -202,7 +198,7 @@ class HostPids:
         self._agent_pid = agent_pid
         self._proc_root = proc_root
         self._known: dict[int, int] = {agent_pid: host_pid}
-        self._pid_ns = _ns_inode(f"{proc_root}/{host_pid}/ns/pid")  # None: not ours to read
+        self._pid_ns = procfs.ns_inode(f"{proc_root}/{host_pid}/ns/pid")  # None: not ours to read
 
     def host_pid(self, agent_pid: int) -> int | None:
         return self._known.get(agent_pid)
@@ -236,7 +232,7 @@ class HostPids:
         if ns is None or ns[-1] != agent_pid:
             return False
         # the host pid may have gone to another container since, whose process has that pid too
-        return self._pid_ns is None or _ns_inode(f"{self._proc_root}/{host}/ns/pid") == self._pid_ns
+        return self._pid_ns is None or procfs.ns_inode(f"{self._proc_root}/{host}/ns/pid") == self._pid_ns
 
     def _descendants(self) -> list[int]:
         found: list[int] = []
