@@ -21,7 +21,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dlmon.agent._paths import candidate_socket_dirs, target_environ, target_uids
+from dlmon.agent._paths import (
+    candidate_socket_dirs,
+    environment_socket_dirs,
+    target_environ,
+    target_uids,
+    tmp_socket_dir,
+)
 from dlmon.collect import procfs
 
 __all__ = [
@@ -34,7 +40,6 @@ __all__ = [
     "to_host",
 ]
 
-_DIR_NAME = "dlmon"
 MAX_DESCENDANTS = 1024  # processes read per mapping at most (a DataLoader has tens of workers)
 MAX_REMEMBERED = 4096  # agent pid -> host pid pairs kept for workers that have since died
 MAX_SYMLINKS = 40  # links followed in one path at most, as the kernel does (ELOOP beyond)
@@ -73,19 +78,10 @@ def inner_uid(pid: int, uid: int, proc_root: str = "/proc") -> int:
 def rooted_dirs(pid: int, uid_inside: int, root: str) -> tuple[str, ...]:
     """The directories the agent of ``pid`` computes inside its own file system (its
     ``XDG_RUNTIME_DIR``, ``/run/user/<uid>``, its ``TMPDIR``, ``/tmp``), under ``root``."""
-    env = target_environ(pid) or {}
-    inside: list[str] = []
-    xdg = env.get("XDG_RUNTIME_DIR")
-    if xdg and os.path.isabs(xdg):
-        inside.append(os.path.join(xdg, _DIR_NAME))
-    inside.append(f"/run/user/{uid_inside}/{_DIR_NAME}")
-    tmp_name = f"{_DIR_NAME}-{uid_inside}"
-    for var in ("TMPDIR", "TEMP", "TMP"):
-        v = env.get(var)
-        if v and os.path.isabs(v):
-            inside.append(os.path.join(v, tmp_name))
-            break
-    inside.append(os.path.join("/tmp", tmp_name))
+    inside = [
+        *environment_socket_dirs(target_environ(pid) or {}, uid_inside),
+        tmp_socket_dir("/tmp", uid_inside),
+    ]
     out: list[str] = []
     for d in inside:
         parent = resolve_in_root(root, os.path.dirname(os.path.normpath(d)))
