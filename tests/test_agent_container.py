@@ -435,3 +435,30 @@ def test_a_stack_directory_swapped_after_the_connect_is_not_read(tmp_path: Path)
         assert not [f for s in stacks for f in s.frames if f.function == "leaked_secret"]
     finally:
         job.close()
+
+
+def test_hostile_replies_of_a_contained_agent_are_mapped_without_raising() -> None:
+    """The agent in a container is the container's code: what it replies goes through the pid
+    mapping before any check of the loaders' shape (and a reply of another protocol version is
+    checked for its pid only). Nothing in it may raise on the sampler's thread."""
+    from dlmon.collect.agent_place import HostPids, death_line_to_host, to_host
+
+    me = os.getpid()
+    host = HostPids(me, 1)
+    good: dict[str, Any] = {"v": 1, "pid": 1, "agent_id": "x", "time_ns": 5, "loaders": []}
+    hostile: list[dict[str, Any]] = [
+        {**good, "loaders": 5},
+        {**good, "loaders": "abc"},
+        {**good, "loaders": [{"worker_pids": 5}]},
+        {**good, "loaders": [{"worker_pids": [True, None, "1", 1]}]},
+        {**good, "loaders": [{"iterators": 3}]},
+        {**good, "loaders": [{"iterators": [{"worker_pids": 7}]}]},
+        {**good, "worker_deaths": 5},
+        {**good, "worker_deaths": [{"pid": True}, 5, {"pid": 1}]},
+    ]
+    for reply in hostile:
+        out = to_host(reply, me, host)
+        assert out["pid"] == me
+    assert to_host({**good, "worker_deaths": [{"pid": 1}]}, me, host)["worker_deaths"] == [{"pid": me}]
+    for line in (b"5", b"[", b'{"pid": "1"}', b"[" * 100000):
+        assert death_line_to_host(line, host) == line

@@ -258,13 +258,20 @@ class HostPids:
 
 
 def _pids_in(reply: Mapping[str, Any]) -> set[int]:
+    """The workers' pids a reply names (of any shape: the agent is the container's code)."""
+
+    def ints(pids: Any) -> list[int]:
+        return [p for p in pids if type(p) is int] if isinstance(pids, list) else []
+
     wanted: set[int] = set()
-    for loader in reply.get("loaders") or ():
+    loaders = reply.get("loaders")
+    for loader in loaders if isinstance(loaders, list) else ():
         if isinstance(loader, dict):
-            wanted.update(p for p in loader.get("worker_pids") or () if isinstance(p, int))
-            for it in loader.get("iterators") or ():
+            wanted.update(ints(loader.get("worker_pids")))
+            its = loader.get("iterators")
+            for it in its if isinstance(its, list) else ():
                 if isinstance(it, dict):
-                    wanted.update(p for p in it.get("worker_pids") or () if isinstance(p, int))
+                    wanted.update(ints(it.get("worker_pids")))
     return wanted
 
 
