@@ -15,9 +15,11 @@ namespaces, so the client's check that the listener IS the target holds as it is
 from __future__ import annotations
 
 import json
+import math
 import os
 import stat
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +44,9 @@ __all__ = [
 
 MAX_DESCENDANTS = 1024  # processes read per mapping at most (a DataLoader has tens of workers)
 MAX_REMEMBERED = 4096  # agent pid -> host pid pairs kept for workers that have since died
+MAX_TASKS_READ = 4096  # threads' children files read per walk at most (a process may have thousands)
+WALK_EVERY_S = 1.0  # the job's processes are walked at most this often: a pid the agent names that
+# is none of them (a worker reaped, or a reply made up by the container) is not looked for every poll
 MAX_SYMLINKS = 40  # links followed in one path at most, as the kernel does (ELOOP beyond)
 PATH_MAX = 4096  # a longer path (or link) the kernel refuses: the agent inside cannot have used it
 MAX_PARTS = 1024  # path parts looked at in one resolution: a container's 40 long links cost no more
@@ -189,10 +194,19 @@ class HostPids:
     so a worker that has died since is still named by its host pid.
     """
 
-    def __init__(self, host_pid: int, agent_pid: int, proc_root: str = "/proc") -> None:
+    def __init__(
+        self,
+        host_pid: int,
+        agent_pid: int,
+        proc_root: str = "/proc",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._host_pid = host_pid
         self._agent_pid = agent_pid
         self._proc_root = proc_root
+        self._clock = clock
+        self._walked = -math.inf
+        self._tasks_left = 0
         self._known: dict[int, int] = {agent_pid: host_pid}
         self._pid_ns = procfs.ns_inode(f"{proc_root}/{host_pid}/ns/pid")  # None: not ours to read
 
@@ -210,6 +224,10 @@ class HostPids:
         host pid no longer names it (a pid of the container reused by a new worker)."""
         if all(self._holds(p) for p in wanted):
             return
+        now = self._clock()
+        if now - self._walked < WALK_EVERY_S:
+            return
+        self._walked = now
         depth = procfs.nspids(self._host_pid, self._proc_root)
         if depth is None:
             return
@@ -232,13 +250,16 @@ class HostPids:
 
     def _descendants(self) -> list[int]:
         found: list[int] = []
+        seen: set[int] = set()
         frontier = [self._host_pid]
+        self._tasks_left = MAX_TASKS_READ
         while frontier and len(found) < MAX_DESCENDANTS:
             kids: list[int] = []
             for parent in frontier:
                 kids.extend(self._children(parent))
-            kids = [k for k in kids if k not in found][: MAX_DESCENDANTS - len(found)]
+            kids = [k for k in dict.fromkeys(kids) if k not in seen][: MAX_DESCENDANTS - len(found)]
             found.extend(kids)
+            seen.update(kids)
             frontier = kids
         return found
 
@@ -248,7 +269,8 @@ class HostPids:
             tasks = os.listdir(f"{self._proc_root}/{pid}/task")
         except OSError:
             return out
-        for tid in tasks:
+        for tid in tasks[: self._tasks_left]:
+            self._tasks_left -= 1
             try:
                 with open(f"{self._proc_root}/{pid}/task/{tid}/children", "rb") as fh:
                     out.extend(int(p) for p in fh.read().split() if p.isdigit())
