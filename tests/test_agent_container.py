@@ -256,6 +256,11 @@ def test_symlinks_inside_the_container_are_followed_within_it(tmp_path: Path) ->
         bait.close()
 
 
+def _each_call_a_second_later() -> Any:
+    ticks = iter(range(0, 10**6))
+    return lambda: float(next(ticks))
+
+
 def _fake_process(proc: Path, pid: int, nspid: tuple[int, ...], children: tuple[int, ...] = ()) -> None:
     (proc / str(pid) / "task" / str(pid)).mkdir(parents=True)
     (proc / str(pid) / "status").write_text(f"Name:\tpython\nNSpid:\t{' '.join(map(str, nspid))}\n")
@@ -270,7 +275,7 @@ def test_a_container_pid_reused_by_a_new_worker_is_mapped_again(tmp_path: Path) 
     proc = tmp_path / "proc"
     _fake_process(proc, 100, (100, 1), children=(200,))
     _fake_process(proc, 200, (200, 45))
-    host = HostPids(100, 1, proc_root=str(proc))
+    host = HostPids(100, 1, proc_root=str(proc), clock=_each_call_a_second_later())
     host.learn([45])
     assert host.host_pid(45) == 200
     shutil.rmtree(proc / "200")
@@ -330,7 +335,7 @@ def test_a_host_pid_gone_to_another_container_is_not_trusted(tmp_path: Path) -> 
     for pid in (100, 200):
         (proc / str(pid) / "ns").mkdir()
         os.link(ours, proc / str(pid) / "ns" / "pid")  # one inode: one pid namespace
-    host = HostPids(100, 1, proc_root=str(proc))
+    host = HostPids(100, 1, proc_root=str(proc), clock=_each_call_a_second_later())
     host.learn([45])
     assert host.host_pid(45) == 200
     shutil.rmtree(proc / "200")
@@ -435,3 +440,57 @@ def test_a_stack_directory_swapped_after_the_connect_is_not_read(tmp_path: Path)
         assert not [f for s in stacks for f in s.frames if f.function == "leaked_secret"]
     finally:
         job.close()
+
+
+def test_hostile_replies_of_a_contained_agent_are_mapped_without_raising() -> None:
+    """The agent in a container is the container's code: what it replies goes through the pid
+    mapping before any check of the loaders' shape (and a reply of another protocol version is
+    checked for its pid only). Nothing in it may raise on the sampler's thread."""
+    from dlmon.collect.agent_place import HostPids, death_line_to_host, to_host
+
+    me = os.getpid()
+    host = HostPids(me, 1)
+    good: dict[str, Any] = {"v": 1, "pid": 1, "agent_id": "x", "time_ns": 5, "loaders": []}
+    hostile: list[dict[str, Any]] = [
+        {**good, "loaders": 5},
+        {**good, "loaders": "abc"},
+        {**good, "loaders": [{"worker_pids": 5}]},
+        {**good, "loaders": [{"worker_pids": [True, None, "1", 1]}]},
+        {**good, "loaders": [{"iterators": 3}]},
+        {**good, "loaders": [{"iterators": [{"worker_pids": 7}]}]},
+        {**good, "worker_deaths": 5},
+        {**good, "worker_deaths": [{"pid": True}, 5, {"pid": 1}]},
+    ]
+    for reply in hostile:
+        out = to_host(reply, me, host)
+        assert out["pid"] == me
+    assert to_host({**good, "worker_deaths": [{"pid": 1}]}, me, host)["worker_deaths"] == [{"pid": me}]
+    for line in (b"5", b"[", b'{"pid": "1"}', b"[" * 100000):
+        assert death_line_to_host(line, host) == line
+
+
+def test_a_pid_that_is_none_of_the_jobs_processes_is_not_looked_for_every_poll(tmp_path: Path) -> None:
+    """A reply naming a worker pid that none of the job's processes has (a worker reaped, or a
+    made-up reply) sent dlmon through every thread of every process of the job at each poll."""
+    from dlmon.collect.agent_place import WALK_EVERY_S, HostPids
+
+    proc = tmp_path / "proc"
+    _fake_process(proc, 100, (100, 1), children=(200,))
+    _fake_process(proc, 200, (200, 45))
+    now = [0.0]
+    host = HostPids(100, 1, proc_root=str(proc), clock=lambda: now[0])
+    walks = 0
+    walk = host._descendants
+
+    def counted() -> list[int]:
+        nonlocal walks
+        walks += 1
+        return walk()
+
+    host._descendants = counted  # type: ignore[method-assign]
+    for _ in range(10):
+        host.learn([45, 999])
+    assert walks == 1 and host.host_pid(45) == 200
+    now[0] += WALK_EVERY_S
+    host.learn([46])  # a new worker: found within the interval
+    assert walks == 2

@@ -10,7 +10,7 @@ import stat
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from collections.abc import Collection
+    from collections.abc import Collection, Mapping
 
 _DIR_NAME = "dlmon"
 
@@ -105,6 +105,29 @@ def target_environ(pid: int) -> dict[str, str] | None:
     return env
 
 
+def tmp_socket_dir(base: str, uid: int) -> str:
+    """The directory an agent of real uid ``uid`` serves in under a temporary directory ``base``."""
+    return os.path.join(base, f"{_DIR_NAME}-{int(uid)}")
+
+
+def environment_socket_dirs(env: Mapping[str, str], uid: int) -> list[str]:
+    """The directories an agent with environment ``env`` (its initial one) and real uid ``uid``
+    may serve in by that environment, likeliest first, as paths of its own file system: its
+    ``XDG_RUNTIME_DIR``, ``/run/user/<uid>``, its ``TMPDIR`` (or ``TEMP``, ``TMP``). ``/tmp`` and
+    the like are the caller's to add."""
+    dirs: list[str] = []
+    xdg = env.get("XDG_RUNTIME_DIR")
+    if xdg and os.path.isabs(xdg):
+        dirs.append(os.path.join(xdg, _DIR_NAME))
+    dirs.append(f"/run/user/{int(uid)}/{_DIR_NAME}")
+    for var in ("TMPDIR", "TEMP", "TMP"):
+        v = env.get(var)
+        if v and os.path.isabs(v):
+            dirs.append(tmp_socket_dir(v, uid))
+            break
+    return dirs
+
+
 def candidate_socket_dirs(pid: int, ruid: int) -> tuple[str, ...]:
     """Every directory an agent in process ``pid`` (real uid ``ruid``) may serve in, likeliest first.
 
@@ -123,19 +146,10 @@ def candidate_socket_dirs(pid: int, ruid: int) -> tuple[str, ...]:
             if d not in dirs:
                 dirs.append(d)
 
-    env = target_environ(pid) or {}
-    xdg = env.get("XDG_RUNTIME_DIR")
-    if xdg and os.path.isabs(xdg):
-        add(os.path.join(xdg, _DIR_NAME))
-    add(f"/run/user/{int(ruid)}/{_DIR_NAME}")
-    tmp_name = f"{_DIR_NAME}-{int(ruid)}"
-    for var in ("TMPDIR", "TEMP", "TMP"):
-        v = env.get(var)
-        if v and os.path.isabs(v):
-            add(os.path.join(v, tmp_name))
-            break
-    add(os.path.join(tempfile.gettempdir(), tmp_name))
-    add(os.path.join("/tmp", tmp_name))
+    for d in environment_socket_dirs(target_environ(pid) or {}, ruid):
+        add(d)
+    add(tmp_socket_dir(tempfile.gettempdir(), ruid))
+    add(tmp_socket_dir("/tmp", ruid))
     if ruid == os.getuid():
         own = _xdg_dir()
         if own is not None:

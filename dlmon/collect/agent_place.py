@@ -15,13 +15,21 @@ namespaces, so the client's check that the listener IS the target holds as it is
 from __future__ import annotations
 
 import json
+import math
 import os
 import stat
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dlmon.agent._paths import candidate_socket_dirs, target_environ, target_uids
+from dlmon.agent._paths import (
+    candidate_socket_dirs,
+    environment_socket_dirs,
+    target_environ,
+    target_uids,
+    tmp_socket_dir,
+)
 from dlmon.collect import procfs
 
 __all__ = [
@@ -34,9 +42,11 @@ __all__ = [
     "to_host",
 ]
 
-_DIR_NAME = "dlmon"
 MAX_DESCENDANTS = 1024  # processes read per mapping at most (a DataLoader has tens of workers)
 MAX_REMEMBERED = 4096  # agent pid -> host pid pairs kept for workers that have since died
+MAX_TASKS_READ = 4096  # threads' children files read per walk at most (a process may have thousands)
+WALK_EVERY_S = 1.0  # the job's processes are walked at most this often: a pid the agent names that
+# is none of them (a worker reaped, or a reply made up by the container) is not looked for every poll
 MAX_SYMLINKS = 40  # links followed in one path at most, as the kernel does (ELOOP beyond)
 PATH_MAX = 4096  # a longer path (or link) the kernel refuses: the agent inside cannot have used it
 MAX_PARTS = 1024  # path parts looked at in one resolution: a container's 40 long links cost no more
@@ -51,13 +61,6 @@ class AgentPlace:
     agent_pid: int  # the pid the agent sees itself as: its socket's and journal's name
     root: str  # "" or /proc/PID/root: the target's file system, when its mount namespace is not ours
     translated: bool  # the agent's pids are of a pid namespace below ours: map them to ours
-
-
-def _ns_inode(path: str) -> int | None:
-    try:
-        return os.stat(path).st_ino
-    except OSError:
-        return None
 
 
 def inner_uid(pid: int, uid: int, proc_root: str = "/proc") -> int:
@@ -80,19 +83,10 @@ def inner_uid(pid: int, uid: int, proc_root: str = "/proc") -> int:
 def rooted_dirs(pid: int, uid_inside: int, root: str) -> tuple[str, ...]:
     """The directories the agent of ``pid`` computes inside its own file system (its
     ``XDG_RUNTIME_DIR``, ``/run/user/<uid>``, its ``TMPDIR``, ``/tmp``), under ``root``."""
-    env = target_environ(pid) or {}
-    inside: list[str] = []
-    xdg = env.get("XDG_RUNTIME_DIR")
-    if xdg and os.path.isabs(xdg):
-        inside.append(os.path.join(xdg, _DIR_NAME))
-    inside.append(f"/run/user/{uid_inside}/{_DIR_NAME}")
-    tmp_name = f"{_DIR_NAME}-{uid_inside}"
-    for var in ("TMPDIR", "TEMP", "TMP"):
-        v = env.get(var)
-        if v and os.path.isabs(v):
-            inside.append(os.path.join(v, tmp_name))
-            break
-    inside.append(os.path.join("/tmp", tmp_name))
+    inside = [
+        *environment_socket_dirs(target_environ(pid) or {}, uid_inside),
+        tmp_socket_dir("/tmp", uid_inside),
+    ]
     out: list[str] = []
     for d in inside:
         parent = resolve_in_root(root, os.path.dirname(os.path.normpath(d)))
@@ -154,7 +148,10 @@ def agent_place(pid: int, proc_root: str = "/proc") -> AgentPlace | None:
     ours = procfs.nspids("self", proc_root)
     agent_pid = ns[-1] if ns else pid
     translated = ns is not None and ours is not None and len(ns) > len(ours)
-    theirs_mnt, ours_mnt = _ns_inode(f"{proc_root}/{pid}/ns/mnt"), _ns_inode(f"{proc_root}/self/ns/mnt")
+    theirs_mnt, ours_mnt = (
+        procfs.ns_inode(f"{proc_root}/{pid}/ns/mnt"),
+        procfs.ns_inode(f"{proc_root}/self/ns/mnt"),
+    )
     if theirs_mnt is None or ours_mnt is None or theirs_mnt == ours_mnt:
         # our own file system (or one we may not read: then the usual places, as before); in
         # another pid namespace (unshare --pid without --mount) the socket has the agent's name
@@ -197,12 +194,21 @@ class HostPids:
     so a worker that has died since is still named by its host pid.
     """
 
-    def __init__(self, host_pid: int, agent_pid: int, proc_root: str = "/proc") -> None:
+    def __init__(
+        self,
+        host_pid: int,
+        agent_pid: int,
+        proc_root: str = "/proc",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._host_pid = host_pid
         self._agent_pid = agent_pid
         self._proc_root = proc_root
+        self._clock = clock
+        self._walked = -math.inf
+        self._tasks_left = 0
         self._known: dict[int, int] = {agent_pid: host_pid}
-        self._pid_ns = _ns_inode(f"{proc_root}/{host_pid}/ns/pid")  # None: not ours to read
+        self._pid_ns = procfs.ns_inode(f"{proc_root}/{host_pid}/ns/pid")  # None: not ours to read
 
     def host_pid(self, agent_pid: int) -> int | None:
         return self._known.get(agent_pid)
@@ -218,6 +224,10 @@ class HostPids:
         host pid no longer names it (a pid of the container reused by a new worker)."""
         if all(self._holds(p) for p in wanted):
             return
+        now = self._clock()
+        if now - self._walked < WALK_EVERY_S:
+            return
+        self._walked = now
         depth = procfs.nspids(self._host_pid, self._proc_root)
         if depth is None:
             return
@@ -236,17 +246,20 @@ class HostPids:
         if ns is None or ns[-1] != agent_pid:
             return False
         # the host pid may have gone to another container since, whose process has that pid too
-        return self._pid_ns is None or _ns_inode(f"{self._proc_root}/{host}/ns/pid") == self._pid_ns
+        return self._pid_ns is None or procfs.ns_inode(f"{self._proc_root}/{host}/ns/pid") == self._pid_ns
 
     def _descendants(self) -> list[int]:
         found: list[int] = []
+        seen: set[int] = set()
         frontier = [self._host_pid]
+        self._tasks_left = MAX_TASKS_READ
         while frontier and len(found) < MAX_DESCENDANTS:
             kids: list[int] = []
             for parent in frontier:
                 kids.extend(self._children(parent))
-            kids = [k for k in kids if k not in found][: MAX_DESCENDANTS - len(found)]
+            kids = [k for k in dict.fromkeys(kids) if k not in seen][: MAX_DESCENDANTS - len(found)]
             found.extend(kids)
+            seen.update(kids)
             frontier = kids
         return found
 
@@ -256,7 +269,8 @@ class HostPids:
             tasks = os.listdir(f"{self._proc_root}/{pid}/task")
         except OSError:
             return out
-        for tid in tasks:
+        for tid in tasks[: self._tasks_left]:
+            self._tasks_left -= 1
             try:
                 with open(f"{self._proc_root}/{pid}/task/{tid}/children", "rb") as fh:
                     out.extend(int(p) for p in fh.read().split() if p.isdigit())
@@ -266,13 +280,20 @@ class HostPids:
 
 
 def _pids_in(reply: Mapping[str, Any]) -> set[int]:
+    """The workers' pids a reply names (of any shape: the agent is the container's code)."""
+
+    def ints(pids: Any) -> list[int]:
+        return [p for p in pids if type(p) is int] if isinstance(pids, list) else []
+
     wanted: set[int] = set()
-    for loader in reply.get("loaders") or ():
+    loaders = reply.get("loaders")
+    for loader in loaders if isinstance(loaders, list) else ():
         if isinstance(loader, dict):
-            wanted.update(p for p in loader.get("worker_pids") or () if isinstance(p, int))
-            for it in loader.get("iterators") or ():
+            wanted.update(ints(loader.get("worker_pids")))
+            its = loader.get("iterators")
+            for it in its if isinstance(its, list) else ():
                 if isinstance(it, dict):
-                    wanted.update(p for p in it.get("worker_pids") or () if isinstance(p, int))
+                    wanted.update(ints(it.get("worker_pids")))
     return wanted
 
 

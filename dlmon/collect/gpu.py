@@ -16,13 +16,12 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import enum
-import os
 import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, Final
 
-from dlmon.collect.procfs import nspids
+from dlmon.collect.procfs import ns_inode, nspids
 from dlmon.model.snapshot import GpuDevice, GpuProcess, GpuStatus
 
 __all__ = ["NA", "GpuCollector", "NVMLErrorKind"]
@@ -64,13 +63,6 @@ CONTAINER_PIDS_NOTE: Final = (
 )
 
 
-def _ns_inode(path: str) -> int | None:
-    try:
-        return os.stat(path).st_ino
-    except OSError:
-        return None
-
-
 def host_pids_visible(proc_root: str = "/proc") -> bool | None:
     """Whether the pids in ``proc_root`` are host pids, as NVML reports them; None: cannot tell.
 
@@ -78,10 +70,10 @@ def host_pids_visible(proc_root: str = "/proc") -> bool | None:
     namespace. When that link is unreadable (not root): dlmon itself in the host namespace means
     yes; dlmon in a nested namespace whose NSpid has one entry means /proc is that namespace's own.
     """
-    init = _ns_inode(f"{proc_root}/1/ns/pid")
+    init = ns_inode(f"{proc_root}/1/ns/pid")
     if init is not None:
         return init == PROC_PID_INIT_INO
-    if _ns_inode(f"{proc_root}/self/ns/pid") == PROC_PID_INIT_INO:
+    if ns_inode(f"{proc_root}/self/ns/pid") == PROC_PID_INIT_INO:
         return True
     ours = nspids("self", proc_root)  # how many pid namespaces this /proc's pid lists
     return False if ours is not None and len(ours) == 1 else None

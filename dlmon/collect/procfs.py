@@ -375,6 +375,15 @@ def status_value(pid: int, key: str, proc_root: str = "/proc") -> int | None:
     return FieldPicker((key,))(raw).get(key)
 
 
+def ns_inode(path: str) -> int | None:
+    """The inode of a namespace link (``/proc/PID/ns/mnt``...): equal inodes, one namespace; None
+    when gone or not ours to read."""
+    try:
+        return os.stat(path).st_ino
+    except OSError:
+        return None
+
+
 def nspids(pid: int | str, proc_root: str = "/proc") -> tuple[int, ...] | None:
     """The process's pid in each pid namespace it is in, outermost (this /proc's) first, the
     one it sees itself as last (the ``NSpid`` line of /proc/PID/status); None when gone or

@@ -43,7 +43,9 @@ def main() -> None:
         while True:
             next(it)
             time.sleep(0.01)
-    except RuntimeError as exc:  # a worker killed: "DataLoader worker (pid(s) ...) exited unexpectedly"
+    # a worker killed: "DataLoader worker (pid(s) ...) exited unexpectedly", or, when the main
+    # process was reading that worker's pipe as it died, ConnectionResetError
+    except (RuntimeError, OSError) as exc:
         emit("worker_lost", error=str(exc)[:200])
     while True:
         time.sleep(1)
