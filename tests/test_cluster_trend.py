@@ -231,19 +231,27 @@ def _prometheus_like(range_body: bytes) -> tuple[ThreadingHTTPServer, str]:
     return server, f"http://127.0.0.1:{server.server_address[1]}"
 
 
+# not numbers, not finite, not pairs; a dict raised KeyError, an integer past a float OverflowError
+ODD_POINTS: list[object] = [[1, "NaN"], ["x", "1"], [2], 5, {"a": 1}, [1e400, 1], [10**400, 1]]
+
+
 @pytest.mark.parametrize(
     ("range_body", "note"),
     [
         (b"<html>no</html>", "no trends: "),
         (json.dumps({"status": "error", "error": "too many points"}).encode(), "no trends: "),
-        (  # a matrix with values that are not numbers, not finite, or not pairs: those points skipped
+        (  # a matrix with values that are not numbers, not finite, or not pairs (a dict raised
+            # KeyError, an integer past a float OverflowError: a traceback): those points skipped
             json.dumps(
                 {
                     "status": "success",
                     "data": {
                         "resultType": "matrix",
                         "result": [
-                            {"metric": {"instance": "n0:9108"}, "values": [[1, "NaN"], ["x", "1"], [2], 5]},
+                            {
+                                "metric": {"instance": "n0:9108"},
+                                "values": ODD_POINTS,
+                            },
                             {"metric": {"instance": "n0:9108"}, "values": "nope"},
                         ],
                     },

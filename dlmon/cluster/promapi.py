@@ -221,9 +221,11 @@ def _values(item: dict[str, Any]) -> list[tuple[float, float]]:
     out: list[tuple[float, float]] = []
     values = item.get("values")
     for pair in values if isinstance(values, list) else []:
+        if not isinstance(pair, list) or len(pair) != 2:  # a dict would raise KeyError on pair[0]
+            continue
         try:
             t, value = float(pair[0]), float(pair[1])
-        except (IndexError, TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             continue
         if math.isfinite(t) and math.isfinite(value):
             out.append((t, value))
