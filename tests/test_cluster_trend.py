@@ -8,11 +8,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
@@ -21,7 +23,7 @@ from dlmon.cluster.trend import POINTS, History, bucketed, slots, sparkline
 from dlmon.collect.sampler import Sampler
 from dlmon.export.prometheus import Address, Exporter, Server, serve
 from dlmon.model import LoaderSample, Snapshot
-from export_support import dlmon_cmd
+from export_support import dlmon_cmd, free_port, kill_group, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -296,3 +298,72 @@ def test_range_queries_that_fail_or_answer_oddly_leave_the_trend_n_a(
             view.trend_note is not None and view.trend_note.startswith(note) and "\n" not in view.trend_note
         )
         assert view.trend_step_s is None and view.trend_note in table(view)
+
+
+# --- range queries on a real Prometheus ------------------------------------------------------------
+
+
+def _train_and_validation(snapshot: Snapshot, rank: int) -> Snapshot:
+    """Rank ``rank``'s node: its training loader at 5 batches/s, a validation loader at 50."""
+    train = _ranked(snapshot, rank, 0.1, rate=5.0).loaders[0]
+    val = dataclasses.replace(
+        train, id=f"{200 + rank}:1", name="train.py:60", role="validation", batches_per_s=50.0
+    )
+    return dataclasses.replace(
+        _ranked(snapshot, rank, 0.1), loaders=(dataclasses.replace(train, role="train"), val)
+    )
+
+
+def test_the_range_query_s_batches_per_s_is_the_training_loader_s_as_the_figure_of_now(
+    snapshot: Snapshot, tmp_path: Path
+) -> None:
+    """Each rank's training loader (role train), else its busiest, as the batch/s column: the range
+    query took every rank's busiest, so a validation loader at 50 batches/s beside the training
+    one at 5 drew a trend ten times the figure next to it."""
+    if shutil.which("prometheus") is None:
+        pytest.skip("prometheus is not installed")
+    exporters = [Exporter(), Exporter()]
+    for rank, exporter in enumerate(exporters):
+        exporter(_train_and_validation(snapshot, rank))
+    servers = [serve(e, Address("127.0.0.1", 0)) for e in exporters]
+    targets = [f"127.0.0.1:{s.port}" for s in servers]
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: fleet\n"
+        f"    static_configs:\n      - targets: {json.dumps(targets)}\n"
+    )
+    web = free_port()
+    with open(tmp_path / "prometheus.log", "wb") as log:
+        prometheus = subprocess.Popen(
+            [
+                "prometheus",
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tmp_path / 'data'}",
+                f"--web.listen-address=127.0.0.1:{web}",
+            ],
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+        )
+    try:
+        read = reader(ClusterOptions((), f"http://127.0.0.1:{web}", "fleet", None, 5.0, 2.0, trend_s=20.0))
+
+        def trended() -> object:
+            try:
+                view = read()
+            except Exception:
+                return None
+            full = all(
+                len([p for p in n.batches_per_s_trend or () if p is not None]) >= 3 for n in view.nodes
+            )
+            return view if len(view.nodes) == 2 and full else None
+
+        view = wait_for(trended, timeout=90, every=1.0)
+        assert view is not None, (tmp_path / "prometheus.log").read_text()[-2000:]
+        for node in view.nodes:
+            assert node.batches_per_s == 5.0, node
+            assert {p for p in node.batches_per_s_trend or () if p is not None} == {5.0}, node
+    finally:
+        kill_group(prometheus)
+        for server in servers:
+            server.close()
