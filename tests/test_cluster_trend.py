@@ -22,7 +22,7 @@ from dlmon.cluster.command import ClusterOptions, as_dict, node_cells, reader, t
 from dlmon.cluster.trend import POINTS, History, bucketed, slots, sparkline
 from dlmon.collect.sampler import Sampler
 from dlmon.export.prometheus import Address, Exporter, Server, serve
-from dlmon.model import LoaderSample, Snapshot
+from dlmon.model import Alert, LoaderSample, Snapshot
 from export_support import dlmon_cmd, free_port, kill_group, wait_for
 
 
@@ -196,6 +196,22 @@ def test_a_held_straggler_goes_when_it_is_not_the_slowest_or_below_the_hold(flee
     assert _named([(0.02, 0.35), (0.02, 0.15)], fleet) == [1, None]
     # never named: 25% is below the rule's 30% without a hold
     assert _named([(0.02, 0.25), (0.02, 0.25)], fleet) == [None, None]
+
+
+def test_a_rank_only_its_node_named_is_not_held_by_the_cross_node_rule(fleet: Fleet) -> None:
+    """Rank 1 waits 25% (below the rule's 30%), named only because dlmon on its node holds a
+    straggler verdict on it; that verdict then clears (the node finds it recovered). The reader
+    held it at the rule's hold thresholds as if the rule had named it, and went on naming it for as
+    long as it waited 20 to 30%."""
+    verdict = Alert("straggler", "warning", "loader train.py:40", "m", "a", 0.0, {"rank": 1, "cause": "cpu"})
+    read = reader(ClusterOptions(fleet.nodes, None, None, None, 5.0, 0.0, trend_s=10.0))
+    named: list[int | None] = []
+    for alerts in ((verdict,), (), ()):
+        fleet.set((0.02, 0.25))
+        fleet.exporters[1](dataclasses.replace(_ranked(fleet.snapshot, 1, 0.25), alerts=alerts))
+        view = read()
+        named.append(None if view.straggler is None else view.straggler.rank)
+    assert named == [1, None, None], named
 
 
 @pytest.mark.parametrize(
