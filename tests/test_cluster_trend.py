@@ -1,7 +1,8 @@
 """``dlmon cluster``'s trends (each node's batches/s and data wait over ``--trend``) in the direct
 form, and the straggler held across refreshes: real dlmon exporters served on loopback, read by
 the command's own reader, their snapshots changed between refreshes. (The Prometheus form's
-range queries are tested on the real two-node job in test_cluster.py.)"""
+range queries are tested on the real two-node job in test_cluster.py; their choice of loader at
+the end of this file, on a real Prometheus scraping these exporters.)"""
 
 from __future__ import annotations
 
