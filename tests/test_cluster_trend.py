@@ -384,3 +384,32 @@ def test_the_range_query_s_batches_per_s_is_the_training_loader_s_as_the_figure_
         kill_group(prometheus)
         for server in servers:
             server.close()
+
+
+def test_the_screenshot_key_saves_each_press_in_its_own_svg(
+    fleet: Fleet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """s twice within a second: the cluster screen named both dlmon-cluster-<second>.svg, the
+    second over the first (the dashboard's own key numbers them; now one helper for both)."""
+    import asyncio
+
+    from dlmon.ui.cluster_screen import ClusterApp
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "screenshots").mkdir()
+    read = reader(ClusterOptions(fleet.nodes, None, None, None, 5.0, 0.0))
+    first = read()
+
+    async def drive() -> None:
+        app = ClusterApp(read, 60.0, first)
+        async with app.run_test(size=(160, 20)) as pilot:
+            await pilot.pause(0.2)
+            await pilot.press("s")
+            await pilot.press("s")
+            await pilot.pause(0.2)
+            await pilot.press("q")
+
+    asyncio.run(drive())
+    saved = sorted((tmp_path / "screenshots").glob("dlmon-cluster-*.svg"))
+    assert len(saved) == 2, saved
+    assert all("<svg" in p.read_text()[:500] for p in saved)
