@@ -234,8 +234,9 @@ def test_a_bad_trend_is_one_line(value: str, words: str) -> None:
 # --- range queries that fail or answer oddly ---------------------------------------------------------
 
 
-def _prometheus_like(range_body: bytes) -> tuple[ThreadingHTTPServer, str]:
-    """Instant queries answered with one node's batches/s; /api/v1/query_range with ``range_body``."""
+def _prometheus_like(range_body: bytes, asked: list[str] | None = None) -> tuple[ThreadingHTTPServer, str]:
+    """Instant queries answered with one node's batches/s; /api/v1/query_range with ``range_body``
+    (each such request's path appended to ``asked``)."""
     instant = {
         "status": "success",
         "data": {
@@ -252,6 +253,8 @@ def _prometheus_like(range_body: bytes) -> tuple[ThreadingHTTPServer, str]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             ranged = self.path.startswith("/api/v1/query_range")
+            if ranged and asked is not None:
+                asked.append(self.path)
             body = range_body if ranged else json.dumps(instant).encode()
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))
@@ -315,6 +318,26 @@ def test_range_queries_that_fail_or_answer_oddly_leave_the_trend_n_a(
             view.trend_note is not None and view.trend_note.startswith(note) and "\n" not in view.trend_note
         )
         assert view.trend_step_s is None and view.trend_note in table(view)
+
+
+def test_the_range_queries_are_asked_once_a_slot_not_at_every_refresh() -> None:
+    """--trend 300 is 20 slots of 15 s; the screen refreshes every 2 s. Both range queries were
+    asked again at every refresh, over the whole --trend (a week's, at 512 nodes, loads Prometheus
+    with every sample of it each time, failing or not); the answer now stands until a slot has passed."""
+    matrix = {
+        "status": "success",
+        "data": {"resultType": "matrix", "result": [{"metric": {"instance": "n0:9108"}, "values": []}]},
+    }
+    asked: list[str] = []
+    server, url = _prometheus_like(json.dumps(matrix).encode(), asked)
+    try:
+        read = reader(ClusterOptions((), url, None, None, 5.0, 0.0, trend_s=300.0))
+        views = [read() for _ in range(3)]
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert len(asked) == 2, asked  # the two range queries, once
+    assert all(v.trend_step_s == 15.0 and v.trend_note is None for v in views)
 
 
 # --- range queries on a real Prometheus ------------------------------------------------------------
