@@ -388,7 +388,16 @@ def test_prometheus_range_queries_give_each_node_s_trend(two_nodes: TwoNodes) ->
     """Each node's batches/s and data wait over the last minute, from /api/v1/query_range: both
     nodes moving, the slowed node-b waiting more than node-a; on the table as sparklines."""
     prom = ("--prometheus", two_nodes.prometheus, "--job", "train", "--trend", "60")
-    view = cluster_json(*prom)
+
+    def filled(view: dict[str, Any] | None) -> bool:  # 15 s of Prometheus's history, however soon run
+        if not view:
+            return False
+        return all(
+            len([p for p in n["batches_per_s_trend"] or () if p is not None]) >= 5 for n in view["nodes"]
+        )
+
+    view = wait_for(lambda: (v := cluster_json(*prom)) and filled(v) and v, timeout=60, every=1.0)
+    view = view or cluster_json(*prom)
     assert view is not None and view["trend_step_s"] == 3.0 and view["trend_note"] is None, view
     nodes = {n["host"]: n for n in view["nodes"]}
     for host in HOSTS:

@@ -14,7 +14,7 @@ from typing import Any
 from dlmon.analysis.detectors._base import duration
 from dlmon.cluster.promapi import PrometheusError, read_prometheus, read_trends
 from dlmon.cluster.scrape import scrape_nodes
-from dlmon.cluster.trend import History, slots, sparkline
+from dlmon.cluster.trend import History, Slots, Trend, slots, sparkline
 from dlmon.cluster.view import ClusterView, NodeRow, cluster_view, with_trends
 from dlmon.model.format import human_bytes
 
@@ -49,6 +49,22 @@ def reader(options: ClusterOptions) -> Reader:
     own refreshes. The straggler it named last is held (see view.find_straggler)."""
     history = History(options.trend_s)
     last: list[ClusterView] = []
+    asked: list[tuple[Slots, dict[str, Trend] | None, str | None]] = []  # the range queries' last answer
+
+    def trends_at(url: str, now: float) -> tuple[Slots | None, dict[str, Trend], str | None]:
+        """The range queries' answer, asked again once a slot has passed since the last (not at
+        every refresh: each reads the whole --trend on Prometheus, a week of every node's samples
+        at the longest); a failure too stands for a slot."""
+        if not asked or now - asked[0][0].end >= asked[0][0].step_s:
+            where = slots(options.trend_s, now)
+            try:
+                answer = read_trends(url, options.job, options.match, where, options.timeout_s)
+            except PrometheusError as exc:  # the figures of now stand; their history is n/a
+                asked[:] = [(where, None, f"no trends: {exc}")]
+            else:
+                asked[:] = [(where, answer, None)]
+        where, got, note = asked[0]
+        return (where, got, None) if got is not None else (None, {}, note)
 
     def read() -> ClusterView:
         held = last[-1].straggler if last else None
@@ -60,14 +76,7 @@ def reader(options: ClusterOptions) -> Reader:
             except PrometheusError as exc:
                 raise ClusterFailed(str(exc)) from None
             now = time.time()
-            view = cluster_view(readings, source, now, held)
-            where = slots(options.trend_s, now)
-            try:
-                trends = read_trends(options.prometheus, options.job, options.match, where, options.timeout_s)
-            except PrometheusError as exc:  # the figures of now stand; their history is n/a
-                view = with_trends(view, None, {}, f"no trends: {exc}")
-            else:
-                view = with_trends(view, where, trends)
+            view = with_trends(cluster_view(readings, source, now, held), *trends_at(options.prometheus, now))
         else:
             count = round(options.window_s) + 1  # a scrape a second, both ends included
             readings = scrape_nodes(options.nodes, options.timeout_s, readings=count, every_s=1.0)

@@ -221,9 +221,11 @@ def _values(item: dict[str, Any]) -> list[tuple[float, float]]:
     out: list[tuple[float, float]] = []
     values = item.get("values")
     for pair in values if isinstance(values, list) else []:
+        if not isinstance(pair, list) or len(pair) != 2:  # a dict would raise KeyError on pair[0]
+            continue
         try:
             t, value = float(pair[0]), float(pair[1])
-        except (IndexError, TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             continue
         if math.isfinite(t) and math.isfinite(value):
             out.append((t, value))
@@ -233,16 +235,21 @@ def _values(item: dict[str, Any]) -> list[tuple[float, float]]:
 def read_trends(
     url: str, job: str | None, match: str | None, where: Slots, timeout: float
 ) -> dict[str, Trend]:
-    """Each instance's batches/s (per rank its busiest loader, summed over the node's ranks) and
-    data wait (its most waiting rank's share of wall time) over the slots, each slot the average
-    of the scrapes within it: two range queries."""
+    """Each instance's batches/s (per rank its training loader, else its busiest, summed over the
+    node's ranks: the batch/s column's own choice, see view) and data wait (its most waiting
+    rank's share of wall time) over the slots, each slot the average of the scrapes within it:
+    two range queries."""
     api = Api(url, timeout)
     sel = selector(job, match)
+    train = ",".join(p for p in (sel, 'role="train"') if p)
     step = f"{max(1, round(where.step_s * 1000))}ms"
-    rate = (
-        "sum by (instance) (max by (instance, rank) "
-        f"(avg_over_time(dlmon_loader_batches_per_second{{{sel}}}[{step}])))"
-    )
+
+    def busiest(matchers: str) -> str:
+        return (
+            f"max by (instance, rank) (avg_over_time(dlmon_loader_batches_per_second{{{matchers}}}[{step}]))"
+        )
+
+    rate = f"sum by (instance) ({busiest(train)} or {busiest(sel)})"
     wait = f"max by (instance) (avg_over_time(dlmon_job_data_wait_wall_ratio{{{sel}}}[{step}]))"
     with ThreadPoolExecutor(max_workers=2) as pool:
         rates, waits = pool.map(lambda q: api.query_range(q, where), (rate, wait))

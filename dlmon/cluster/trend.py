@@ -69,37 +69,79 @@ class Trend:
 NodeFigures = tuple[str, float | None, float | None]  # (address, batches/s, data wait)
 
 
-class History:
-    """The direct form's memory: each node's figures at this reader's refreshes, for ``window_s``
-    (at most ``keep`` readings a node, so a fast refresh cannot grow it). Its slots are never
-    shorter than the longest time between its last refreshes: a slot between two refreshes
-    would stand blank, as if the node had not answered."""
+@dataclass(slots=True)
+class _Seen:
+    """A node's readings from ``first`` to ``last``, closer together than History's merge gap,
+    as sums and counts (a rate or wait that was None not counted)."""
 
-    def __init__(self, window_s: float, keep: int = 50 * POINTS) -> None:
+    first: float
+    last: float
+    rate_sum: float = 0.0
+    rates: int = 0
+    wait_sum: float = 0.0
+    waits: int = 0
+
+    def add(self, t: float, rate: float | None, wait: float | None) -> None:
+        self.last = t
+        if rate is not None:
+            self.rate_sum += rate
+            self.rates += 1
+        if wait is not None:
+            self.wait_sum += wait
+            self.waits += 1
+
+
+class History:
+    """The direct form's memory: each node's figures at this reader's refreshes, for ``window_s``.
+    Readings closer together than ``window_s / keep`` (a quarter of a slot by default) are kept as
+    one entry of sums, so a node holds at most ~``keep`` entries however fast the refreshes and long
+    the window, and every slot of the window fills. Its slots are never shorter than the longest
+    time between its last refreshes: a slot between two refreshes would stand blank, as if the node
+    had not answered."""
+
+    def __init__(self, window_s: float, keep: int = 4 * POINTS) -> None:
         self.window_s = window_s
+        self._merge_s = window_s / keep
         self._keep = keep
-        self._seen: dict[str, deque[tuple[float, float | None, float | None]]] = {}
+        self._seen: dict[str, deque[_Seen]] = {}
         self._refreshes: deque[float] = deque(maxlen=6)
 
     def record(self, now: float, figures: Iterable[NodeFigures]) -> tuple[Slots, dict[str, Trend]]:
         for address, rate, wait in figures:
-            self._seen.setdefault(address, deque(maxlen=self._keep)).append((now, rate, wait))
+            seen = self._seen.setdefault(address, deque(maxlen=self._keep + 2))
+            if not seen or now - seen[-1].first >= self._merge_s:
+                seen.append(_Seen(now, now))
+            seen[-1].add(now, rate, wait)
         self._refreshes.append(now)
         times = list(self._refreshes)
         cadence = max((b - a for a, b in itertools.pairwise(times)), default=0.0)
         where = slots(self.window_s, now, cadence)
         out: dict[str, Trend] = {}
         for address, seen in list(self._seen.items()):
-            while seen and seen[0][0] <= where.start - where.step_s:
+            while seen and seen[0].last <= where.start - where.step_s:
                 seen.popleft()
             if not seen:
                 del self._seen[address]  # a node gone from the list for a whole window
                 continue
             out[address] = Trend(
-                bucketed(((t, r) for t, r, _ in seen if r is not None), where),
-                bucketed(((t, w) for t, _, w in seen if w is not None), where),
+                _means(((e.last, e.rate_sum, e.rates) for e in seen), where),
+                _means(((e.last, e.wait_sum, e.waits) for e in seen), where),
             )
         return where, out
+
+
+def _means(entries: Iterable[tuple[float, float, int]], where: Slots) -> Points | None:
+    """(time, sum, count) entries as the mean of each slot; None when none counted in the window."""
+    sums = [0.0] * where.count
+    counts = [0] * where.count
+    for t, total, n in entries:
+        i = where.index(t)
+        if i is not None and n:
+            sums[i] += total
+            counts[i] += n
+    if not any(counts):
+        return None
+    return tuple(s / c if c else None for s, c in zip(sums, counts, strict=True))
 
 
 BARS = "▁▂▃▄▅▆▇█"

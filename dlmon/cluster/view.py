@@ -97,6 +97,9 @@ class Straggler:
     cause: str  # fewer_workers | cpu | swap | io | a node verdict's cause | not_measured
     severity: str
     line: str  # "rank 3 on node-b sets the pace: ..., why: ..."
+    # True: the cross-node rule named it; False: only dlmon on its node (its own straggler verdict),
+    # which the rule does not hold at its lower thresholds (the node clears its own verdict)
+    by_rule: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -419,14 +422,18 @@ def _node_says(slow: RankRow) -> tuple[str, str] | None:
 
 
 def _held(held: Straggler | None, node: NodeRow, slow: RankRow) -> bool:
-    return held is not None and (held.address, held.rank, held.site) == (node.address, slow.rank, slow.site)
+    return (
+        held is not None
+        and held.by_rule
+        and (held.address, held.rank, held.site) == (node.address, slow.rank, slow.site)
+    )
 
 
 def find_straggler(nodes: Sequence[NodeRow], held: Straggler | None = None) -> tuple[Straggler | None, str]:
     """The rank whose loader wait sets everyone's pace, across nodes: the local detector's rule
     (dlmon.analysis.detectors.straggler) over every node's ranks at the same loader site; ``held``,
-    the straggler named at the last refresh, is kept at the rule's hold thresholds while it stays
-    the slowest rank of its site."""
+    the straggler the rule named at the last refresh, is kept at the rule's hold thresholds while
+    it stays the slowest rank of its site."""
     everyone = [
         (r, n) for n in nodes if n.answered for r in n.ranks if r.loader_wait is not None and r.batches_per_s
     ]
@@ -502,6 +509,7 @@ def find_straggler(nodes: Sequence[NodeRow], held: Straggler | None = None) -> t
             cause,
             verdict.severity,
             line,
+            by_rule=False,
         ), line
     if len(everyone) < 2:
         return None, "no straggler: fewer than two ranks report their loaders"

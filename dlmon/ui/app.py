@@ -44,6 +44,7 @@ from dlmon.ui.rank_filter import only_rank
 from dlmon.ui.result import DashboardResult
 from dlmon.ui.screens import QUIT_STOP, AdviceScreen, HelpScreen, QuitScreen, ShowsState, WorkerDetailScreen
 from dlmon.ui.state import DashboardState, ViewContext
+from dlmon.ui.svg import save_svg
 from dlmon.ui.views import HeaderInfo, header_line
 from dlmon.ui.widgets import HeaderBar, Panel, WorkerTable
 
@@ -561,20 +562,9 @@ class DlmonApp(App[DashboardResult]):
         self.push_screen(AdviceScreen(text, span_s=span, snapshots=len(history)))
 
     def action_save_svg(self) -> None:
-        directory = "screenshots" if os.path.isdir("screenshots") else "."
-        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(self.clock()))
-        name = f"dlmon-{stamp}.svg"
-        n = 1
-        while os.path.exists(os.path.join(directory, name)):
-            n += 1
-            name = f"dlmon-{stamp}-{n}.svg"
-        try:
-            path = self.save_screenshot(name, directory)
-        except OSError as exc:
-            self.notify(f"could not save the screenshot: {exc}", severity="error")
-            return
-        self.screenshots.append(path)
-        self.notify(f"screenshot saved: {path}")
+        path = save_svg(self, "dlmon", self.clock())
+        if path is not None:
+            self.screenshots.append(path)
 
     def open_detail(self, key: tuple[str, str, int]) -> None:
         screen = WorkerDetailScreen(key)

@@ -6,7 +6,6 @@ view and says why on the status line."""
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from collections.abc import Callable
 
@@ -19,6 +18,7 @@ from textual.widgets.data_table import CellDoesNotExist, RowDoesNotExist
 
 from dlmon.cluster.command import HEADERS, ClusterFailed, node_cells
 from dlmon.cluster.view import SEVERITY, ClusterView, NodeRow, RankRow
+from dlmon.ui.svg import save_svg
 
 Reader = Callable[[], ClusterView]
 _STYLE = {3: "bold red", 2: "yellow", 1: "cyan", 0: ""}
@@ -179,15 +179,7 @@ class ClusterApp(App[int]):
         self.refresh_view()
 
     def action_save_svg(self) -> None:
-        """An SVG of the screen in screenshots/ (when the current directory has one) or here."""
-        directory = "screenshots" if os.path.isdir("screenshots") else "."
-        name = f"dlmon-cluster-{time.strftime('%Y%m%d-%H%M%S')}.svg"
-        try:
-            path = self.save_screenshot(name, directory)
-        except OSError as exc:
-            self.notify(f"could not save the screenshot: {exc}", severity="error")
-            return
-        self.notify(f"screenshot saved: {path}")
+        save_svg(self, "dlmon-cluster", time.time())
 
 
 def run_cluster_screen(read: Reader, interval_s: float, first: ClusterView | None = None) -> int:
