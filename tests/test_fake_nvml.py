@@ -1544,3 +1544,37 @@ def test_a_slow_utilisation_call_keeps_the_process_list_read_before_it(
     assert device["unavailable_reason"] and "slow" in device["unavailable_reason"], device
     assert [(p["pid"], p["used_memory_bytes"]) for p in device["processes"]] == [(4242, 3 * GiB)]
     assert device["power_w"] is None  # not asked after the slow call
+
+
+def test_pcie_throughput_from_the_byte_counters_and_their_timestamps(fake_nvml: Path, tmp_path: Path) -> None:
+    """Issue 24, beyond: PCIe bytes per second from NVML's field-value counters (not
+    nvmlDeviceGetPcieThroughput, which samples 20 ms per call): none at the first sweep, the
+    counters' rates at the second; a driver without them gives None and no reason."""
+    config = BEYOND + "pcie_rx_bps 4000000000\npcie_tx_bps 2000000\n"
+    result = run_python(TWO_SWEEPS, fake_nvml, _config(tmp_path, config), args=(str(fake_nvml),))
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    (first,), (second,) = data["first"], data["second"]
+    assert (first["pcie_rx_bytes_per_s"], first["pcie_tx_bytes_per_s"]) == (None, None)
+    assert 3.6e9 <= second["pcie_rx_bytes_per_s"] <= 4.4e9, second["pcie_rx_bytes_per_s"]
+    assert 1.8e6 <= second["pcie_tx_bytes_per_s"] <= 2.2e6, second["pcie_tx_bytes_per_s"]
+    result = run_python(TWO_SWEEPS, fake_nvml, _config(tmp_path, BEYOND), args=(str(fake_nvml),))
+    (second,) = json.loads(result.stdout)["second"]
+    assert (second["pcie_rx_bytes_per_s"], second["unavailable_reason"]) == (None, None)
+
+
+def test_the_gpu_panel_shows_pcie_traffic(fake_nvml: Path, tmp_path: Path) -> None:
+    from test_ui_support import MAIN_PID
+
+    from dlmon.ui.state import DashboardState
+    from dlmon.ui.text import text_of
+    from dlmon.ui.views.gpu import gpu_lines
+
+    config = BEYOND.replace("4242", str(MAIN_PID)) + "pcie_rx_bps 4000000000\npcie_tx_bps 2000000\n"
+    result = run_python(TWO_SWEEPS, fake_nvml, _config(tmp_path, config), args=(str(fake_nvml),))
+    assert result.returncode == 0, result.stderr
+    devices = _gpu_devices(json.loads(result.stdout)["second"])
+    state = DashboardState()
+    state.ingest(_mig_snapshot(devices))
+    head = text_of(gpu_lines(state, 220, compact=False, detailed=True)[0])
+    assert "pcie in 3." in head and "G/s out 1." in head and "M/s" in head, head

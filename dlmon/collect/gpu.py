@@ -54,6 +54,12 @@ CLOCK_EVENTS: Final = (
 #: a read asks for those after the newest one seen, or after this long ago if that is sooner).
 FIRST_UTIL_LOOKBACK_US: Final = 1_000_000
 
+#: NVML's field ids of the PCIe byte counters (NVML_FI_DEV_PCIE_COUNT_RX_BYTES, _TX_BYTES):
+#: cumulative counts, read with their timestamps; nvmlDeviceGetPcieThroughput is not used (it
+#: samples for 20 ms inside each call).
+PCIE_RX_FIELD: Final = 198
+PCIE_TX_FIELD: Final = 197
+
 MISREAD_PROCESSES: Final = "process list misread (entries with impossible pids left out)"
 
 CONTAINER_PIDS_NOTE: Final = (
@@ -285,6 +291,8 @@ class GpuCollector:
         # timestamp), and the energy counter's last reading (mJ, at this clock's time).
         self._util_seen: dict[int, int] = {}
         self._energy: dict[int, tuple[int, float]] = {}
+        # Per device index: the PCIe counters' last reading, field id -> (bytes, µs timestamp).
+        self._pcie: dict[int, dict[int, tuple[int, int]]] = {}
         # (device index, function) of the extras a device said NOT_SUPPORTED to: not asked again
         # (each sweep would pay for them on every such device).
         self._unsupported: set[tuple[int, str]] = set()
@@ -347,6 +355,7 @@ class GpuCollector:
         self._no_aggregate.clear()
         self._util_seen.clear()
         self._energy.clear()
+        self._pcie.clear()
         self._unsupported.clear()
 
     def _sample_devices(self) -> tuple[GpuStatus, tuple[GpuDevice, ...]]:
@@ -632,6 +641,7 @@ class GpuCollector:
         processes: tuple[GpuProcess, ...] = ()
         power: float | None = None
         events: tuple[str, ...] = ()
+        pcie: dict[int, float] = {}
         mig: bool | None = None
         migs: list[GpuDevice] = []
         try:
@@ -685,6 +695,8 @@ class GpuCollector:
                 power = self._power(index, handle)
                 self._check_slow()
                 events = self._clock_events(index, handle)
+                self._check_slow()
+                pcie = self._pcie_rates(index, handle)
         except _DeviceLost:
             return (GpuDevice(index, None, None, None, None, None),)
         except _DeviceSlow:  # what it answered so far; the rest is not asked for
@@ -713,6 +725,8 @@ class GpuCollector:
             minor_number=self._minor.get(index),
             power_w=power,
             clock_events=events,
+            pcie_rx_bytes_per_s=pcie.get(PCIE_RX_FIELD),
+            pcie_tx_bytes_per_s=pcie.get(PCIE_TX_FIELD),
         )
         return (card, *migs)
 
@@ -952,6 +966,29 @@ class GpuCollector:
         if reasons is NA or isinstance(reasons, bool) or not isinstance(reasons, int):
             return ()
         return tuple(name for bit, name in CLOCK_EVENTS if reasons & bit)
+
+    def _pcie_rates(self, index: int, handle: Any) -> dict[int, float]:
+        """Field id -> bytes/s since the previous sweep, from the PCIe byte counters and the
+        timestamps NVML gives with them (none at the first sweep, or after a counter reset)."""
+        values = self._extra(index, "nvmlDeviceGetFieldValues", handle, [PCIE_RX_FIELD, PCIE_TX_FIELD])
+        if values is NA:
+            return {}
+        last = self._pcie.get(index, {})
+        now: dict[int, tuple[int, int]] = {}
+        rates: dict[int, float] = {}
+        try:
+            for value in values:
+                if int(value.nvmlReturn) != 0:
+                    continue  # this counter is not supported here
+                field, count, stamp = int(value.fieldId), int(value.value.ullVal), int(value.timestamp)
+                now[field] = (count, stamp)
+                before = last.get(field)
+                if before is not None and stamp > before[1] and count >= before[0]:
+                    rates[field] = round((count - before[0]) * 1e6 / (stamp - before[1]), 1)
+        except (TypeError, ValueError, AttributeError):
+            return {}
+        self._pcie[index] = now
+        return rates
 
     def _process_listing(self, index: int, handle: Any, variants: Iterable[str]) -> list[Any]:
         """The first variant whose function exists; an empty list when none answers."""

@@ -487,6 +487,16 @@ GPU: Group[GpuDevice] = Group(
         gauge("dlmon_gpu_utilization_ratio", "GPU busy share.", attr("utilization_percent", 0.01)),
         gauge("dlmon_gpu_power_watts", "GPU power draw since the previous sweep.", attr("power_w")),
         gauge(
+            "dlmon_gpu_pcie_rx_bytes_per_second",
+            "PCIe bytes to the GPU per second (NVML's counter).",
+            attr("pcie_rx_bytes_per_s"),
+        ),
+        gauge(
+            "dlmon_gpu_pcie_tx_bytes_per_second",
+            "PCIe bytes from the GPU per second (NVML's counter).",
+            attr("pcie_tx_bytes_per_s"),
+        ),
+        gauge(
             "dlmon_gpu_torch_allocated_bytes", "torch.cuda.memory_allocated.", attr("torch_allocated_bytes")
         ),
         gauge("dlmon_gpu_torch_reserved_bytes", "torch.cuda.memory_reserved.", attr("torch_reserved_bytes")),

@@ -50,6 +50,8 @@
  *                             newer than lastSeenTimeStamp are returned, else NOT_FOUND)
  *   power_mw 300000           the energy counter grows at this rate (mJ/s) from the first init
  *   clock_events 0x40         nvmlDeviceGetCurrentClocksEventReasons' bitmask
+ *   pcie_rx_bps 4000000000    the PCIe byte counters (field values 198 rx, 197 tx) grow at these
+ *   pcie_tx_bps 1000000       rates from the first init; unset: NOT_SUPPORTED in the field's nvmlReturn
  *   reload_after_ms 1500      (global) the driver is reloaded this long after the first init:
  *                             every call answers NVML_ERROR_UNINITIALIZED until nvmlInit* is
  *                             called again
@@ -154,6 +156,7 @@ typedef struct fake_device {
     sm_t sm[MAX_PROCS];
     unsigned int n_sm;
     unsigned long long power_mw, clock_events;
+    unsigned long long pcie_rx_bps, pcie_tx_bps;
 } fake_device;
 
 typedef fake_device *nvmlDevice_t;
@@ -281,6 +284,10 @@ static void configure(void) {
             if (sscanf(rest, "%u %u", &d->sm[d->n_sm].pid, &d->sm[d->n_sm].sm) == 2) d->n_sm++;
         } else if (strcmp(line, "power_mw") == 0) {
             d->power_mw = strtoull(rest, NULL, 10);
+        } else if (strcmp(line, "pcie_rx_bps") == 0) {
+            d->pcie_rx_bps = strtoull(rest, NULL, 10);
+        } else if (strcmp(line, "pcie_tx_bps") == 0) {
+            d->pcie_tx_bps = strtoull(rest, NULL, 10);
         } else if (strcmp(line, "clock_events") == 0) {
             d->clock_events = strtoull(rest, NULL, 0);
         } else if (strcmp(line, "minor") == 0) {
@@ -638,5 +645,41 @@ nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t d, unsigned lon
     if (ret != NVML_SUCCESS) return ret;
     if (reasons == NULL) return NVML_ERROR_INVALID_ARGUMENT;
     *reasons = d->clock_events;
+    return NVML_SUCCESS;
+}
+
+/* nvmlFieldValue_t (nvml.h): each requested field answers in its own nvmlReturn; the call itself
+   succeeds. Only the PCIe byte counters are modelled. */
+typedef struct {
+    unsigned int fieldId, scopeId;
+    long long timestamp, latencyUsec;
+    unsigned int valueType; /* NVML_VALUE_TYPE_UNSIGNED_LONG_LONG = 3 */
+    nvmlReturn_t nvmlReturn;
+    union {
+        double dVal;
+        unsigned long long ullVal;
+    } value;
+} nvmlFieldValue_t;
+
+nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t d, int count, nvmlFieldValue_t *values) {
+    nvmlReturn_t ret = enter(d, "nvmlDeviceGetFieldValues");
+    if (ret != NVML_SUCCESS) return ret;
+    if (values == NULL || count < 0) return NVML_ERROR_INVALID_ARGUMENT;
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    long long stamp = (long long)now.tv_sec * 1000000LL + now.tv_nsec / 1000;
+    unsigned long long ms = (unsigned long long)ms_since_init();
+    for (int i = 0; i < count; i++) {
+        unsigned long long rate = values[i].fieldId == 198 ? d->pcie_rx_bps : values[i].fieldId == 197 ? d->pcie_tx_bps : 0;
+        values[i].timestamp = stamp;
+        values[i].latencyUsec = 0;
+        if (rate == 0) {
+            values[i].nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+            continue;
+        }
+        values[i].valueType = 3;
+        values[i].nvmlReturn = NVML_SUCCESS;
+        values[i].value.ullVal = rate / 1000ULL * ms;
+    }
     return NVML_SUCCESS;
 }

@@ -109,6 +109,15 @@ def _gpu_head(g: GpuDevice, width: int, detailed: bool) -> Line:
     head: list[list[Span]] = [memory, util]
     if g.power_w is not None:
         head.append([(f"{g.power_w:.0f} W", "")])
+    if g.pcie_rx_bytes_per_s is not None or g.pcie_tx_bytes_per_s is not None:
+        head.append(
+            [
+                ("pcie in ", "dim"),
+                (cbytes(g.pcie_rx_bytes_per_s, NA) + "/s", ""),
+                (" out ", "dim"),
+                (cbytes(g.pcie_tx_bytes_per_s, NA) + "/s", ""),
+            ]
+        )
     if g.clock_events:
         head.append([("clocks held down: ", "warn"), (", ".join(g.clock_events), "warn")])
     if g.unavailable_reason:
