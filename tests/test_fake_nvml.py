@@ -1563,7 +1563,7 @@ def test_pcie_throughput_from_the_byte_counters_and_their_timestamps(fake_nvml: 
     assert (second["pcie_rx_bytes_per_s"], second["unavailable_reason"]) == (None, None)
 
 
-def test_the_gpu_panel_shows_pcie_traffic(fake_nvml: Path, tmp_path: Path) -> None:
+def test_the_gpu_panel_shows_pcie_traffic_and_sm_activity(fake_nvml: Path, tmp_path: Path) -> None:
     from test_ui_support import MAIN_PID
 
     from dlmon.ui.state import DashboardState
@@ -1571,6 +1571,7 @@ def test_the_gpu_panel_shows_pcie_traffic(fake_nvml: Path, tmp_path: Path) -> No
     from dlmon.ui.views.gpu import gpu_lines
 
     config = BEYOND.replace("4242", str(MAIN_PID)) + "pcie_rx_bps 4000000000\npcie_tx_bps 2000000\n"
+    config += "gpm_sm 12.5\ngpm_occupancy 4\n"
     result = run_python(TWO_SWEEPS, fake_nvml, _config(tmp_path, config), args=(str(fake_nvml),))
     assert result.returncode == 0, result.stderr
     devices = _gpu_devices(json.loads(result.stdout)["second"])
@@ -1578,3 +1579,34 @@ def test_the_gpu_panel_shows_pcie_traffic(fake_nvml: Path, tmp_path: Path) -> No
     state.ingest(_mig_snapshot(devices))
     head = text_of(gpu_lines(state, 220, compact=False, detailed=True)[0])
     assert "pcie in 3." in head and "G/s out 1." in head and "M/s" in head, head
+    assert "SMs busy 12% occ 4%" in head, head
+
+
+GPM_SWEEPS = """
+    import ctypes, json, sys, time
+    from dlmon.collect.gpu import GpuCollector
+    from dlmon.model.serialize import to_dict
+    lib = ctypes.CDLL(sys.argv[1] + "/libnvidia-ml.so.1")
+    collector = GpuCollector(host_pids=True)
+    readings = []
+    for _ in range(4):
+        readings.append([to_dict(d) for d in collector.sample()[1]])
+        time.sleep(0.1)
+    live = lib.fakeNvmlGpmSamplesLive()
+    collector.close()
+    print(json.dumps({"readings": readings, "live": live, "after_close": lib.fakeNvmlGpmSamplesLive()}))
+"""
+
+
+def test_gpm_sm_activity_between_sweeps_with_one_sample_kept(fake_nvml: Path, tmp_path: Path) -> None:
+    """Issue 24, beyond (Hopper): GPM's SM utilisation and occupancy between the previous
+    sweep's sample and this one's; none at the first sweep; one sample held per device while
+    running and none after close (NVML's samples are the caller's to free). A device without GPM
+    answers None."""
+    config = BEYOND + "gpm_sm 12.5\ngpm_occupancy 4\ndevice\ntotal 1000\nused 10\n"
+    result = run_python(GPM_SWEEPS, fake_nvml, _config(tmp_path, config), args=(str(fake_nvml),))
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    gpm = [[(d["sm_active_percent"], d["sm_occupancy_percent"]) for d in r] for r in data["readings"]]
+    assert gpm == [[(None, None), (None, None)]] + [[(12.5, 4.0), (None, None)]] * 3
+    assert (data["live"], data["after_close"]) == (1, 0)

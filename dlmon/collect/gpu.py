@@ -60,6 +60,11 @@ FIRST_UTIL_LOOKBACK_US: Final = 1_000_000
 PCIE_RX_FIELD: Final = 198
 PCIE_TX_FIELD: Final = 197
 
+#: NVML's GPM metric ids (NVML_GPM_METRIC_SM_UTIL, _SM_OCCUPANCY) and its request version.
+GPM_SM_UTIL: Final = 2
+GPM_SM_OCCUPANCY: Final = 3
+GPM_METRICS_GET_VERSION: Final = 1
+
 MISREAD_PROCESSES: Final = "process list misread (entries with impossible pids left out)"
 
 CONTAINER_PIDS_NOTE: Final = (
@@ -293,6 +298,9 @@ class GpuCollector:
         self._energy: dict[int, tuple[int, float]] = {}
         # Per device index: the PCIe counters' last reading, field id -> (bytes, µs timestamp).
         self._pcie: dict[int, dict[int, tuple[int, int]]] = {}
+        # Per device index: whether GPM is supported (asked once), and its sample of the last sweep.
+        self._gpm_supported: dict[int, bool] = {}
+        self._gpm_sample: dict[int, Any] = {}
         # (device index, function) of the extras a device said NOT_SUPPORTED to: not asked again
         # (each sweep would pay for them on every such device).
         self._unsupported: set[tuple[int, str]] = set()
@@ -356,6 +364,8 @@ class GpuCollector:
         self._util_seen.clear()
         self._energy.clear()
         self._pcie.clear()
+        self._gpm_supported.clear()
+        self._gpm_sample.clear()  # a driver reload took them with it: dropped, not freed
         self._unsupported.clear()
 
     def _sample_devices(self) -> tuple[GpuStatus, tuple[GpuDevice, ...]]:
@@ -391,6 +401,8 @@ class GpuCollector:
         """Shut NVML down if this collector started it. A later :meth:`sample` starts it again."""
         with self._lock:
             if self._initialized:
+                for index in list(self._gpm_sample):
+                    self._free_gpm(index)
                 self._query("nvmlShutdown")
             self._restart()
             self._last_reading.clear()
@@ -642,6 +654,7 @@ class GpuCollector:
         power: float | None = None
         events: tuple[str, ...] = ()
         pcie: dict[int, float] = {}
+        gpm: tuple[float | None, float | None] = (None, None)
         mig: bool | None = None
         migs: list[GpuDevice] = []
         try:
@@ -697,6 +710,8 @@ class GpuCollector:
                 events = self._clock_events(index, handle)
                 self._check_slow()
                 pcie = self._pcie_rates(index, handle)
+                self._check_slow()
+                gpm = self._gpm_metrics(index, handle)
         except _DeviceLost:
             return (GpuDevice(index, None, None, None, None, None),)
         except _DeviceSlow:  # what it answered so far; the rest is not asked for
@@ -727,6 +742,8 @@ class GpuCollector:
             clock_events=events,
             pcie_rx_bytes_per_s=pcie.get(PCIE_RX_FIELD),
             pcie_tx_bytes_per_s=pcie.get(PCIE_TX_FIELD),
+            sm_active_percent=gpm[0],
+            sm_occupancy_percent=gpm[1],
         )
         return (card, *migs)
 
@@ -989,6 +1006,58 @@ class GpuCollector:
             return {}
         self._pcie[index] = now
         return rates
+
+    def _gpm_metrics(self, index: int, handle: Any) -> tuple[float | None, float | None]:
+        """(SM busy %, SM occupancy %) between this sweep's GPM sample and the last one's, on a
+        device that supports GPM (asked once); (None, None) at the first sweep or on any error.
+        One sample is kept per device: the newest, freed when the next one has been used."""
+        supported = self._gpm_supported.get(index)
+        if supported is None:
+            support = self._extra(index, "nvmlGpmQueryDeviceSupport", handle)
+            supported = support is not NA and bool(getattr(support, "isSupportedDevice", 0))
+            self._gpm_supported[index] = supported
+        request_type = getattr(self._lib, "c_nvmlGpmMetricsGet_t", None)
+        if not supported or request_type is None:
+            return None, None
+        sample = self._extra(index, "nvmlGpmSampleAlloc")
+        if sample is NA:
+            return None, None
+        if self._extra(index, "nvmlGpmSampleGet", handle, sample) is NA:
+            self._quiet(index, "nvmlGpmSampleFree", sample)
+            return None, None
+        previous = self._gpm_sample.get(index)
+        self._gpm_sample[index] = sample
+        if previous is None:
+            return None, None
+        try:
+            return self._gpm_between(index, request_type, previous, sample)
+        finally:
+            self._quiet(index, "nvmlGpmSampleFree", previous)
+
+    def _gpm_between(
+        self, index: int, request_type: Any, first: Any, second: Any
+    ) -> tuple[float | None, float | None]:
+        try:
+            request = request_type()
+            request.version = GPM_METRICS_GET_VERSION
+            request.numMetrics = 2
+            request.sample1, request.sample2 = first, second
+            request.metrics[0].metricId = GPM_SM_UTIL
+            request.metrics[1].metricId = GPM_SM_OCCUPANCY
+        except (TypeError, AttributeError, IndexError):
+            return None, None
+        if self._extra(index, "nvmlGpmMetricsGet", request) is NA:
+            return None, None
+        out: list[float | None] = []
+        for metric in request.metrics[:2]:
+            value = float(metric.value) if int(metric.nvmlReturn) == 0 else None
+            out.append(round(value, 1) if value is not None and 0.0 <= value <= 100.0 else None)
+        return out[0], out[1]
+
+    def _free_gpm(self, index: int) -> None:
+        sample = self._gpm_sample.pop(index, None)
+        if sample is not None and self._initialized:
+            self._quiet(index, "nvmlGpmSampleFree", sample)
 
     def _process_listing(self, index: int, handle: Any, variants: Iterable[str]) -> list[Any]:
         """The first variant whose function exists; an empty list when none answers."""

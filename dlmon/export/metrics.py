@@ -486,6 +486,12 @@ GPU: Group[GpuDevice] = Group(
         gauge("dlmon_gpu_memory_total_bytes", "GPU memory.", attr("memory_total_bytes")),
         gauge("dlmon_gpu_utilization_ratio", "GPU busy share.", attr("utilization_percent", 0.01)),
         gauge("dlmon_gpu_power_watts", "GPU power draw since the previous sweep.", attr("power_w")),
+        gauge("dlmon_gpu_sm_active_ratio", "Share of SMs busy (GPM).", attr("sm_active_percent", 0.01)),
+        gauge(
+            "dlmon_gpu_sm_occupancy_ratio",
+            "Warps active against the SMs' maximum (GPM).",
+            attr("sm_occupancy_percent", 0.01),
+        ),
         gauge(
             "dlmon_gpu_pcie_rx_bytes_per_second",
             "PCIe bytes to the GPU per second (NVML's counter).",

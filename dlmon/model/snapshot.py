@@ -225,6 +225,10 @@ class GpuDevice:
     # rx = to the GPU (batches copied in), tx = from it
     pcie_rx_bytes_per_s: float | None = None
     pcie_tx_bytes_per_s: float | None = None
+    # GPM (Hopper and later), since the previous sweep: the share of SMs busy, and of warps active
+    # against the most the SMs could hold. Utilisation says a kernel ran; these, how much of the GPU
+    sm_active_percent: float | None = None
+    sm_occupancy_percent: float | None = None
 
     @property
     def key(self) -> str:

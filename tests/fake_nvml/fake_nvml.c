@@ -50,6 +50,8 @@
  *                             newer than lastSeenTimeStamp are returned, else NOT_FOUND)
  *   power_mw 300000           the energy counter grows at this rate (mJ/s) from the first init
  *   clock_events 0x40         nvmlDeviceGetCurrentClocksEventReasons' bitmask
+ *   gpm_sm 12.5               GPM is supported (Hopper): nvmlGpmMetricsGet's SM utilisation ...
+ *   gpm_occupancy 4           ... and SM occupancy between two samples (percent)
  *   pcie_rx_bps 4000000000    the PCIe byte counters (field values 198 rx, 197 tx) grow at these
  *   pcie_tx_bps 1000000       rates from the first init; unset: NOT_SUPPORTED in the field's nvmlReturn
  *   reload_after_ms 1500      (global) the driver is reloaded this long after the first init:
@@ -157,6 +159,8 @@ typedef struct fake_device {
     unsigned int n_sm;
     unsigned long long power_mw, clock_events;
     unsigned long long pcie_rx_bps, pcie_tx_bps;
+    int gpm;
+    double gpm_sm, gpm_occupancy;
 } fake_device;
 
 typedef fake_device *nvmlDevice_t;
@@ -284,6 +288,12 @@ static void configure(void) {
             if (sscanf(rest, "%u %u", &d->sm[d->n_sm].pid, &d->sm[d->n_sm].sm) == 2) d->n_sm++;
         } else if (strcmp(line, "power_mw") == 0) {
             d->power_mw = strtoull(rest, NULL, 10);
+        } else if (strcmp(line, "gpm_sm") == 0) {
+            d->gpm = 1;
+            d->gpm_sm = atof(rest);
+        } else if (strcmp(line, "gpm_occupancy") == 0) {
+            d->gpm = 1;
+            d->gpm_occupancy = atof(rest);
         } else if (strcmp(line, "pcie_rx_bps") == 0) {
             d->pcie_rx_bps = strtoull(rest, NULL, 10);
         } else if (strcmp(line, "pcie_tx_bps") == 0) {
@@ -680,6 +690,95 @@ nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t d, int count, nvmlFieldValue_
         values[i].valueType = 3;
         values[i].nvmlReturn = NVML_SUCCESS;
         values[i].value.ullVal = rate / 1000ULL * ms;
+    }
+    return NVML_SUCCESS;
+}
+
+/* GPM (nvml.h, Hopper and later): samples allocated by the caller, taken on a device, and the
+   metrics between two of the same device. */
+typedef struct {
+    unsigned int version, isSupportedDevice;
+} nvmlGpmSupport_t;
+
+typedef struct fake_gpm_sample {
+    fake_device *device;
+    long ms;
+} *nvmlGpmSample_t;
+
+typedef struct {
+    char *shortName, *longName, *unit;
+} gpm_metric_info_t;
+
+typedef struct {
+    unsigned int metricId;
+    nvmlReturn_t nvmlReturn;
+    double value;
+    gpm_metric_info_t metricInfo;
+} nvmlGpmMetric_t;
+
+typedef struct {
+    unsigned int version, numMetrics;
+    nvmlGpmSample_t sample1, sample2;
+    nvmlGpmMetric_t metrics[1]; /* numMetrics of them */
+} nvmlGpmMetricsGet_t;
+
+static long gpm_samples_live;
+
+long fakeNvmlGpmSamplesLive(void) { return gpm_samples_live; }
+
+nvmlReturn_t nvmlGpmQueryDeviceSupport(nvmlDevice_t d, nvmlGpmSupport_t *support) {
+    nvmlReturn_t ret = enter(d, "nvmlGpmQueryDeviceSupport");
+    if (ret != NVML_SUCCESS) return ret;
+    if (support == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    if (support->version != 1) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    support->isSupportedDevice = d->gpm && d->parent == NULL;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlGpmSampleAlloc(nvmlGpmSample_t *sample) {
+    if (!initialized()) return NVML_ERROR_UNINITIALIZED;
+    if (sample == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *sample = calloc(1, sizeof **sample);
+    if (*sample == NULL) return NVML_ERROR_UNKNOWN;
+    gpm_samples_live++;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlGpmSampleFree(nvmlGpmSample_t sample) {
+    if (sample == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    free(sample);
+    gpm_samples_live--;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlGpmSampleGet(nvmlDevice_t d, nvmlGpmSample_t sample) {
+    nvmlReturn_t ret = enter(d, "nvmlGpmSampleGet");
+    if (ret != NVML_SUCCESS) return ret;
+    if (sample == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!d->gpm || d->parent != NULL) return NVML_ERROR_NOT_SUPPORTED;
+    sample->device = d;
+    sample->ms = ms_since_init();
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *m) {
+    if (!initialized()) return NVML_ERROR_UNINITIALIZED;
+    if (m == NULL || m->sample1 == NULL || m->sample2 == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    if (m->version != 1) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    fake_device *d = m->sample1->device;
+    if (d == NULL || d != m->sample2->device) return NVML_ERROR_INVALID_ARGUMENT;
+    for (unsigned int i = 0; i < m->numMetrics; i++) {
+        nvmlGpmMetric_t *x = &m->metrics[i];
+        x->metricInfo.shortName = x->metricInfo.longName = x->metricInfo.unit = NULL;
+        if (x->metricId == 2) { /* NVML_GPM_METRIC_SM_UTIL */
+            x->value = d->gpm_sm;
+            x->nvmlReturn = NVML_SUCCESS;
+        } else if (x->metricId == 3) { /* NVML_GPM_METRIC_SM_OCCUPANCY */
+            x->value = d->gpm_occupancy;
+            x->nvmlReturn = NVML_SUCCESS;
+        } else {
+            x->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+        }
     }
     return NVML_SUCCESS;
 }

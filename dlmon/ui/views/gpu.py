@@ -109,6 +109,9 @@ def _gpu_head(g: GpuDevice, width: int, detailed: bool) -> Line:
     head: list[list[Span]] = [memory, util]
     if g.power_w is not None:
         head.append([(f"{g.power_w:.0f} W", "")])
+    if g.sm_active_percent is not None:
+        occupancy = [] if g.sm_occupancy_percent is None else [(f" occ {g.sm_occupancy_percent:.0f}%", "")]
+        head.append([("SMs busy ", "dim"), (f"{g.sm_active_percent:.0f}%", ""), *occupancy])
     if g.pcie_rx_bytes_per_s is not None or g.pcie_tx_bytes_per_s is not None:
         head.append(
             [
