@@ -256,3 +256,91 @@ def test_a_worker_stuck_alone_says_its_stack_was_read_from_outside() -> None:
     stalls = [a for s in outs for a in s.alerts if a.kind == "stall"]  # type: ignore[attr-defined]
     assert stalls and stalls[-1].evidence["stack_taken"] == STACK_TAKEN[SOURCE_PY_SPY], stalls[-1:]
     assert STACK_TAKEN[SOURCE_PY_SPY] in stalls[-1].message
+
+
+def test_a_stack_read_from_outside_never_holds_up_the_sampling_tick(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """py-spy takes ~0.1 s a read and gdb a second or more (up to its 15 s bound), once per worker
+    forked before the agent: the read ran in the sampler's tick and held the whole sample up. It now
+    runs on a thread of its own, and the stack comes with a later tick."""
+    import threading
+
+    from dlmon.collect import stacks
+    from dlmon.collect.agent_client import AgentClient
+
+    if shutil.which("py-spy") is None and (shutil.which("gdb") is None or sys.version_info >= (3, 14)):
+        pytest.skip("neither py-spy nor gdb here")
+
+    class NoStackFiles(AgentClient):  # the trainer's agent: its private directory has no <pid>.stack
+        def stack_dir(self, pid: int) -> str | None:
+            return str(tmp_path)
+
+    sampling = threading.current_thread()
+    release = threading.Event()
+    readers: list[threading.Thread] = []
+    from dlmon.collect.outside_stacks import read_stack as real_read
+
+    def read_when_released(pid: int, prefer: str = "_worker_loop") -> object:
+        readers.append(threading.current_thread())
+        if threading.current_thread() is not sampling:
+            release.wait(30)  # the tick must not wait for this
+        return real_read(pid, prefer)
+
+    monkeypatch.setattr(stacks, "read_stack", read_when_released)
+    proc = hanging(sys.executable)
+    try:
+        probe = stacks.StallProbe(NoStackFiles())
+        assert probe._worker_stacks([(os.getpid(), 0, proc.pid)]) == []
+        assert probe.probe(None, []) == ()  # the read still waits: nothing yet, and no wait for it
+        release.set()
+        got: tuple[object, ...] = ()
+        deadline = time.monotonic() + 60
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.1)
+            got = probe.probe(None, [])
+        assert readers and all(t is not sampling for t in readers), readers
+        (stack,) = got
+        assert stack.pid == proc.pid and stack.worker_id == 0  # type: ignore[attr-defined]
+        assert "hang_here" in [f.function for f in stack.frames], stack  # type: ignore[attr-defined]
+        assert probe.probe(None, []) == ()  # handed over once
+    finally:
+        release.set()
+        proc.kill()
+        proc.wait()
+
+
+def test_a_read_asked_for_a_pid_taken_by_another_process_is_dropped(tmp_path: Path) -> None:
+    """The read may come long after the ask (gdb reads of other workers first): by then the worker
+    may be gone and its pid another process's, which must not be read (nor resumed) in its place."""
+    import threading
+
+    from dlmon.collect.outside_stacks import BackgroundReads
+    from dlmon.collect.stacks import _outside_stack, _start_time
+
+    proc = hanging(sys.executable)
+    try:
+        start = _start_time(proc.pid)
+        assert start is not None
+        assert _outside_stack(0, proc.pid, start + 1) is None
+        gate = threading.Event()
+
+        def read(wid: int, pid: int, st: int | None) -> tuple[int, int] | None:
+            gate.wait(30)
+            return (wid, pid) if st == start else None
+
+        reads = BackgroundReads(read)
+        reads.ask(0, proc.pid, start)
+        reads.ask(0, proc.pid, start)  # asked again while it waits or runs: read once
+        reads.ask(0, proc.pid, start + 1)  # another process by now
+        gate.set()
+        deadline = time.monotonic() + 30
+        done: list[tuple[int, int]] = []
+        while not done and time.monotonic() < deadline:
+            time.sleep(0.02)
+            done += reads.take()
+        time.sleep(0.2)
+        assert done + reads.take() == [(0, proc.pid)]
+    finally:
+        proc.kill()
+        proc.wait()
