@@ -10,12 +10,11 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from test_inject_midflight import clean_env
 
 from conftest import Spawn
 from dlmon.collect.outside_stacks import (
@@ -28,6 +27,8 @@ from dlmon.collect.outside_stacks import (
     read_stack,
 )
 from dlmon.model.format import STACK_TAKEN
+
+__all__ = ["clean_env"]  # a fixture, used by name
 
 ROOT = Path(__file__).resolve().parent.parent
 needs_gdb = pytest.mark.skipif(shutil.which("gdb") is None, reason="gdb is not installed")
@@ -60,23 +61,6 @@ with open(LOG, "w", buffering=1) as log:
     for n, batch in enumerate(loader, 1):
         log.write(f"{n}\\n")
 """
-
-
-@pytest.fixture
-def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The agent's socket directory and a TMPDIR of this test's own; the target starts without dlmon."""
-    tmp_path_factory.getbasetemp()
-    d = tempfile.mkdtemp(prefix="dlmon-outside-", dir="/tmp")
-    os.chmod(d, 0o755)
-    tmp = os.path.join(d, "tmp")
-    os.mkdir(tmp, 0o755)
-    monkeypatch.setenv("XDG_RUNTIME_DIR", d)
-    monkeypatch.setenv("TMPDIR", tmp)
-    monkeypatch.setattr(tempfile, "tempdir", tmp)
-    monkeypatch.delenv("PYTHONPATH", raising=False)
-    monkeypatch.delenv("DLMON_AGENT_DISABLE", raising=False)
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def wait_hung(log: Path) -> int:
