@@ -328,3 +328,35 @@ def test_a_read_asked_for_a_pid_taken_by_another_process_is_dropped(tmp_path: Pa
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_gdb_killed_at_its_bound_mid_attach_leaves_the_worker_running(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """gdb killed at its bound after its attach's SIGSTOP but before it took that stop in: the
+    kernel hands the SIGSTOP back to the worker as the tracer dies, and the worker stops a moment
+    later, after the check for a stopped worker had found it still running: a hung (or healthy)
+    worker left stopped for good. The "gdb" here attaches and never waits, to be killed there."""
+    from dlmon.collect import outside_stacks
+
+    fake = tmp_path / "gdb"
+    fake.write_text(
+        f"#!{sys.executable}\nimport ctypes, sys, time\n"
+        "pid = int(sys.argv[sys.argv.index('-p') + 1])\n"
+        "assert ctypes.CDLL(None, use_errno=True).ptrace(16, pid, None, None) == 0  # PTRACE_ATTACH\n"
+        "time.sleep(60)\n"
+    )
+    fake.chmod(0o755)
+    monkeypatch.setattr(outside_stacks, "GDB_TIMEOUT_S", 1.0)
+    for _ in range(3):  # the stop came after the look at the worker in about a third of the tries
+        proc = hanging(sys.executable)
+        try:
+            assert outside_stacks._py_bt(str(fake), "/nonexistent-gdb.py", proc.pid) is None
+            time.sleep(0.5)  # the worker's own stop, had the SIGSTOP stayed with it
+            with open(f"/proc/{proc.pid}/status") as fh:
+                status = fh.read()
+            assert "TracerPid:\t0" in status and "State:\tS" in status, status
+        finally:
+            os.kill(proc.pid, 18)  # SIGCONT, whatever happened
+            proc.kill()
+            proc.wait()

@@ -185,6 +185,7 @@ def parse_py_bt(text: str) -> tuple[StackFrame, ...]:
 def _py_bt(gdb: str, extension: str, pid: int) -> OutsideStack | None:
     # the main thread's Python stack: a DataLoader worker's loop runs there
     stopped_before = _state(pid) == "T"
+    done: subprocess.CompletedProcess[str] | None = None
     # the symbols of the executable and libpython only: a torch worker maps hundreds of MB of .so
     # files whose reading would keep it stopped for seconds
     cmd = [gdb, "-q", "-batch", "-nx", "-iex", "set auto-load off", "-iex", "set auto-solib-add off"]
@@ -201,9 +202,11 @@ def _py_bt(gdb: str, extension: str, pid: int) -> OutsideStack | None:
     except (OSError, subprocess.SubprocessError):
         done = None
     finally:
-        # gdb killed at the timeout may leave the process in its attach's SIGSTOP: resume it, unless
-        # it was stopped before (the user's Ctrl-Z stays)
-        if not stopped_before and _state(pid) == "T":
+        # gdb killed (at the timeout, or by a signal) may leave its attach's SIGSTOP behind: the
+        # process stopped already, or (the SIGSTOP handed back as gdb died) stopping a moment
+        # later, after any look at its state. SIGCONT now both resumes it and cancels that stop.
+        # Not a process stopped before (the user's Ctrl-Z stays).
+        if not stopped_before and (done is None or done.returncode < 0 or _state(pid) == "T"):
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGCONT)
     if done is None:
