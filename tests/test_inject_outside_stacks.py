@@ -360,3 +360,34 @@ def test_a_gdb_killed_at_its_bound_mid_attach_leaves_the_worker_running(
             os.kill(proc.pid, 18)  # SIGCONT, whatever happened
             proc.kill()
             proc.wait()
+
+
+def test_a_reader_thread_that_could_not_start_is_started_at_the_next_ask(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """"can't start new thread" (a process at its thread limit) left the reader marked as running:
+    no read was ever made again for that sampler."""
+    import threading
+
+    from dlmon.collect.outside_stacks import BackgroundReads
+
+    real_start = threading.Thread.start
+    refused: list[str] = []
+
+    def start_once_refused(self: threading.Thread) -> None:
+        if self.name == "dlmon-outside-stacks" and not refused:
+            refused.append(self.name)
+            raise RuntimeError("can't start new thread")
+        real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start_once_refused)
+    reads: BackgroundReads[int] = BackgroundReads(lambda wid, pid, start: pid)
+    reads.ask(0, 101, 1)
+    assert refused and reads.take() == []
+    reads.ask(0, 101, 1)  # the same read, asked again at the next stall reading
+    deadline = time.monotonic() + 30
+    done: list[int] = []
+    while not done and time.monotonic() < deadline:
+        time.sleep(0.02)
+        done += reads.take()
+    assert done == [101]

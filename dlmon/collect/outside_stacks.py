@@ -69,12 +69,15 @@ class BackgroundReads(Generic[T]):
     def ask(self, wid: int, pid: int, start: int | None) -> None:
         key = (wid, pid, start)
         with self._lock:
-            if key in self._wanted or key == self._busy or len(self._wanted) >= self._limit:
-                return
-            self._wanted[key] = None
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="dlmon-outside-stacks", daemon=True)
-                self._thread.start()
+            if key not in self._wanted and key != self._busy and len(self._wanted) < self._limit:
+                self._wanted[key] = None
+            if self._thread is None and self._wanted:
+                thread = threading.Thread(target=self._run, name="dlmon-outside-stacks", daemon=True)
+                try:
+                    thread.start()
+                except RuntimeError:  # no thread to be had now: the next ask tries again
+                    return
+                self._thread = thread
 
     def take(self) -> list[T]:
         with self._lock:
