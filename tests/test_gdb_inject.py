@@ -530,11 +530,36 @@ SLEEPER = (
 )
 
 
+def _in_pause(pid: int) -> bool:
+    """Asleep in a system call (``signal.pause()``: the only one SLEEPER blocks in after READY)."""
+    try:
+        with open(f"/proc/{pid}/syscall") as fh:
+            call = fh.read().split()
+        with open(f"/proc/{pid}/wchan") as fh:
+            wchan = fh.read().strip()
+    except OSError:
+        return False
+    asleep = process_state(pid)[0] == "S" and bool(call) and call[0].isdigit()
+    return asleep and (wchan in ("", "0") or any(w in wchan for w in ("pause", "suspend", "poll")))
+
+
+def spawn_sleeper(spawn: Spawn) -> subprocess.Popen[str]:
+    """SLEEPER once it sleeps in ``signal.pause()``. Its READY comes before that call, whose
+    PyEval_SaveThread ran into the int3 the test poked in when the target was slow to get there
+    (a loaded machine): it died of SIGTRAP and /proc/PID/mem said "No such process" (CI)."""
+    proc = spawn(SLEEPER)
+    deadline = time.monotonic() + 30
+    while not _in_pause(proc.pid):
+        assert time.monotonic() < deadline, f"process {proc.pid} never slept in signal.pause()"
+        time.sleep(0.01)
+    return proc
+
+
 @gdb_python
 def test_the_watchdog_takes_the_breakpoint_out_of_an_untraced_target_only(spawn: Spawn) -> None:
     """gdb killed, and a second inject's debugger already attached: the watchdog wrote the original
     byte over whatever the other debugger had there. It now writes only into an untraced target."""
-    proc = spawn(SLEEPER)
+    proc = spawn_sleeper(spawn)
     ours, func = _save_thread_in(proc.pid)
     clean = _code_of(os.getpid(), ours, 1)
     _poke(proc.pid, func, b"\xcc")
@@ -570,7 +595,7 @@ def test_a_gdb_killed_right_after_its_breakpoint_line_still_has_it_taken_out(spa
     gdb killed just after printing "Breakpoint 1 at" left its int3 in ~15% of tries, "original byte
     could not be read" (CI, stop 27). It now drains gdb's output first. The chatter before the line
     keeps the reader behind when gdb dies, as a loaded machine did."""
-    proc = spawn(SLEEPER)
+    proc = spawn_sleeper(spawn)
     ours, func = _save_thread_in(proc.pid)
     clean = _code_of(os.getpid(), ours, 1)
     outcomes = []
@@ -590,7 +615,7 @@ def test_a_gdb_killed_right_after_its_breakpoint_line_still_has_it_taken_out(spa
 def test_the_watchdog_leaves_a_target_the_user_stopped_stopped(spawn: Spawn) -> None:
     """The watchdog sent SIGCONT to any target it found stopped after gdb's death, even one the user
     had stopped (Ctrl-Z, SIGSTOP) before the load."""
-    proc = spawn(SLEEPER)
+    proc = spawn_sleeper(spawn)
     func = _save_thread_in(proc.pid)[1]
     os.kill(proc.pid, signal.SIGSTOP)
     deadline = time.monotonic() + 10

@@ -10,12 +10,11 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from test_inject_midflight import clean_env
 
 from conftest import Spawn
 from dlmon.collect.outside_stacks import (
@@ -28,6 +27,8 @@ from dlmon.collect.outside_stacks import (
     read_stack,
 )
 from dlmon.model.format import STACK_TAKEN
+
+__all__ = ["clean_env"]  # a fixture, used by name
 
 ROOT = Path(__file__).resolve().parent.parent
 needs_gdb = pytest.mark.skipif(shutil.which("gdb") is None, reason="gdb is not installed")
@@ -60,23 +61,6 @@ with open(LOG, "w", buffering=1) as log:
     for n, batch in enumerate(loader, 1):
         log.write(f"{n}\\n")
 """
-
-
-@pytest.fixture
-def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The agent's socket directory and a TMPDIR of this test's own; the target starts without dlmon."""
-    tmp_path_factory.getbasetemp()
-    d = tempfile.mkdtemp(prefix="dlmon-outside-", dir="/tmp")
-    os.chmod(d, 0o755)
-    tmp = os.path.join(d, "tmp")
-    os.mkdir(tmp, 0o755)
-    monkeypatch.setenv("XDG_RUNTIME_DIR", d)
-    monkeypatch.setenv("TMPDIR", tmp)
-    monkeypatch.setattr(tempfile, "tempdir", tmp)
-    monkeypatch.delenv("PYTHONPATH", raising=False)
-    monkeypatch.delenv("DLMON_AGENT_DISABLE", raising=False)
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def wait_hung(log: Path) -> int:
@@ -256,3 +240,154 @@ def test_a_worker_stuck_alone_says_its_stack_was_read_from_outside() -> None:
     stalls = [a for s in outs for a in s.alerts if a.kind == "stall"]  # type: ignore[attr-defined]
     assert stalls and stalls[-1].evidence["stack_taken"] == STACK_TAKEN[SOURCE_PY_SPY], stalls[-1:]
     assert STACK_TAKEN[SOURCE_PY_SPY] in stalls[-1].message
+
+
+def test_a_stack_read_from_outside_never_holds_up_the_sampling_tick(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """py-spy takes ~0.1 s a read and gdb a second or more (up to its 15 s bound), once per worker
+    forked before the agent: the read ran in the sampler's tick and held the whole sample up. It now
+    runs on a thread of its own, and the stack comes with a later tick."""
+    import threading
+
+    from dlmon.collect import stacks
+    from dlmon.collect.agent_client import AgentClient
+
+    if shutil.which("py-spy") is None and (shutil.which("gdb") is None or sys.version_info >= (3, 14)):
+        pytest.skip("neither py-spy nor gdb here")
+
+    class NoStackFiles(AgentClient):  # the trainer's agent: its private directory has no <pid>.stack
+        def stack_dir(self, pid: int) -> str | None:
+            return str(tmp_path)
+
+    sampling = threading.current_thread()
+    release = threading.Event()
+    readers: list[threading.Thread] = []
+    from dlmon.collect.outside_stacks import read_stack as real_read
+
+    def read_when_released(pid: int, prefer: str = "_worker_loop") -> object:
+        readers.append(threading.current_thread())
+        if threading.current_thread() is not sampling:
+            release.wait(30)  # the tick must not wait for this
+        return real_read(pid, prefer)
+
+    monkeypatch.setattr(stacks, "read_stack", read_when_released)
+    proc = hanging(sys.executable)
+    try:
+        probe = stacks.StallProbe(NoStackFiles())
+        assert probe._worker_stacks([(os.getpid(), 0, proc.pid)]) == []
+        assert probe.probe(None, []) == ()  # the read still waits: nothing yet, and no wait for it
+        release.set()
+        got: tuple[object, ...] = ()
+        deadline = time.monotonic() + 60
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.1)
+            got = probe.probe(None, [])
+        assert readers and all(t is not sampling for t in readers), readers
+        (stack,) = got
+        assert stack.pid == proc.pid and stack.worker_id == 0  # type: ignore[attr-defined]
+        assert "hang_here" in [f.function for f in stack.frames], stack  # type: ignore[attr-defined]
+        assert probe.probe(None, []) == ()  # handed over once
+    finally:
+        release.set()
+        proc.kill()
+        proc.wait()
+
+
+def test_a_read_asked_for_a_pid_taken_by_another_process_is_dropped(tmp_path: Path) -> None:
+    """The read may come long after the ask (gdb reads of other workers first): by then the worker
+    may be gone and its pid another process's, which must not be read (nor resumed) in its place."""
+    import threading
+
+    from dlmon.collect.outside_stacks import BackgroundReads
+    from dlmon.collect.stacks import _outside_stack, _start_time
+
+    proc = hanging(sys.executable)
+    try:
+        start = _start_time(proc.pid)
+        assert start is not None
+        assert _outside_stack(0, proc.pid, start + 1) is None
+        gate = threading.Event()
+
+        def read(wid: int, pid: int, st: int | None) -> tuple[int, int] | None:
+            gate.wait(30)
+            return (wid, pid) if st == start else None
+
+        reads = BackgroundReads(read)
+        reads.ask(0, proc.pid, start)
+        reads.ask(0, proc.pid, start)  # asked again while it waits or runs: read once
+        reads.ask(0, proc.pid, start + 1)  # another process by now
+        gate.set()
+        deadline = time.monotonic() + 30
+        done: list[tuple[int, int]] = []
+        while not done and time.monotonic() < deadline:
+            time.sleep(0.02)
+            done += reads.take()
+        time.sleep(0.2)
+        assert done + reads.take() == [(0, proc.pid)]
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_gdb_killed_at_its_bound_mid_attach_leaves_the_worker_running(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """gdb killed at its bound after its attach's SIGSTOP but before it took that stop in: the
+    kernel hands the SIGSTOP back to the worker as the tracer dies, and the worker stops a moment
+    later, after the check for a stopped worker had found it still running: a hung (or healthy)
+    worker left stopped for good. The "gdb" here attaches and never waits, to be killed there."""
+    from dlmon.collect import outside_stacks
+
+    fake = tmp_path / "gdb"
+    fake.write_text(
+        f"#!{sys.executable}\nimport ctypes, sys, time\n"
+        "pid = int(sys.argv[sys.argv.index('-p') + 1])\n"
+        "assert ctypes.CDLL(None, use_errno=True).ptrace(16, pid, None, None) == 0  # PTRACE_ATTACH\n"
+        "time.sleep(60)\n"
+    )
+    fake.chmod(0o755)
+    monkeypatch.setattr(outside_stacks, "GDB_TIMEOUT_S", 1.0)
+    for _ in range(3):  # the stop came after the look at the worker in about a third of the tries
+        proc = hanging(sys.executable)
+        try:
+            assert outside_stacks._py_bt(str(fake), "/nonexistent-gdb.py", proc.pid) is None
+            time.sleep(0.5)  # the worker's own stop, had the SIGSTOP stayed with it
+            with open(f"/proc/{proc.pid}/status") as fh:
+                status = fh.read()
+            assert "TracerPid:\t0" in status and "State:\tS" in status, status
+        finally:
+            os.kill(proc.pid, 18)  # SIGCONT, whatever happened
+            proc.kill()
+            proc.wait()
+
+
+def test_a_reader_thread_that_could_not_start_is_started_at_the_next_ask(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """"can't start new thread" (a process at its thread limit) left the reader marked as running:
+    no read was ever made again for that sampler."""
+    import threading
+
+    from dlmon.collect.outside_stacks import BackgroundReads
+
+    real_start = threading.Thread.start
+    refused: list[str] = []
+
+    def start_once_refused(self: threading.Thread) -> None:
+        if self.name == "dlmon-outside-stacks" and not refused:
+            refused.append(self.name)
+            raise RuntimeError("can't start new thread")
+        real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start_once_refused)
+    reads: BackgroundReads[int] = BackgroundReads(lambda wid, pid, start: pid)
+    reads.ask(0, 101, 1)
+    assert refused and reads.take() == []
+    reads.ask(0, 101, 1)  # the same read, asked again at the next stall reading
+    deadline = time.monotonic() + 30
+    done: list[int] = []
+    while not done and time.monotonic() < deadline:
+        time.sleep(0.02)
+        done += reads.take()
+    assert done == [101]

@@ -210,3 +210,71 @@ def test_a_load_that_failed_half_way_does_not_break_every_later_load(tmp_path: P
     failed, retried = json.loads(got.stdout.strip().splitlines()[-1])
     assert failed.startswith("error "), failed
     assert retried.startswith("ok "), retried
+
+
+def test_an_iterator_adopted_at_the_load_while_its_next_batch_comes_gets_one_state(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """The load thread adopts the iterator whose ``__next__`` is in progress while the training
+    thread's next batch, begun before the adoption set its state, goes through ``_late_attach``:
+    both attached a state, the load thread then deleted the training thread's, and the iterator
+    showed as two loaders, one a ghost frozen for the job's life that also held its worker pids.
+    The training thread's batch is placed inside the adoption here by holding the load thread in
+    ``_attach``."""
+    pytest.importorskip("torch")
+    code = """
+        import json, threading
+        from torch.utils.data import DataLoader
+        main = threading.current_thread()
+        inside1, gate1, inside2, gate2, returned2 = (threading.Event() for _ in range(5))
+        class Items:
+            def __len__(self):
+                return 100
+            def __getitem__(self, i):
+                if i == 1:
+                    inside1.set()
+                    gate1.wait(30)  # the call in progress at the load
+                if i == 2:
+                    inside2.set()
+                    gate2.wait(30)  # the next call, begun before the adoption set the state
+                return i
+        it = iter(DataLoader(Items(), batch_size=None, num_workers=0))
+        next(it)
+        import dlmon.agent
+        from dlmon.agent import _loaders
+        from dlmon.agent._registry import R
+        real_attach = _loaders._attach
+        held = []
+        def attach(it, loader):
+            if threading.current_thread() is main or loader is not None or held:
+                return real_attach(it, loader)
+            held.append(1)
+            gate1.set()  # the call in progress returns; the training thread begins the next
+            inside2.wait(30)
+            st = real_attach(it, loader)
+            gate2.set()  # ... whose end now comes inside the adoption
+            returned2.wait(3)
+            return st
+        _loaders._attach = attach
+        def load():
+            inside1.wait(30)
+            dlmon.agent.start_injected()
+        t = threading.Thread(target=load)
+        t.start()
+        next(it)  # in progress at the load
+        next(it)
+        returned2.set()
+        t.join(30)
+        for _ in range(5):
+            next(it)
+        print(json.dumps({
+            "held": bool(held),
+            "loaders": len(R.loaders),
+            "batches": [st.c[0] for ls in R.loaders.values() for st in ls.iters.values()],
+            "state_is_the_registered_one": R.by_key.get(id(it), getattr(it, "_dlmon_st", None))
+            is getattr(it, "_dlmon_st", None),
+        }))
+    """
+    got = run_script(code, env, tmp_path)
+    assert got["held"] and got["loaders"] == 1, got
+    assert got["state_is_the_registered_one"], got

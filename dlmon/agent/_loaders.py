@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -81,7 +82,8 @@ def _late_attach(it: Any, data: Any, t0: int, t1: int, first: bool) -> None:
     try:
         if _attach_refused(it):
             return
-        st = _adopted(it) or _attach(it, None)
+        with _ADOPT_LOCK:  # not while the load thread adopts it (once per iterator: off the batch path)
+            st = _adopted(it) or _attach(it, None)
         if st is None:
             return
         c = st.c
@@ -102,6 +104,9 @@ def _late_attach(it: Any, data: Any, t0: int, t1: int, first: bool) -> None:
 
 # iterators adopted in the middle of a call at the load, until their next batch (id -> state)
 _ADOPTED: dict[int, _IterState] = {}
+# held by the load thread's adoption of an iterator and by the training thread's _late_attach of
+# one: a batch that ended inside the adoption attached a second state (a ghost loader) otherwise
+_ADOPT_LOCK = threading.Lock()
 
 
 def adopt_calls_in_progress() -> int:
@@ -127,8 +132,7 @@ def adopt_calls_in_progress() -> int:
                 try:
                     it = f.f_locals.get("self")
                     if isinstance(it, base):
-                        fresh = getattr(it, "_dlmon_st", None) is None
-                        if fresh and not _attach_refused(it) and _adopt(it, f.f_back, now):
+                        if _adopt(it, f.f_back, now):
                             adopted += 1
                         break
                 except Exception:
@@ -138,6 +142,16 @@ def adopt_calls_in_progress() -> int:
 
 
 def _adopt(it: Any, caller: Any, now: int) -> bool:
+    with _ADOPT_LOCK:
+        prev = _ADOPTED.get(id(it))
+        if prev is not None and prev.wref is not None and prev.wref() is it:
+            return False  # found in two threads' frames
+        if getattr(it, "_dlmon_st", None) is not None or _attach_refused(it):
+            return False  # attached by its own batch since the frames were read
+        return _adopt_locked(it, caller, now)
+
+
+def _adopt_locked(it: Any, caller: Any, now: int) -> bool:
     st = _attach(it, None)
     if st is None:
         return False

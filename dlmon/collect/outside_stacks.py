@@ -7,6 +7,10 @@ signal (its default action kills them).
 - else gdb's ``py-bt``, where the target's Python ships its gdb extension (``python3.X-gdb.py``
   next to the executable, as pyenv installs it): gdb stops the process for the read.
 - else no stack, and one line saying how to get one.
+
+A read takes py-spy ~0.1 s and gdb a second or more (up to its timeout): :class:`BackgroundReads`
+runs them on a thread of their own, one process at a time, and the sampler's next tick picks up
+what is done. The sampling thread never waits for py-spy or gdb.
 """
 
 from __future__ import annotations
@@ -18,7 +22,10 @@ import re
 import shutil
 import signal
 import subprocess
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from dlmon.model.snapshot import StackFrame
 
@@ -30,6 +37,10 @@ SOURCE_NONE = "none"
 
 _PY_BT_FRAME = re.compile(r'^\s*File "(?P<file>.*)", line (?P<line>\d+), in (?P<func>\S+)')
 _EXE_VERSION = re.compile(r"python(3\.\d+)$")
+# reads waiting, and results not yet picked up, at most (a loader's MAX_WORKERS)
+MAX_QUEUED = 16
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +48,59 @@ class OutsideStack:
     source: str  # SOURCE_PY_SPY, SOURCE_GDB or SOURCE_NONE
     thread: str | None
     frames: tuple[StackFrame, ...]  # outermost first
+
+
+class BackgroundReads(Generic[T]):
+    """Runs ``read(worker id, pid, start time)`` for each :meth:`ask` on a daemon thread of its own,
+    one at a time (so gdb stops at most one worker at once), and hands back the results that are not
+    None at the next :meth:`take`. A read asked for while the same one waits or runs is not queued
+    twice; past ``limit`` waiting reads (or results not taken) new ones are dropped. The thread ends
+    when nothing is left to read, and starts again at the next ask: a healthy job has none."""
+
+    def __init__(self, read: Callable[[int, int, int | None], T | None], limit: int = MAX_QUEUED) -> None:
+        self._read = read
+        self._limit = limit
+        self._lock = threading.Lock()
+        self._wanted: dict[tuple[int, int, int | None], None] = {}  # in the order asked
+        self._busy: tuple[int, int, int | None] | None = None
+        self._done: list[T] = []
+        self._thread: threading.Thread | None = None
+
+    def ask(self, wid: int, pid: int, start: int | None) -> None:
+        key = (wid, pid, start)
+        with self._lock:
+            if key not in self._wanted and key != self._busy and len(self._wanted) < self._limit:
+                self._wanted[key] = None
+            if self._thread is None and self._wanted:
+                thread = threading.Thread(target=self._run, name="dlmon-outside-stacks", daemon=True)
+                try:
+                    thread.start()
+                except RuntimeError:  # no thread to be had now: the next ask tries again
+                    return
+                self._thread = thread
+
+    def take(self) -> list[T]:
+        with self._lock:
+            done, self._done = self._done, []
+        return done
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                if not self._wanted:
+                    self._thread = None
+                    return
+                key = next(iter(self._wanted))
+                del self._wanted[key]
+                self._busy = key
+            try:
+                got = self._read(*key)
+            except Exception:
+                got = None
+            with self._lock:
+                self._busy = None
+                if got is not None and len(self._done) < self._limit:
+                    self._done.append(got)
 
 
 def read_stack(pid: int, prefer: str = "_worker_loop") -> OutsideStack:
@@ -124,6 +188,7 @@ def parse_py_bt(text: str) -> tuple[StackFrame, ...]:
 def _py_bt(gdb: str, extension: str, pid: int) -> OutsideStack | None:
     # the main thread's Python stack: a DataLoader worker's loop runs there
     stopped_before = _state(pid) == "T"
+    done: subprocess.CompletedProcess[str] | None = None
     # the symbols of the executable and libpython only: a torch worker maps hundreds of MB of .so
     # files whose reading would keep it stopped for seconds
     cmd = [gdb, "-q", "-batch", "-nx", "-iex", "set auto-load off", "-iex", "set auto-solib-add off"]
@@ -140,9 +205,11 @@ def _py_bt(gdb: str, extension: str, pid: int) -> OutsideStack | None:
     except (OSError, subprocess.SubprocessError):
         done = None
     finally:
-        # gdb killed at the timeout may leave the process in its attach's SIGSTOP: resume it, unless
-        # it was stopped before (the user's Ctrl-Z stays)
-        if not stopped_before and _state(pid) == "T":
+        # gdb killed (at the timeout, or by a signal) may leave its attach's SIGSTOP behind: the
+        # process stopped already, or (the SIGSTOP handed back as gdb died) stopping a moment
+        # later, after any look at its state. SIGCONT now both resumes it and cancels that stop.
+        # Not a process stopped before (the user's Ctrl-Z stays).
+        if not stopped_before and (done is None or done.returncode < 0 or _state(pid) == "T"):
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGCONT)
     if done is None:

@@ -11,7 +11,8 @@ at most every ``RETAKE_S`` per loader. A healthy job never pays for any of it.
   The signal is sent only to a process of the tree whose stack file's header names that very
   process (pid and start time): the signal's default action would kill one without the handler.
 - A worker forked before the agent was loaded into the running job has no handler: its stack is
-  read from outside (:mod:`dlmon.collect.outside_stacks`, py-spy or gdb), never signalled.
+  read from outside (:mod:`dlmon.collect.outside_stacks`, py-spy or gdb), never signalled, and
+  off the sampling thread: such a stack comes with a later tick.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 
 from dlmon.agent._journal import STACK_HEADER, STACK_SIGNAL, STACK_SUFFIX
 from dlmon.collect.agent_client import AgentClient, AgentReading
-from dlmon.collect.outside_stacks import read_stack
+from dlmon.collect.outside_stacks import BackgroundReads, read_stack
 from dlmon.model.format import DEAD_STATES
 from dlmon.model.snapshot import LoaderSample, ProcessSample, ProcessStack, StackFrame
 from dlmon.model.stall_rule import STALL_RULE, StallRule, pace_reading
@@ -128,6 +129,27 @@ def _cut_to_header(fd: int, head: str, size: int) -> int:
     return keep
 
 
+def _outside_stack(wid: int, pid: int, start: int | None) -> ProcessStack | None:
+    """A worker's stack read from outside (on :class:`BackgroundReads`' thread); None when the pid
+    is no longer the process it was asked for (the read may come long after the ask)."""
+    if start is None or _start_time(pid) != start:
+        return None
+    got = read_stack(pid)
+    state, wchan, reading = proc_state(pid)
+    return ProcessStack(
+        pid=pid,
+        role="worker",
+        worker_id=wid,
+        time=time.time(),
+        thread=got.thread,
+        frames=got.frames[-MAX_FRAMES:],
+        state=state,
+        wchan=wchan,
+        reading=reading,
+        source=got.source,
+    )
+
+
 class StallProbe:
     """Decides when a loader is stalled and then collects stacks; keeps a little state per loader."""
 
@@ -136,6 +158,8 @@ class StallProbe:
         self._rule = rule  # the stall detector's (StallNumbers.stall_rule)
         self._watch: dict[str, _LoaderWatch] = {}
         self._crash_read: set[int] = set()
+        # py-spy / gdb reads of workers forked before the agent: never on the sampling thread
+        self._outside: BackgroundReads[ProcessStack] = BackgroundReads(_outside_stack)
         self.error: str | None = None  # the last failure, swallowed
 
     def probe(
@@ -143,7 +167,8 @@ class StallProbe:
     ) -> tuple[ProcessStack, ...]:
         """Stacks worth recording this tick (usually none). Never raises: a sample is worth more."""
         try:
-            return self._crash_stacks() + self._stall_stacks(reading, processes)
+            stacks = self._crash_stacks() + self._stall_stacks(reading, processes)
+            return stacks + tuple(self._outside.take())  # read from outside since the last tick
         except Exception as exc:
             self.error = f"{type(exc).__name__}: {exc}"
             return ()
@@ -247,7 +272,6 @@ class StallProbe:
         if STACK_SIGNAL is None:
             return []
         sent: list[tuple[int, int, int, str, int]] = []  # (worker id, pid, trainer, file, size before)
-        outside: list[ProcessStack] = []
         for trainer, wid, pid in workers:
             name = self._agent.agent_pid_of(trainer, pid)  # the worker's own pid: a container's
             file = f"{name}{STACK_SUFFIX}"
@@ -255,7 +279,7 @@ class StallProbe:
                 fd = self._agent.open_agent_file(trainer, file)
             except FileNotFoundError:
                 if self._agent.stack_dir(trainer) is not None:  # forked before the agent: no handler
-                    outside.append(self._outside_stack(wid, pid))
+                    self._outside.ask(wid, pid, _start_time(pid))
                 continue
             except OSError:
                 continue
@@ -284,9 +308,9 @@ class StallProbe:
                 continue
             sent.append((wid, pid, trainer, file, size))
         if not sent:
-            return outside
+            return []
         deadline = time.monotonic() + DUMP_WAIT_S
-        out: list[ProcessStack] = outside
+        out: list[ProcessStack] = []
         pending = list(sent)
         while pending and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -299,23 +323,6 @@ class StallProbe:
                 out.append(self._worker_stack(wid, pid, text))
             pending = still
         return out
-
-    @staticmethod
-    def _outside_stack(wid: int, pid: int) -> ProcessStack:
-        got = read_stack(pid)
-        state, wchan, reading = proc_state(pid)
-        return ProcessStack(
-            pid=pid,
-            role="worker",
-            worker_id=wid,
-            time=time.time(),
-            thread=got.thread,
-            frames=got.frames[-MAX_FRAMES:],
-            state=state,
-            wchan=wchan,
-            reading=reading,
-            source=got.source,
-        )
 
     def _new_text(self, trainer: int, file: str, size: int) -> str | None:
         """What a stack file in the directory of trainer's agent holds from ``size`` on."""
