@@ -87,8 +87,11 @@ class CheckpointWriter:
         self._saved_at = clock()
         self._saved_bytes = -1
         self.stopped: str | None = None  # why checkpoints stopped
-        if not _regular_or_absent(self.path):
-            self.stopped = f"{self.path} is not a regular file: not replaced"
+        try:
+            if not _regular_or_absent(self.path):
+                self.stopped = f"{self.path} is not a regular file: not replaced"
+        except OSError as exc:  # a name 14 bytes short of NAME_MAX: the record itself must still open
+            self.stopped = f"{type(exc).__name__}: {exc}"
 
     def add(self, line: bytes) -> None:
         if self.stopped is not None:
@@ -187,7 +190,10 @@ def read_checkpoint(record_path: str) -> Checkpoint | None:
         if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_SIDECAR_BYTES:
             return None
         # one planted beside the record (/tmp) could hold figures of its own with the right hash
-        if info.st_uid != os.stat(record_path).st_uid:
+        record = os.stat(record_path)
+        if info.st_uid != record.st_uid:
+            return None
+        if not stat.S_ISREG(record.st_mode):  # a FIFO: bytes hashed are gone for the full read
             return None
         with os.fdopen(fd, "rb", closefd=False) as fh:
             data = json.loads(fh.read(MAX_SIDECAR_BYTES + 1))
