@@ -423,3 +423,28 @@ def test_a_fifo_beside_a_stale_sidecar_is_read_in_full(real: dict[str, Path], tm
     feeder.join(timeout=10)
     whole = full_summary(copy_of(real["healthy"], tmp_path, "same.jsonl"))
     assert [s.snapshots for s in summaries] == [whole.snapshots], "the report lost the pipe's lines"
+
+
+def test_the_sidecar_is_as_private_as_the_record(tmp_path: Path) -> None:
+    """It holds the command line and the last snapshot: a record kept 0600 (umask 077, or a
+    chmod while recording) must not get a world-readable sidecar (it was always 0644)."""
+    path = tmp_path / "private.jsonl"
+    old = os.umask(0o077)
+    try:
+        writer = RecordWriter(str(path), clock=itertools.count(0.0, 40.0).__next__)
+    finally:
+        os.umask(old)
+    sampler = Sampler(os.getpid())
+    side = Path(sidecar_path(str(path)))
+    try:
+        writer.write(sampler.sample())
+        writer.write(sampler.sample())  # the clock passed 30 s: a checkpoint
+        assert oct(side.stat().st_mode & 0o777) == oct(path.stat().st_mode & 0o777) == "0o600"
+        path.chmod(0o640)
+        writer.write(sampler.sample())
+        writer.write(sampler.sample())
+    finally:
+        sampler.close()
+        writer.close()
+    assert oct(side.stat().st_mode & 0o777) == "0o640"
+    assert resumed_summary(str(path)) is not None
