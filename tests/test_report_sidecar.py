@@ -252,6 +252,17 @@ def test_a_damaged_foreign_or_future_sidecar_is_ignored(real: dict[str, Path], t
     assert run.returncode == 0 and "Traceback" not in run.stderr and run.stderr == "", run.stderr
 
 
+def record_one_snapshot(path: Path) -> None:
+    """A recording of this process, one snapshot long, by the recorder (its sidecar included)."""
+    writer = RecordWriter(str(path))
+    sampler = Sampler(os.getpid())
+    try:
+        writer.write(sampler.sample())
+    finally:
+        sampler.close()
+        writer.close()
+
+
 def test_a_symlinked_sidecar_is_never_followed(real: dict[str, Path], tmp_path: Path) -> None:
     path = copy_of(real["healthy"], tmp_path, "s.jsonl")
     side = Path(sidecar_path(str(path)))
@@ -261,13 +272,7 @@ def test_a_symlinked_sidecar_is_never_followed(real: dict[str, Path], tmp_path: 
     assert_same_without(path, resumed=False)
     # nor written through: a recording over this path leaves the link and its target alone
     before = target.read_bytes()
-    writer = RecordWriter(str(path))
-    sampler = Sampler(os.getpid())
-    try:
-        writer.write(sampler.sample())
-    finally:
-        sampler.close()
-        writer.close()
+    record_one_snapshot(path)
     assert side.is_symlink() and target.read_bytes() == before
     assert resumed_summary(str(path)) is None and summarize(str(path)).snapshots == 1
 
@@ -369,13 +374,7 @@ def test_a_name_near_name_max_still_records(tmp_path: Path) -> None:
     record is still written (the sidecar's ENAMETOOLONG failed the record's open, after it had
     truncated the file)."""
     path = tmp_path / ("r" * 243 + ".jsonl")
-    writer = RecordWriter(str(path))
-    sampler = Sampler(os.getpid())
-    try:
-        writer.write(sampler.sample())
-    finally:
-        sampler.close()
-        writer.close()
+    record_one_snapshot(path)
     assert summarize(str(path)).snapshots == 1
     run = subprocess.run(dlmon_cmd("report", str(path)), capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and run.stderr == "", run.stderr
