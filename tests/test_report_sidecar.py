@@ -31,8 +31,9 @@ from dlmon.export.html import format_html
 from dlmon.export.text import format_markdown, format_text
 from dlmon.flow import sidecar
 from dlmon.flow.recording import RecordWriter
+from dlmon.flow.records import iter_checked_records
 from dlmon.flow.sidecar import CheckpointWriter, resumed_summary, sidecar_path
-from dlmon.flow.summary import RESERVOIR_SIZE, Reservoir, Thinned, summarize
+from dlmon.flow.summary import RESERVOIR_SIZE, Reservoir, Summarizer, Thinned, summarize
 from export_support import LOADER_JOB, dlmon_cmd
 
 pytestmark = pytest.mark.slow
@@ -447,3 +448,23 @@ def test_the_sidecar_is_as_private_as_the_record(tmp_path: Path) -> None:
         writer.close()
     assert oct(side.stat().st_mode & 0o777) == "0o640"
     assert resumed_summary(str(path)) is not None
+
+
+def test_a_resumed_summary_that_raises_gives_way_to_the_full_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A saved state that reads back but trips on a later line (what from_state does not check):
+    the report reads every line instead of printing a traceback."""
+    path = tmp_path / "r.jsonl"
+    record_one_snapshot(path)
+    whole = full_summary(path)
+
+    class Tripping(Summarizer):
+        def feed(self, record: Any) -> None:
+            raise KeyError("a basis no peak has")
+
+    def resumed(record: str) -> Any:
+        return Tripping(record), iter_checked_records(record)
+
+    monkeypatch.setattr(sidecar, "resumed_summary", resumed)
+    assert summarize(str(path)) == whole
