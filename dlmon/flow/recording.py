@@ -227,12 +227,10 @@ class RecordWriter:
     def _names_the_file(self) -> bool:
         """``path`` is the regular file written, not a link to it: ``-o /dev/stdout`` (a shell's
         redirect to a file) would put its sidecar in /dev (as root), ``/proc/self/fd/1`` nowhere."""
-        assert self._fd is not None
-        try:
-            named, opened = os.lstat(self.path), os.fstat(self._fd)
+        try:  # not an inode comparison: an fd on overlayfs (old kernels) reports the layer's inode
+            return stat.S_ISREG(os.lstat(self.path).st_mode)
         except OSError:
             return False
-        return stat.S_ISREG(named.st_mode) and (named.st_dev, named.st_ino) == (opened.st_dev, opened.st_ino)
 
     def write(self, snapshot: Snapshot) -> None:
         self._write(encode_snapshot(snapshot))
