@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -30,8 +31,9 @@ from dlmon.export.html import format_html
 from dlmon.export.text import format_markdown, format_text
 from dlmon.flow import sidecar
 from dlmon.flow.recording import RecordWriter
+from dlmon.flow.records import iter_checked_records
 from dlmon.flow.sidecar import CheckpointWriter, resumed_summary, sidecar_path
-from dlmon.flow.summary import RESERVOIR_SIZE, Reservoir, Thinned, summarize
+from dlmon.flow.summary import RESERVOIR_SIZE, Reservoir, Summarizer, Thinned, summarize
 from export_support import LOADER_JOB, dlmon_cmd
 
 pytestmark = pytest.mark.slow
@@ -209,6 +211,9 @@ def test_a_damaged_foreign_or_future_sidecar_is_ignored(real: dict[str, Path], t
     def with_state(key: str, value: Any) -> bytes:
         return json.dumps({**good, "summary": {**good["summary"], key: value}}).encode()
 
+    alert = {"kind": "k", "subject": "s", "severity": "warning", "message": "m", "start": 1.0, "end": 2.0}
+    alert |= {"open_at_end": False, "cause": None}
+
     bad = {
         "garbage": os.urandom(4096),
         "empty": b"",
@@ -227,6 +232,15 @@ def test_a_damaged_foreign_or_future_sidecar_is_ignored(real: dict[str, Path], t
             "reservoirs", {k: {**r, "seen": 1} for k, r in good["summary"]["reservoirs"].items()}
         ),
         "a death with a stray key": with_state("deaths", [{"nope": 1}]),
+        # a record's reader lets none of these through; the report then raised while formatting
+        "a NaN start": with_state("start", float("nan")),
+        "an end past the year 5138": with_state("end", 1e300),
+        "an alert starting at text": with_state("closed_alerts", [alert | {"start": "noon"}]),
+        "a slot peak of no basis": with_state("slots", [["main", 1.0, 1.0, "XYZ"]]),
+        "an infinite peak": with_state("peaks", [["job_pss", float("inf"), 1.0, "PSS"]]),
+        "a bucket fuller than its stride": with_state(
+            "series", {k: {**t, "count": t["stride"]} for k, t in good["summary"]["series"].items()}
+        ),
     }
     path = copy_of(real["death_gz"], tmp_path, "d.jsonl.gz")
     side = Path(sidecar_path(str(path)))
@@ -239,6 +253,17 @@ def test_a_damaged_foreign_or_future_sidecar_is_ignored(real: dict[str, Path], t
     assert run.returncode == 0 and "Traceback" not in run.stderr and run.stderr == "", run.stderr
 
 
+def record_one_snapshot(path: Path) -> None:
+    """A recording of this process, one snapshot long, by the recorder (its sidecar included)."""
+    writer = RecordWriter(str(path))
+    sampler = Sampler(os.getpid())
+    try:
+        writer.write(sampler.sample())
+    finally:
+        sampler.close()
+        writer.close()
+
+
 def test_a_symlinked_sidecar_is_never_followed(real: dict[str, Path], tmp_path: Path) -> None:
     path = copy_of(real["healthy"], tmp_path, "s.jsonl")
     side = Path(sidecar_path(str(path)))
@@ -248,13 +273,7 @@ def test_a_symlinked_sidecar_is_never_followed(real: dict[str, Path], tmp_path: 
     assert_same_without(path, resumed=False)
     # nor written through: a recording over this path leaves the link and its target alone
     before = target.read_bytes()
-    writer = RecordWriter(str(path))
-    sampler = Sampler(os.getpid())
-    try:
-        writer.write(sampler.sample())
-    finally:
-        sampler.close()
-        writer.close()
+    record_one_snapshot(path)
     assert side.is_symlink() and target.read_bytes() == before
     assert resumed_summary(str(path)) is None and summarize(str(path)).snapshots == 1
 
@@ -349,3 +368,103 @@ def test_series_and_reservoirs_resume_past_their_caps() -> None:
             for i, v in enumerate(values[stop:], start=stop):
                 thinned.add(float(i), v)
             assert thinned.result() == series.result(), (stop, keep_max)
+
+
+def test_a_name_near_name_max_still_records(tmp_path: Path) -> None:
+    """A record name 14 bytes short of NAME_MAX leaves no room for the sidecar's suffix: the
+    record is still written (the sidecar's ENAMETOOLONG failed the record's open, after it had
+    truncated the file)."""
+    path = tmp_path / ("r" * 243 + ".jsonl")
+    record_one_snapshot(path)
+    assert summarize(str(path)).snapshots == 1
+    run = subprocess.run(dlmon_cmd("report", str(path)), capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and run.stderr == "", run.stderr
+
+
+def test_no_sidecar_beside_a_link_to_the_file_written(tmp_path: Path) -> None:
+    """`-o /dev/stdout` with stdout redirected to a file opens a regular file through a link: as
+    root its sidecar went into /dev. Here the link is ours: /proc/self/fd/N, then a plain one."""
+    real_file = tmp_path / "out.jsonl"
+    fd = os.open(real_file, os.O_WRONLY | os.O_CREAT, 0o644)
+    links = [tmp_path / "stdout", tmp_path / "link.jsonl"]
+    links[0].symlink_to(f"/proc/self/fd/{fd}")
+    links[1].symlink_to(real_file)
+    sampler = Sampler(os.getpid())
+    try:
+        for link in links:
+            writer = RecordWriter(str(link))
+            writer.write(sampler.sample())
+            writer.close()
+            assert not os.path.lexists(sidecar_path(str(link))), link
+            assert summarize(str(real_file)).snapshots == 1
+    finally:
+        sampler.close()
+        os.close(fd)
+
+
+def test_a_fifo_beside_a_stale_sidecar_is_read_in_full(real: dict[str, Path], tmp_path: Path) -> None:
+    """A record path that is now a FIFO, beside the sidecar of the file it once was: hashing the
+    covered bytes consumed them, so the full read after a mismatch found the pipe empty."""
+    path = copy_of(real["healthy"], tmp_path, "fifo.jsonl")
+    data = path.read_bytes()
+    at = data.index(b'"host":"') + len(b'"host":"')
+    data = data[:at] + (b"X" if data[at : at + 1] != b"X" else b"Y") + data[at + 1 :]  # no match
+    path.unlink()
+    os.mkfifo(path)
+    feeder = threading.Thread(target=path.write_bytes, args=(data,), daemon=True)  # one writer
+    feeder.start()
+    summaries: list[Any] = []
+    reader = threading.Thread(target=lambda: summaries.append(summarize(str(path))), daemon=True)
+    reader.start()
+    reader.join(timeout=60)
+    if reader.is_alive():  # waiting for a writer that is gone: release it
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+        reader.join(timeout=10)
+    feeder.join(timeout=10)
+    whole = full_summary(copy_of(real["healthy"], tmp_path, "same.jsonl"))
+    assert [s.snapshots for s in summaries] == [whole.snapshots], "the report lost the pipe's lines"
+
+
+def test_the_sidecar_is_as_private_as_the_record(tmp_path: Path) -> None:
+    """It holds the command line and the last snapshot: a record kept 0600 (umask 077, or a
+    chmod while recording) must not get a world-readable sidecar (it was always 0644)."""
+    path = tmp_path / "private.jsonl"
+    old = os.umask(0o077)
+    try:
+        writer = RecordWriter(str(path), clock=itertools.count(0.0, 40.0).__next__)
+    finally:
+        os.umask(old)
+    sampler = Sampler(os.getpid())
+    side = Path(sidecar_path(str(path)))
+    try:
+        writer.write(sampler.sample())
+        writer.write(sampler.sample())  # the clock passed 30 s: a checkpoint
+        assert oct(side.stat().st_mode & 0o777) == oct(path.stat().st_mode & 0o777) == "0o600"
+        path.chmod(0o640)
+        writer.write(sampler.sample())
+        writer.write(sampler.sample())
+    finally:
+        sampler.close()
+        writer.close()
+    assert oct(side.stat().st_mode & 0o777) == "0o640"
+    assert resumed_summary(str(path)) is not None
+
+
+def test_a_resumed_summary_that_raises_gives_way_to_the_full_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A saved state that reads back but trips on a later line (what from_state does not check):
+    the report reads every line instead of printing a traceback."""
+    path = tmp_path / "r.jsonl"
+    record_one_snapshot(path)
+    whole = full_summary(path)
+
+    class Tripping(Summarizer):
+        def feed(self, record: Any) -> None:
+            raise KeyError("a basis no peak has")
+
+    def resumed(record: str) -> Any:
+        return Tripping(record), iter_checked_records(record)
+
+    monkeypatch.setattr(sidecar, "resumed_summary", resumed)
+    assert summarize(str(path)) == whole

@@ -219,10 +219,18 @@ class RecordWriter:
         # gzip container (wbits 31); a fresh dictionary per line (Z_FULL_FLUSH), see the module doc
         self._gzip = zlib.compressobj(6, zlib.DEFLATED, 31) if path.endswith(".gz") else None
         self._checkpoints: CheckpointWriter | None = None
-        if checkpoints and self._regular:
+        if checkpoints and self._regular and self._names_the_file():
             from dlmon.flow.sidecar import CheckpointWriter  # the summary: only when recording
 
             self._checkpoints = CheckpointWriter(path, clock)
+
+    def _names_the_file(self) -> bool:
+        """``path`` is the regular file written, not a link to it: ``-o /dev/stdout`` (a shell's
+        redirect to a file) would put its sidecar in /dev (as root), ``/proc/self/fd/1`` nowhere."""
+        try:  # not an inode comparison: an fd on overlayfs (old kernels) reports the layer's inode
+            return stat.S_ISREG(os.lstat(self.path).st_mode)
+        except OSError:
+            return False
 
     def write(self, snapshot: Snapshot) -> None:
         self._write(encode_snapshot(snapshot))

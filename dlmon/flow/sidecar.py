@@ -78,6 +78,7 @@ class CheckpointWriter:
 
     def __init__(self, record_path: str, clock: Callable[[], float]) -> None:
         self.path = sidecar_path(record_path)
+        self._record_path = record_path
         self._summarizer = Summarizer(record_path)
         self._order: TimeOrder[CheckedRecord] = TimeOrder()
         self._hash = hashlib.sha256()
@@ -87,8 +88,11 @@ class CheckpointWriter:
         self._saved_at = clock()
         self._saved_bytes = -1
         self.stopped: str | None = None  # why checkpoints stopped
-        if not _regular_or_absent(self.path):
-            self.stopped = f"{self.path} is not a regular file: not replaced"
+        try:
+            if not _regular_or_absent(self.path):
+                self.stopped = f"{self.path} is not a regular file: not replaced"
+        except OSError as exc:  # a name 14 bytes short of NAME_MAX: the record itself must still open
+            self.stopped = f"{type(exc).__name__}: {exc}"
 
     def add(self, line: bytes) -> None:
         if self.stopped is not None:
@@ -113,7 +117,9 @@ class CheckpointWriter:
         if self.stopped is not None or self._order.held is not None or self._saved_bytes == self._bytes:
             return
         try:
-            _write_atomically(self.path, self._encode())
+            # the record's own permissions: it holds the command line and the last snapshot
+            mode = stat.S_IMODE(os.stat(self._record_path).st_mode) & 0o666
+            _write_atomically(self.path, self._encode(), mode)
             self._saved_bytes = self._bytes
         except Exception as exc:
             self.stopped = f"{type(exc).__name__}: {exc}"
@@ -142,16 +148,16 @@ def _regular_or_absent(path: str) -> bool:
         return True
 
 
-def _write_atomically(path: str, data: bytes) -> None:
+def _write_atomically(path: str, data: bytes, mode: int) -> None:
     """``data`` as ``path``, whole or not at all: a temporary file beside it, renamed over it.
     A symlink (or anything not a regular file) at ``path`` is left alone: never written through,
-    never replaced."""
+    never replaced. ``mode``: its permission bits."""
     if not _regular_or_absent(path):
         raise OSError(f"{path} is not a regular file")
     directory, name = os.path.split(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)  # O_EXCL, 0600
     try:
-        os.fchmod(fd, 0o644)
+        os.fchmod(fd, mode)
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
@@ -187,7 +193,10 @@ def read_checkpoint(record_path: str) -> Checkpoint | None:
         if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_SIDECAR_BYTES:
             return None
         # one planted beside the record (/tmp) could hold figures of its own with the right hash
-        if info.st_uid != os.stat(record_path).st_uid:
+        record = os.stat(record_path)
+        if info.st_uid != record.st_uid:
+            return None
+        if not stat.S_ISREG(record.st_mode):  # a FIFO: bytes hashed are gone for the full read
             return None
         with os.fdopen(fd, "rb", closefd=False) as fh:
             data = json.loads(fh.read(MAX_SIDECAR_BYTES + 1))

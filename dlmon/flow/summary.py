@@ -21,7 +21,10 @@ must also bump ``sidecar.VERSION``, or a sidecar written before it would still b
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
+import types
+import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from math import inf
@@ -30,7 +33,13 @@ from typing import Any, TypeVar, cast
 from dlmon.analysis.kinds import SEVERITY_RANK
 from dlmon.analysis.startup import Startup, startup_from
 from dlmon.analysis.verdict import exit_verdict
-from dlmon.flow.records import CheckedRecord, CheckedSnapshot, RecordProblem, iter_checked_records
+from dlmon.flow.records import (
+    MAX_UNIX_TIME,
+    CheckedRecord,
+    CheckedSnapshot,
+    RecordProblem,
+    iter_checked_records,
+)
 from dlmon.model import Snapshot, WorkerDeath
 from dlmon.model.format import DEAD_STATES
 from dlmon.model.serialize import snapshot_to_dict
@@ -163,10 +172,43 @@ T = TypeVar("T")
 
 
 def _num(x: Any) -> float:
-    """A JSON number as it stands (an int stays one); never a bool."""
-    if type(x) not in (int, float):
-        raise StateError(f"{x!r:.40} is not a number")
+    """A finite JSON number as it stands (an int stays one); never a bool. A record's reader lets
+    no NaN or infinity through: a state holding one was not saved from a record."""
+    if type(x) not in (int, float) or not math.isfinite(x):
+        raise StateError(f"{x!r:.40} is not a finite number")
     return cast(float, x)
+
+
+def _time(x: Any) -> float:
+    """A Unix time in the range a record's reader lets through (the report formats it as a date)."""
+    if not 0 <= _num(x) < MAX_UNIX_TIME:
+        raise StateError(f"{x!r:.40} is not a time a record holds")
+    return cast(float, x)
+
+
+def _seen_time(x: Any) -> float:
+    """A time or -inf (a process of the recording's first snapshot, seen "long before")."""
+    return x if x == -inf and type(x) is float else _time(x)
+
+
+def _typed(cls: Any, x: Any, times: tuple[str, ...]) -> Any:
+    """``cls(**x)``, a frozen dataclass of scalars, when each field holds a value of its type
+    (``times`` a time a record holds): a forged one must fail here, not in the report's sorting."""
+    made = cls(**_dict(x))
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        hint, value = hints[f.name], getattr(made, f.name)
+        union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+        allowed = set(typing.get_args(hint) if union else (hint,))
+        if value is None and type(None) in allowed:
+            continue
+        if f.name in times:
+            _time(value)
+        elif float in allowed and type(value) in (int, float):
+            _num(value)
+        elif type(value) not in allowed:
+            raise StateError(f"{f.name} {value!r:.40} is not a {hint}")
+    return made
 
 
 def _int(x: Any) -> int:
@@ -185,6 +227,12 @@ def _list(x: Any) -> list[Any]:
     if type(x) is not list:
         raise StateError(f"{x!r:.40} is not a list")
     return x
+
+
+def _peak(v: Any, t: Any, basis: Any) -> Peak:
+    if basis not in BASIS_RANK:
+        raise StateError(f"{basis!r:.40} is not a basis of a peak")
+    return Peak(_num(v), _time(t), basis)
 
 
 def _dict(x: Any) -> dict[str, Any]:
@@ -252,11 +300,13 @@ class Thinned:
     @classmethod
     def from_state(cls, state: Any, keep_max: bool) -> Thinned:
         thinned = cls(keep_max=keep_max)
-        thinned.points = [(_num(t), _num(v)) for t, v in _list(state["points"])]
+        thinned.points = [(_time(t), _num(v)) for t, v in _list(state["points"])]
         if len(thinned.points) >= thinned.capacity:
             raise StateError("more points than a series holds")
         thinned._stride, thinned._count = _int(state["stride"]), _int(state["count"])
-        thinned._first, thinned._acc = _num(state["first"]), _num(state["acc"])
+        if not 0 <= thinned._count < thinned._stride:
+            raise StateError("a bucket fuller than its stride")
+        thinned._first, thinned._acc = _time(state["first"]), _num(state["acc"])
         return thinned
 
 
@@ -688,43 +738,45 @@ class Summarizer:
     def _from_state(cls, path: str, state: Any) -> Summarizer:
         new = cls(path)
         new.count = _int(state["count"])
-        new.start, new.end = _opt(_num, state["start"]), _opt(_num, state["end"])
+        new.start, new.end = _opt(_time, state["start"]), _opt(_time, state["end"])
         new.end_reason, new.host = _opt(_str, state["end_reason"]), _opt(_str, state["host"])
         new.command = _opt(_str, state["command"])
-        new.peaks = {_str(k): Peak(_num(v), _num(t), _str(b)) for k, v, t, b in _list(state["peaks"])}
+        new.peaks = {_str(k): _peak(v, t, b) for k, v, t, b in _list(state["peaks"])}
         keep_max = {f.key: f.unit == "bytes" for f in SERIES}
         series, reservoirs = _dict(state["series"]), _dict(state["reservoirs"])
         if set(series) != set(keep_max) or set(reservoirs) != set(DISTRIBUTIONS):
             raise StateError("other figures than this dlmon's")
         new.series = {k: Thinned.from_state(series[k], keep_max[k]) for k in keep_max}
         new.reservoirs = {k: Reservoir.from_state(reservoirs[k]) for k in DISTRIBUTIONS}
-        new.slots = {_str(k): Peak(_num(v), _num(t), _str(b)) for k, v, t, b in _list(state["slots"])}
+        new.slots = {_str(k): _peak(v, t, b) for k, v, t, b in _list(state["slots"])}
         new.loaders = {_str(k): _str(v) for k, v in _list(state["loaders"])}
         new.startups = {
-            _str(k): (_num(total), _opt(_int, workers), _opt(_int, started), _opt(_num, unix), _num(now))
+            _str(k): (_num(total), _opt(_int, workers), _opt(_int, started), _opt(_time, unix), _time(now))
             for k, total, workers, started, unix, now in _list(state["startups"])
         }
         new.epochs = _opt(_int, state["epochs"])
         new.deaths = {}
         for death in _list(state["deaths"]):
-            d = WorkerDeath(**_dict(death))
+            d = _typed(WorkerDeath, death, ("time",))
             new.deaths[(d.pid, d.time)] = d
         new.open_alerts = {}
         for window in _list(state["open_alerts"]):
-            w = AlertWindow(**_dict(window))
+            w = _typed(AlertWindow, window, ("start", "end"))
             new.open_alerts[(w.kind, w.subject)] = w
-        new.closed_alerts = [AlertWindow(**_dict(w)) for w in _list(state["closed_alerts"])]
+        new.closed_alerts = [_typed(AlertWindow, w, ("start", "end")) for w in _list(state["closed_alerts"])]
         new.problems = [RecordProblem(_int(line), _str(reason)) for line, reason in _list(state["problems"])]
         new.problems_total = _int(state["problems_total"])
         new.left_out = {_str(k): _int(v) for k, v in _dict(state["left_out"]).items()}
         new.oom_first, new.oom_last = _opt(_int, state["oom_first"]), _opt(_int, state["oom_last"])
-        new._first_seen = {(_int(pid), _int(start)): _num(t) for pid, start, t in _list(state["first_seen"])}
+        new._first_seen = {
+            (_int(pid), _int(start)): _seen_time(t) for pid, start, t in _list(state["first_seen"])
+        }
         last = state["last"]
         if last is not None:
             data = _dict(last)
-            new.last = CheckedSnapshot(_num(data["time"]), data)
+            new.last = CheckedSnapshot(_time(data["time"]), data)
             new.last.snapshot()  # raises SnapshotFormatError (a ValueError) for a forged one
-        new.job_start, new.agent_loaded = _opt(_num, state["job_start"]), _opt(_num, state["agent_loaded"])
+        new.job_start, new.agent_loaded = _opt(_time, state["job_start"]), _opt(_num, state["agent_loaded"])
         if new.count and (new.start is None or new.end is None):
             raise StateError("snapshots without a time span")
         return new
@@ -745,7 +797,15 @@ def summarize(path: str) -> RunSummary:
     from dlmon.flow.sidecar import resumed_summary  # it saves Summarizers: imports this module
 
     resumed = resumed_summary(path)
-    summarizer, records = resumed if resumed is not None else (Summarizer(path), iter_checked_records(path))
+    if resumed is not None:
+        try:
+            return _fed(*resumed)
+        except Exception:  # a saved state that reads back yet fails on a later line: read every line
+            pass
+    return _fed(Summarizer(path), iter_checked_records(path))
+
+
+def _fed(summarizer: Summarizer, records: Iterable[CheckedRecord]) -> RunSummary:
     for record in records:
         summarizer.feed(record)
     return summarizer.result()
