@@ -1610,3 +1610,30 @@ def test_gpm_sm_activity_between_sweeps_with_one_sample_kept(fake_nvml: Path, tm
     gpm = [[(d["sm_active_percent"], d["sm_occupancy_percent"]) for d in r] for r in data["readings"]]
     assert gpm == [[(None, None), (None, None)]] + [[(12.5, 4.0), (None, None)]] * 3
     assert (data["live"], data["after_close"]) == (1, 0)
+
+
+GPM_LOST = """
+    import ctypes, json, sys
+    from dlmon.collect.gpu import GpuCollector
+    lib = ctypes.CDLL(sys.argv[1] + "/libnvidia-ml.so.1")
+    collector = GpuCollector(host_pids=True)
+    for _ in range(3):
+        collector.sample()
+    lost_at_sample_get = lib.fakeNvmlGpmSamplesLive()
+    collector._forget(1)  # what a lost GPU or a shrunk device count does to its index
+    forgotten = lib.fakeNvmlGpmSamplesLive()
+    collector.close()
+    closed = lib.fakeNvmlGpmSamplesLive()
+    print(json.dumps({"lost": lost_at_sample_get, "forgotten": forgotten, "closed": closed}))
+"""
+
+
+def test_gpm_samples_are_freed_when_the_gpu_is_lost_or_forgotten(fake_nvml: Path, tmp_path: Path) -> None:
+    """Review of issue 24: a GPU lost at nvmlGpmSampleGet leaked the sample just allocated, one
+    per sweep; a forgotten device (lost later, or gone from the count) kept its held sample
+    (allocated by NVML, the caller's to free) and would have compared it with another GPU's."""
+    config = BEYOND + "gpm_sm 12.5\nfail nvmlGpmSampleGet 15\ndevice\ntotal 1000\nused 10\ngpm_sm 30\n"
+    result = run_python(GPM_LOST, fake_nvml, _config(tmp_path, config), args=(str(fake_nvml),))
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert (data["lost"], data["forgotten"], data["closed"]) == (1, 0, 0), data

@@ -563,6 +563,9 @@ class GpuCollector:
         self._no_aggregate.discard(index)
         self._util_seen.pop(index, None)
         self._energy.pop(index, None)
+        self._pcie.pop(index, None)
+        self._gpm_supported.pop(index, None)
+        self._free_gpm(index)  # the next handle at this index may be another GPU
         self._unsupported -= {key for key in self._unsupported if key[0] == index}
         self._last_reading.pop(index, None)
         self._backoff.pop(index, None)
@@ -1022,8 +1025,13 @@ class GpuCollector:
         sample = self._extra(index, "nvmlGpmSampleAlloc")
         if sample is NA:
             return None, None
-        if self._extra(index, "nvmlGpmSampleGet", handle, sample) is NA:
-            self._quiet(index, "nvmlGpmSampleFree", sample)
+        try:
+            taken = self._extra(index, "nvmlGpmSampleGet", handle, sample)
+        except (_DeviceLost, _Restart):
+            self._query("nvmlGpmSampleFree", sample)  # held nowhere yet: freed here or leaked
+            raise
+        if taken is NA:
+            self._query("nvmlGpmSampleFree", sample)
             return None, None
         previous = self._gpm_sample.get(index)
         self._gpm_sample[index] = sample
@@ -1032,7 +1040,7 @@ class GpuCollector:
         try:
             return self._gpm_between(index, request_type, previous, sample)
         finally:
-            self._quiet(index, "nvmlGpmSampleFree", previous)
+            self._query("nvmlGpmSampleFree", previous)
 
     def _gpm_between(
         self, index: int, request_type: Any, first: Any, second: Any
@@ -1055,9 +1063,11 @@ class GpuCollector:
         return out[0], out[1]
 
     def _free_gpm(self, index: int) -> None:
+        """Free the device's held GPM sample. A plain query: an error freeing it (a GPU lost, a
+        driver gone) must neither recurse into :meth:`_forget` nor raise out of :meth:`close`."""
         sample = self._gpm_sample.pop(index, None)
         if sample is not None and self._initialized:
-            self._quiet(index, "nvmlGpmSampleFree", sample)
+            self._query("nvmlGpmSampleFree", sample)
 
     def _process_listing(self, index: int, handle: Any, variants: Iterable[str]) -> list[Any]:
         """The first variant whose function exists; an empty list when none answers."""
