@@ -1637,3 +1637,42 @@ def test_gpm_samples_are_freed_when_the_gpu_is_lost_or_forgotten(fake_nvml: Path
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     assert (data["lost"], data["forgotten"], data["closed"]) == (1, 0, 0), data
+
+
+PCIE_SWEEPS = """
+    import ctypes, json, sys, time
+    from dlmon.collect.gpu import GpuCollector
+    from dlmon.model.serialize import to_dict
+    lib = ctypes.CDLL(sys.argv[1] + "/libnvidia-ml.so.1")
+    collector = GpuCollector(host_pids=True)
+    readings = []
+    for _ in range(3):
+        readings.append([to_dict(d)["pcie_rx_bytes_per_s"] for d in collector.sample()[1]])
+        time.sleep(0.6)
+    print(json.dumps({"readings": readings, "calls": lib.fakeNvmlFieldValueCalls()}))
+    collector.close()
+"""
+
+
+def test_a_32_bit_pcie_counter_gives_no_rate_not_a_wrapped_one(fake_nvml: Path, tmp_path: Path) -> None:
+    """Review of issue 24: NVML's PCIe byte counters "can be wrapped" (nvml.h) and each field
+    says its own width in valueType. The union's 64-bit member was read whatever the type: a
+    32-bit counter (4 GiB, under 0.1 s at PCIe Gen5 speed) that wrapped between sweeps gave a
+    rate short by 4 GiB per wrap, printed as a measurement. Such a counter now gives none."""
+    config = BEYOND + "pcie_rx_bps 10000000000\npcie_value_type 1\ndevice\ntotal 1000\nused 10\n"
+    config += "pcie_rx_bps 10000000000\n"
+    result = run_python(PCIE_SWEEPS, fake_nvml, _config(tmp_path, config), args=(str(fake_nvml),))
+    assert result.returncode == 0, result.stderr
+    readings = json.loads(result.stdout)["readings"]
+    assert [r[0] for r in readings] == [None, None, None], readings
+    assert readings[0][1] is None and all(9e9 <= r[1] <= 11e9 for r in readings[1:]), readings
+
+
+def test_pcie_counters_a_device_lacks_are_asked_once(fake_nvml: Path, tmp_path: Path) -> None:
+    """Review of issue 24: docs/gpu.md says a driver without the PCIe counters is asked once;
+    each field answered NOT_SUPPORTED in its own nvmlReturn (the call itself succeeds), so
+    nvmlDeviceGetFieldValues was called again every sweep on every such device."""
+    result = run_python(PCIE_SWEEPS, fake_nvml, _config(tmp_path, BEYOND), args=(str(fake_nvml),))
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["readings"] == [[None]] * 3 and data["calls"] == 1, data

@@ -59,6 +59,11 @@ FIRST_UTIL_LOOKBACK_US: Final = 1_000_000
 #: samples for 20 ms inside each call).
 PCIE_RX_FIELD: Final = 198
 PCIE_TX_FIELD: Final = 197
+#: The counters "can be wrapped" (nvml.h): only 64-bit ones (nvmlValueType_t 2, unsigned long; 3,
+#: unsigned long long) give rates. A 32-bit one wraps every 4 GiB, under 0.1 s at PCIe Gen5 speed:
+#: how often it wrapped between sweeps cannot be known, and its rate would be short by 4 GiB a wrap.
+PCIE_COUNTER_MEMBERS: Final = {2: "ulVal", 3: "ullVal"}
+NVML_NOT_SUPPORTED: Final = 3
 
 #: NVML's GPM metric ids (NVML_GPM_METRIC_SM_UTIL, _SM_OCCUPANCY) and its request version.
 GPM_SM_UTIL: Final = 2
@@ -997,10 +1002,16 @@ class GpuCollector:
         now: dict[int, tuple[int, int]] = {}
         rates: dict[int, float] = {}
         try:
+            answers = [int(value.nvmlReturn) for value in values]
+            if answers and all(answer == NVML_NOT_SUPPORTED for answer in answers):
+                self._unsupported.add((index, "nvmlDeviceGetFieldValues"))  # not asked again
+                return {}
             for value in values:
-                if int(value.nvmlReturn) != 0:
-                    continue  # this counter is not supported here
-                field, count, stamp = int(value.fieldId), int(value.value.ullVal), int(value.timestamp)
+                member = PCIE_COUNTER_MEMBERS.get(int(value.valueType))
+                if int(value.nvmlReturn) != 0 or member is None:
+                    continue  # this counter is not supported here, or too narrow to rate
+                field, stamp = int(value.fieldId), int(value.timestamp)
+                count = int(getattr(value.value, member))
                 now[field] = (count, stamp)
                 before = last.get(field)
                 if before is not None and stamp > before[1] and count >= before[0]:
