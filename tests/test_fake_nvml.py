@@ -1676,3 +1676,17 @@ def test_pcie_counters_a_device_lacks_are_asked_once(fake_nvml: Path, tmp_path: 
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     assert data["readings"] == [[None]] * 3 and data["calls"] == 1, data
+
+
+def test_the_gpu_panel_says_a_missing_pcie_direction_without_a_rate_unit() -> None:
+    """Review of issue 24: with one counter known and the other not (a driver giving only one, a
+    32-bit one), the panel printed "out n/a/s"."""
+    from dlmon.ui.state import DashboardState
+    from dlmon.ui.text import text_of
+    from dlmon.ui.views.gpu import gpu_lines
+
+    card = GpuDevice(0, "NVIDIA H200", "GPU-1", GiB, 80 * GiB, 50, pcie_rx_bytes_per_s=4e9)
+    state = DashboardState()
+    state.ingest(_mig_snapshot((card,)))
+    head = text_of(gpu_lines(state, 220, compact=False, detailed=True)[0])
+    assert "pcie in 3.73G/s out n/a" in head and "n/a/s" not in head, head
