@@ -1690,3 +1690,24 @@ def test_the_gpu_panel_says_a_missing_pcie_direction_without_a_rate_unit() -> No
     state.ingest(_mig_snapshot((card,)))
     head = text_of(gpu_lines(state, 220, compact=False, detailed=True)[0])
     assert "pcie in 3.73G/s out n/a" in head and "n/a/s" not in head, head
+
+
+def test_a_record_with_gpm_shares_over_100_percent_is_no_measurement() -> None:
+    """Review of issue 24: GPM's SM busy and occupancy are shares (0-100, the collector keeps
+    only those), but a record's names ending in _percent were allowed up to 10^6 (a process on
+    many cores): "SMs busy 5000%" from a damaged record was drawn and exported as a ratio of 50."""
+    import dataclasses
+
+    import pytest
+    from test_ui_support import T0, make_snapshot
+
+    from dlmon.model.serialize import SnapshotFormatError, snapshot_from_dict, snapshot_to_dict
+
+    card = GpuDevice(0, "NVIDIA H200", "GPU-1", GiB, 80 * GiB, 50, sm_active_percent=99.5)
+    good = snapshot_to_dict(dataclasses.replace(make_snapshot(T0, gpus=1), gpus=(card,)))
+    assert snapshot_from_dict(good).gpus[0].sm_active_percent == 99.5
+    for name in ("sm_active_percent", "sm_occupancy_percent"):
+        bad = json.loads(json.dumps(good))
+        bad["gpus"][0][name] = 5000.0
+        with pytest.raises(SnapshotFormatError, match="out of range"):
+            snapshot_from_dict(bad)
