@@ -1711,3 +1711,30 @@ def test_a_record_with_gpm_shares_over_100_percent_is_no_measurement() -> None:
         bad["gpus"][0][name] = 5000.0
         with pytest.raises(SnapshotFormatError, match="out of range"):
             snapshot_from_dict(bad)
+
+
+GPM_SUPPORT_ASKED = """
+    import ctypes, json, sys
+    from dlmon.collect.gpu import GpuCollector
+    lib = ctypes.CDLL(sys.argv[1] + "/libnvidia-ml.so.1")
+    collector = GpuCollector(host_pids=True)
+    for _ in range(3):
+        collector.sample()
+    print(json.dumps({"asked": lib.fakeNvmlGpmSupportCalls()}))
+    collector.close()
+"""
+
+
+def test_gpm_support_is_asked_again_after_an_error_that_is_not_an_answer(
+    fake_nvml: Path, tmp_path: Path
+) -> None:
+    """Review of issue 24: any error of nvmlGpmQueryDeviceSupport (a timeout, an unknown error)
+    was kept as "GPM not supported" for the whole run; only NOT_SUPPORTED (and a missing
+    function) say so, as for the other extras."""
+    asked = []
+    for code in (999, 3):  # NVML_ERROR_UNKNOWN: ask again; NVML_ERROR_NOT_SUPPORTED: once
+        config = BEYOND + f"gpm_sm 12.5\nfail nvmlGpmQueryDeviceSupport {code}\n"
+        result = run_python(GPM_SUPPORT_ASKED, fake_nvml, _config(tmp_path, config), args=(str(fake_nvml),))
+        assert result.returncode == 0, result.stderr
+        asked.append(json.loads(result.stdout)["asked"])
+    assert asked == [3, 1], asked

@@ -158,6 +158,8 @@ _ERROR_CLASSES: Final = (
 #: Errors of a running NVML that mean it must be started again: the driver was reloaded (NVML's
 #: state went with it: every call answers UNINITIALIZED), or unloaded.
 _RESTART_KINDS: Final = (NVMLErrorKind.UNINITIALIZED, NVMLErrorKind.DRIVER_NOT_LOADED)
+#: Errors that answer "not on this device" (the others say nothing of it).
+_NOT_THERE: Final = (NVMLErrorKind.NOT_SUPPORTED, NVMLErrorKind.FUNCTION_NOT_FOUND)
 
 # Process listings, newest variant first. The plain name is v1 in old pynvml releases and a
 # dispatcher to the newest in recent ones (which raises NVMLLibraryMismatchError, not an
@@ -1031,7 +1033,8 @@ class GpuCollector:
         if supported is None:
             support = self._extra(index, "nvmlGpmQueryDeviceSupport", handle)
             supported = support is not NA and bool(getattr(support, "isSupportedDevice", 0))
-            self._gpm_supported[index] = supported
+            if support is not NA or self.last_error in _NOT_THERE:
+                self._gpm_supported[index] = supported  # else asked again: no answer yet
         request_type = getattr(self._lib, "c_nvmlGpmMetricsGet_t", None)
         if not supported or request_type is None:
             return None, None

@@ -743,7 +743,13 @@ static long gpm_samples_live;
 
 long fakeNvmlGpmSamplesLive(void) { return gpm_samples_live; }
 
+static unsigned long gpm_support_calls;
+
+/* Not NVML: how many times nvmlGpmQueryDeviceSupport was called. */
+unsigned long fakeNvmlGpmSupportCalls(void) { return __atomic_load_n(&gpm_support_calls, __ATOMIC_SEQ_CST); }
+
 nvmlReturn_t nvmlGpmQueryDeviceSupport(nvmlDevice_t d, nvmlGpmSupport_t *support) {
+    __atomic_add_fetch(&gpm_support_calls, 1, __ATOMIC_SEQ_CST);
     nvmlReturn_t ret = enter(d, "nvmlGpmQueryDeviceSupport");
     if (ret != NVML_SUCCESS) return ret;
     if (support == NULL) return NVML_ERROR_INVALID_ARGUMENT;
