@@ -1044,10 +1044,10 @@ class GpuCollector:
         try:
             taken = self._extra(index, "nvmlGpmSampleGet", handle, sample)
         except (_DeviceLost, _Restart):
-            self._query("nvmlGpmSampleFree", sample)  # held nowhere yet: freed here or leaked
+            self._free_sample(sample)  # held nowhere yet: freed here or leaked
             raise
         if taken is NA:
-            self._query("nvmlGpmSampleFree", sample)
+            self._free_sample(sample)
             return None, None
         previous = self._gpm_sample.get(index)
         self._gpm_sample[index] = sample
@@ -1056,7 +1056,7 @@ class GpuCollector:
         try:
             return self._gpm_between(index, request_type, previous, sample)
         finally:
-            self._query("nvmlGpmSampleFree", previous)
+            self._free_sample(previous)
 
     def _gpm_between(
         self, index: int, request_type: Any, first: Any, second: Any
@@ -1083,7 +1083,14 @@ class GpuCollector:
         driver gone) must neither recurse into :meth:`_forget` nor raise out of :meth:`close`."""
         sample = self._gpm_sample.pop(index, None)
         if sample is not None and self._initialized:
-            self._query("nvmlGpmSampleFree", sample)
+            self._free_sample(sample)
+
+    def _free_sample(self, sample: Any) -> None:
+        """nvmlGpmSampleFree, leaving :attr:`last_error` to the query that led here (a restart's
+        reason, a lost GPU)."""
+        error, exception = self.last_error, self.last_exception
+        self._query("nvmlGpmSampleFree", sample)
+        self.last_error, self.last_exception = error, exception
 
     def _process_listing(self, index: int, handle: Any, variants: Iterable[str]) -> list[Any]:
         """The first variant whose function exists; an empty list when none answers."""
