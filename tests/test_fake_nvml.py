@@ -1610,3 +1610,131 @@ def test_gpm_sm_activity_between_sweeps_with_one_sample_kept(fake_nvml: Path, tm
     gpm = [[(d["sm_active_percent"], d["sm_occupancy_percent"]) for d in r] for r in data["readings"]]
     assert gpm == [[(None, None), (None, None)]] + [[(12.5, 4.0), (None, None)]] * 3
     assert (data["live"], data["after_close"]) == (1, 0)
+
+
+GPM_LOST = """
+    import ctypes, json, sys
+    from dlmon.collect.gpu import GpuCollector
+    lib = ctypes.CDLL(sys.argv[1] + "/libnvidia-ml.so.1")
+    collector = GpuCollector(host_pids=True)
+    for _ in range(3):
+        collector.sample()
+    lost_at_sample_get = lib.fakeNvmlGpmSamplesLive()
+    collector._forget(1)  # what a lost GPU or a shrunk device count does to its index
+    forgotten = lib.fakeNvmlGpmSamplesLive()
+    collector.close()
+    closed = lib.fakeNvmlGpmSamplesLive()
+    print(json.dumps({"lost": lost_at_sample_get, "forgotten": forgotten, "closed": closed}))
+"""
+
+
+def test_gpm_samples_are_freed_when_the_gpu_is_lost_or_forgotten(fake_nvml: Path, tmp_path: Path) -> None:
+    """Review of issue 24: a GPU lost at nvmlGpmSampleGet leaked the sample just allocated, one
+    per sweep; a forgotten device (lost later, or gone from the count) kept its held sample
+    (allocated by NVML, the caller's to free) and would have compared it with another GPU's."""
+    config = BEYOND + "gpm_sm 12.5\nfail nvmlGpmSampleGet 15\ndevice\ntotal 1000\nused 10\ngpm_sm 30\n"
+    result = run_python(GPM_LOST, fake_nvml, _config(tmp_path, config), args=(str(fake_nvml),))
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert (data["lost"], data["forgotten"], data["closed"]) == (1, 0, 0), data
+
+
+PCIE_SWEEPS = """
+    import ctypes, json, sys, time
+    from dlmon.collect.gpu import GpuCollector
+    from dlmon.model.serialize import to_dict
+    lib = ctypes.CDLL(sys.argv[1] + "/libnvidia-ml.so.1")
+    collector = GpuCollector(host_pids=True)
+    readings = []
+    for _ in range(3):
+        readings.append([to_dict(d)["pcie_rx_bytes_per_s"] for d in collector.sample()[1]])
+        time.sleep(0.6)
+    print(json.dumps({"readings": readings, "calls": lib.fakeNvmlFieldValueCalls()}))
+    collector.close()
+"""
+
+
+def test_a_32_bit_pcie_counter_gives_no_rate_not_a_wrapped_one(fake_nvml: Path, tmp_path: Path) -> None:
+    """Review of issue 24: NVML's PCIe byte counters "can be wrapped" (nvml.h) and each field
+    says its own width in valueType. The union's 64-bit member was read whatever the type: a
+    32-bit counter (4 GiB, under 0.1 s at PCIe Gen5 speed) that wrapped between sweeps gave a
+    rate short by 4 GiB per wrap, printed as a measurement. Such a counter now gives none."""
+    config = BEYOND + "pcie_rx_bps 10000000000\npcie_value_type 1\ndevice\ntotal 1000\nused 10\n"
+    config += "pcie_rx_bps 10000000000\n"
+    result = run_python(PCIE_SWEEPS, fake_nvml, _config(tmp_path, config), args=(str(fake_nvml),))
+    assert result.returncode == 0, result.stderr
+    readings = json.loads(result.stdout)["readings"]
+    assert [r[0] for r in readings] == [None, None, None], readings
+    assert readings[0][1] is None and all(9e9 <= r[1] <= 11e9 for r in readings[1:]), readings
+
+
+def test_pcie_counters_a_device_lacks_are_asked_once(fake_nvml: Path, tmp_path: Path) -> None:
+    """Review of issue 24: docs/gpu.md says a driver without the PCIe counters is asked once;
+    each field answered NOT_SUPPORTED in its own nvmlReturn (the call itself succeeds), so
+    nvmlDeviceGetFieldValues was called again every sweep on every such device."""
+    result = run_python(PCIE_SWEEPS, fake_nvml, _config(tmp_path, BEYOND), args=(str(fake_nvml),))
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["readings"] == [[None]] * 3 and data["calls"] == 1, data
+
+
+def test_the_gpu_panel_says_a_missing_pcie_direction_without_a_rate_unit() -> None:
+    """Review of issue 24: with one counter known and the other not (a driver giving only one, a
+    32-bit one), the panel printed "out n/a/s"."""
+    from dlmon.ui.state import DashboardState
+    from dlmon.ui.text import text_of
+    from dlmon.ui.views.gpu import gpu_lines
+
+    card = GpuDevice(0, "NVIDIA H200", "GPU-1", GiB, 80 * GiB, 50, pcie_rx_bytes_per_s=4e9)
+    state = DashboardState()
+    state.ingest(_mig_snapshot((card,)))
+    head = text_of(gpu_lines(state, 220, compact=False, detailed=True)[0])
+    assert "pcie in 3.73G/s out n/a" in head and "n/a/s" not in head, head
+
+
+def test_a_record_with_gpm_shares_over_100_percent_is_no_measurement() -> None:
+    """Review of issue 24: GPM's SM busy and occupancy are shares (0-100, the collector keeps
+    only those), but a record's names ending in _percent were allowed up to 10^6 (a process on
+    many cores): "SMs busy 5000%" from a damaged record was drawn and exported as a ratio of 50."""
+    import dataclasses
+
+    import pytest
+    from test_ui_support import T0, make_snapshot
+
+    from dlmon.model.serialize import SnapshotFormatError, snapshot_from_dict, snapshot_to_dict
+
+    card = GpuDevice(0, "NVIDIA H200", "GPU-1", GiB, 80 * GiB, 50, sm_active_percent=99.5)
+    good = snapshot_to_dict(dataclasses.replace(make_snapshot(T0, gpus=1), gpus=(card,)))
+    assert snapshot_from_dict(good).gpus[0].sm_active_percent == 99.5
+    for name in ("sm_active_percent", "sm_occupancy_percent"):
+        bad = json.loads(json.dumps(good))
+        bad["gpus"][0][name] = 5000.0
+        with pytest.raises(SnapshotFormatError, match="out of range"):
+            snapshot_from_dict(bad)
+
+
+GPM_SUPPORT_ASKED = """
+    import ctypes, json, sys
+    from dlmon.collect.gpu import GpuCollector
+    lib = ctypes.CDLL(sys.argv[1] + "/libnvidia-ml.so.1")
+    collector = GpuCollector(host_pids=True)
+    for _ in range(3):
+        collector.sample()
+    print(json.dumps({"asked": lib.fakeNvmlGpmSupportCalls()}))
+    collector.close()
+"""
+
+
+def test_gpm_support_is_asked_again_after_an_error_that_is_not_an_answer(
+    fake_nvml: Path, tmp_path: Path
+) -> None:
+    """Review of issue 24: any error of nvmlGpmQueryDeviceSupport (a timeout, an unknown error)
+    was kept as "GPM not supported" for the whole run; only NOT_SUPPORTED (and a missing
+    function) say so, as for the other extras."""
+    asked = []
+    for code in (999, 3):  # NVML_ERROR_UNKNOWN: ask again; NVML_ERROR_NOT_SUPPORTED: once
+        config = BEYOND + f"gpm_sm 12.5\nfail nvmlGpmQueryDeviceSupport {code}\n"
+        result = run_python(GPM_SUPPORT_ASKED, fake_nvml, _config(tmp_path, config), args=(str(fake_nvml),))
+        assert result.returncode == 0, result.stderr
+        asked.append(json.loads(result.stdout)["asked"])
+    assert asked == [3, 1], asked

@@ -59,6 +59,11 @@ FIRST_UTIL_LOOKBACK_US: Final = 1_000_000
 #: samples for 20 ms inside each call).
 PCIE_RX_FIELD: Final = 198
 PCIE_TX_FIELD: Final = 197
+#: The counters "can be wrapped" (nvml.h): only 64-bit ones (nvmlValueType_t 2, unsigned long; 3,
+#: unsigned long long) give rates. A 32-bit one wraps every 4 GiB, under 0.1 s at PCIe Gen5 speed:
+#: how often it wrapped between sweeps cannot be known, and its rate would be short by 4 GiB a wrap.
+PCIE_COUNTER_MEMBERS: Final = {2: "ulVal", 3: "ullVal"}
+NVML_NOT_SUPPORTED: Final = 3
 
 #: NVML's GPM metric ids (NVML_GPM_METRIC_SM_UTIL, _SM_OCCUPANCY) and its request version.
 GPM_SM_UTIL: Final = 2
@@ -153,6 +158,8 @@ _ERROR_CLASSES: Final = (
 #: Errors of a running NVML that mean it must be started again: the driver was reloaded (NVML's
 #: state went with it: every call answers UNINITIALIZED), or unloaded.
 _RESTART_KINDS: Final = (NVMLErrorKind.UNINITIALIZED, NVMLErrorKind.DRIVER_NOT_LOADED)
+#: Errors that answer "not on this device" (the others say nothing of it).
+_NOT_THERE: Final = (NVMLErrorKind.NOT_SUPPORTED, NVMLErrorKind.FUNCTION_NOT_FOUND)
 
 # Process listings, newest variant first. The plain name is v1 in old pynvml releases and a
 # dispatcher to the newest in recent ones (which raises NVMLLibraryMismatchError, not an
@@ -365,7 +372,9 @@ class GpuCollector:
         self._energy.clear()
         self._pcie.clear()
         self._gpm_supported.clear()
-        self._gpm_sample.clear()  # a driver reload took them with it: dropped, not freed
+        # Dropped, not freed: after a driver reload NVML answers UNINITIALIZED, and whether a sample
+        # from before may be freed after the next init is not documented (one small leak a reload).
+        self._gpm_sample.clear()
         self._unsupported.clear()
 
     def _sample_devices(self) -> tuple[GpuStatus, tuple[GpuDevice, ...]]:
@@ -563,6 +572,9 @@ class GpuCollector:
         self._no_aggregate.discard(index)
         self._util_seen.pop(index, None)
         self._energy.pop(index, None)
+        self._pcie.pop(index, None)
+        self._gpm_supported.pop(index, None)
+        self._free_gpm(index)  # the next handle at this index may be another GPU
         self._unsupported -= {key for key in self._unsupported if key[0] == index}
         self._last_reading.pop(index, None)
         self._backoff.pop(index, None)
@@ -994,10 +1006,16 @@ class GpuCollector:
         now: dict[int, tuple[int, int]] = {}
         rates: dict[int, float] = {}
         try:
+            answers = [int(value.nvmlReturn) for value in values]
+            if answers and all(answer == NVML_NOT_SUPPORTED for answer in answers):
+                self._unsupported.add((index, "nvmlDeviceGetFieldValues"))  # not asked again
+                return {}
             for value in values:
-                if int(value.nvmlReturn) != 0:
-                    continue  # this counter is not supported here
-                field, count, stamp = int(value.fieldId), int(value.value.ullVal), int(value.timestamp)
+                member = PCIE_COUNTER_MEMBERS.get(int(value.valueType))
+                if int(value.nvmlReturn) != 0 or member is None:
+                    continue  # this counter is not supported here, or too narrow to rate
+                field, stamp = int(value.fieldId), int(value.timestamp)
+                count = int(getattr(value.value, member))
                 now[field] = (count, stamp)
                 before = last.get(field)
                 if before is not None and stamp > before[1] and count >= before[0]:
@@ -1015,15 +1033,21 @@ class GpuCollector:
         if supported is None:
             support = self._extra(index, "nvmlGpmQueryDeviceSupport", handle)
             supported = support is not NA and bool(getattr(support, "isSupportedDevice", 0))
-            self._gpm_supported[index] = supported
+            if support is not NA or self.last_error in _NOT_THERE:
+                self._gpm_supported[index] = supported  # else asked again: no answer yet
         request_type = getattr(self._lib, "c_nvmlGpmMetricsGet_t", None)
         if not supported or request_type is None:
             return None, None
         sample = self._extra(index, "nvmlGpmSampleAlloc")
         if sample is NA:
             return None, None
-        if self._extra(index, "nvmlGpmSampleGet", handle, sample) is NA:
-            self._quiet(index, "nvmlGpmSampleFree", sample)
+        try:
+            taken = self._extra(index, "nvmlGpmSampleGet", handle, sample)
+        except (_DeviceLost, _Restart):
+            self._free_sample(sample)  # held nowhere yet: freed here or leaked
+            raise
+        if taken is NA:
+            self._free_sample(sample)
             return None, None
         previous = self._gpm_sample.get(index)
         self._gpm_sample[index] = sample
@@ -1032,7 +1056,7 @@ class GpuCollector:
         try:
             return self._gpm_between(index, request_type, previous, sample)
         finally:
-            self._quiet(index, "nvmlGpmSampleFree", previous)
+            self._free_sample(previous)
 
     def _gpm_between(
         self, index: int, request_type: Any, first: Any, second: Any
@@ -1055,9 +1079,18 @@ class GpuCollector:
         return out[0], out[1]
 
     def _free_gpm(self, index: int) -> None:
+        """Free the device's held GPM sample. A plain query: an error freeing it (a GPU lost, a
+        driver gone) must neither recurse into :meth:`_forget` nor raise out of :meth:`close`."""
         sample = self._gpm_sample.pop(index, None)
         if sample is not None and self._initialized:
-            self._quiet(index, "nvmlGpmSampleFree", sample)
+            self._free_sample(sample)
+
+    def _free_sample(self, sample: Any) -> None:
+        """nvmlGpmSampleFree, leaving :attr:`last_error` to the query that led here (a restart's
+        reason, a lost GPU)."""
+        error, exception = self.last_error, self.last_exception
+        self._query("nvmlGpmSampleFree", sample)
+        self.last_error, self.last_exception = error, exception
 
     def _process_listing(self, index: int, handle: Any, variants: Iterable[str]) -> list[Any]:
         """The first variant whose function exists; an empty list when none answers."""

@@ -239,6 +239,8 @@ _COUNT_NAMES = frozenset(
         "processes_without_held_fds", "rotation_ticks", "target_cores", "analysis_errors",
     }
 )  # fmt: skip
+# Shares of one whole (GPM's SMs busy, warps resident): never above 100.
+_SHARE_PERCENT_NAMES = frozenset({"sm_active_percent", "sm_occupancy_percent"})
 
 
 @cache
@@ -250,6 +252,8 @@ def _bounds(name: str) -> tuple[float, float] | None:
         return 0.0, MAX_RATE
     if name.endswith("_fraction"):
         return 0.0, 1.0
+    if name in _SHARE_PERCENT_NAMES:
+        return 0.0, 100.0
     if name.endswith("_percent"):
         return 0.0, 1e6  # a process on many cores passes 100
     if name.endswith("_w"):

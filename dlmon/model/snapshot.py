@@ -221,7 +221,7 @@ class GpuDevice:
     power_w: float | None = None  # mean draw since the previous sweep, from the energy counter
     # why the clocks are held down now (NVML's clock event reasons), e.g. ("hw thermal",)
     clock_events: tuple[str, ...] = ()
-    # PCIe traffic since the previous sweep, from NVML's byte counters (field values), host view:
+    # PCIe traffic since the previous sweep, from NVML's byte counters (field values), the GPU's view:
     # rx = to the GPU (batches copied in), tx = from it
     pcie_rx_bytes_per_s: float | None = None
     pcie_tx_bytes_per_s: float | None = None

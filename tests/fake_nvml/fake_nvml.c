@@ -54,6 +54,8 @@
  *   gpm_occupancy 4           ... and SM occupancy between two samples (percent)
  *   pcie_rx_bps 4000000000    the PCIe byte counters (field values 198 rx, 197 tx) grow at these
  *   pcie_tx_bps 1000000       rates from the first init; unset: NOT_SUPPORTED in the field's nvmlReturn
+ *   pcie_value_type 1         the counters' nvmlValueType_t (default 3, unsigned long long; 1:
+ *                             unsigned int, the counter wrapping at 2^32)
  *   reload_after_ms 1500      (global) the driver is reloaded this long after the first init:
  *                             every call answers NVML_ERROR_UNINITIALIZED until nvmlInit* is
  *                             called again
@@ -159,6 +161,7 @@ typedef struct fake_device {
     unsigned int n_sm;
     unsigned long long power_mw, clock_events;
     unsigned long long pcie_rx_bps, pcie_tx_bps;
+    unsigned int pcie_value_type;
     int gpm;
     double gpm_sm, gpm_occupancy;
 } fake_device;
@@ -298,6 +301,8 @@ static void configure(void) {
             d->pcie_rx_bps = strtoull(rest, NULL, 10);
         } else if (strcmp(line, "pcie_tx_bps") == 0) {
             d->pcie_tx_bps = strtoull(rest, NULL, 10);
+        } else if (strcmp(line, "pcie_value_type") == 0) {
+            d->pcie_value_type = (unsigned int)strtoul(rest, NULL, 10);
         } else if (strcmp(line, "clock_events") == 0) {
             d->clock_events = strtoull(rest, NULL, 0);
         } else if (strcmp(line, "minor") == 0) {
@@ -667,11 +672,18 @@ typedef struct {
     nvmlReturn_t nvmlReturn;
     union {
         double dVal;
+        unsigned int uiVal;
         unsigned long long ullVal;
     } value;
 } nvmlFieldValue_t;
 
+static unsigned long field_value_calls;
+
+/* Not NVML: how many times nvmlDeviceGetFieldValues was called. */
+unsigned long fakeNvmlFieldValueCalls(void) { return __atomic_load_n(&field_value_calls, __ATOMIC_SEQ_CST); }
+
 nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t d, int count, nvmlFieldValue_t *values) {
+    __atomic_add_fetch(&field_value_calls, 1, __ATOMIC_SEQ_CST);
     nvmlReturn_t ret = enter(d, "nvmlDeviceGetFieldValues");
     if (ret != NVML_SUCCESS) return ret;
     if (values == NULL || count < 0) return NVML_ERROR_INVALID_ARGUMENT;
@@ -687,9 +699,14 @@ nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t d, int count, nvmlFieldValue_
             values[i].nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
             continue;
         }
-        values[i].valueType = 3;
         values[i].nvmlReturn = NVML_SUCCESS;
-        values[i].value.ullVal = rate / 1000ULL * ms;
+        if (d->pcie_value_type == 1) {
+            values[i].valueType = 1;
+            values[i].value.uiVal = (unsigned int)(rate / 1000ULL * ms); /* wraps at 2^32 */
+        } else {
+            values[i].valueType = 3;
+            values[i].value.ullVal = rate / 1000ULL * ms;
+        }
     }
     return NVML_SUCCESS;
 }
@@ -726,7 +743,13 @@ static long gpm_samples_live;
 
 long fakeNvmlGpmSamplesLive(void) { return gpm_samples_live; }
 
+static unsigned long gpm_support_calls;
+
+/* Not NVML: how many times nvmlGpmQueryDeviceSupport was called. */
+unsigned long fakeNvmlGpmSupportCalls(void) { return __atomic_load_n(&gpm_support_calls, __ATOMIC_SEQ_CST); }
+
 nvmlReturn_t nvmlGpmQueryDeviceSupport(nvmlDevice_t d, nvmlGpmSupport_t *support) {
+    __atomic_add_fetch(&gpm_support_calls, 1, __ATOMIC_SEQ_CST);
     nvmlReturn_t ret = enter(d, "nvmlGpmQueryDeviceSupport");
     if (ret != NVML_SUCCESS) return ret;
     if (support == NULL) return NVML_ERROR_INVALID_ARGUMENT;

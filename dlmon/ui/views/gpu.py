@@ -91,6 +91,10 @@ def gpu_lines(
 MIG_UTIL = "utilisation not reported in MIG mode"
 
 
+def _rate(bytes_per_s: float | None) -> str:
+    return NA if bytes_per_s is None else cbytes(bytes_per_s) + "/s"
+
+
 def _gpu_head(g: GpuDevice, width: int, detailed: bool) -> Line:
     used = ratio(g.memory_used_bytes, g.memory_total_bytes)
     name = f"GPU{g.key} " if g.mig_index is None else f"GPU{g.key} MIG "
@@ -116,9 +120,9 @@ def _gpu_head(g: GpuDevice, width: int, detailed: bool) -> Line:
         head.append(
             [
                 ("pcie in ", "dim"),
-                (cbytes(g.pcie_rx_bytes_per_s, NA) + "/s", ""),
+                (_rate(g.pcie_rx_bytes_per_s), ""),
                 (" out ", "dim"),
-                (cbytes(g.pcie_tx_bytes_per_s, NA) + "/s", ""),
+                (_rate(g.pcie_tx_bytes_per_s), ""),
             ]
         )
     if g.clock_events:
