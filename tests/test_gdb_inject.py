@@ -21,16 +21,16 @@ import pytest
 
 from conftest import Spawn
 from dlmon.collect.agent_client import AgentClient
-from dlmon.launch import agent_stage, gdb_inject
-from dlmon.launch.agent_stage import stage
-from dlmon.launch.inject import InjectError, inject, unsupported_reason
-from dlmon.launch.target_python import (
+from dlmon.collect.target_python import (
     TargetPython,
     process_state,
     read_target,
     replaced_library,
     same_file,
 )
+from dlmon.launch import agent_stage, gdb_inject
+from dlmon.launch.agent_stage import stage
+from dlmon.launch.inject import InjectError, inject, unsupported_reason
 
 ROOT = Path(__file__).resolve().parent.parent
 needs_gdb = pytest.mark.skipif(shutil.which("gdb") is None, reason="gdb is not installed")

@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dlmon.collect.agent_client import AgentClient
+from dlmon.collect.target_python import ProcAccessError, process_state, read_target
 from dlmon.launch import gdb_inject
 from dlmon.launch.console import Failed, echo
 from dlmon.launch.inject import InjectError, inject, unsupported_reason
-from dlmon.launch.target_python import ProcAccessError, process_state, read_target
 from dlmon.model.format import DEAD_STATES
 
 # docs/performance.md: the target's longest pause while gdb loads the agent, on an idle machine

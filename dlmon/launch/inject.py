@@ -13,15 +13,15 @@ import sys
 import time
 
 from dlmon.collect.agent_client import AgentClient
-from dlmon.launch import gdb_inject
-from dlmon.launch.agent_stage import Stage, stage
-from dlmon.launch.target_python import (
+from dlmon.collect.target_python import (
     ProcAccessError,
     TargetPython,
     process_state,
     read_target,
     replaced_library,
 )
+from dlmon.launch import gdb_inject
+from dlmon.launch.agent_stage import Stage, stage
 from dlmon.model.format import DEAD_STATES
 
 INJECT_TIMEOUT_S = 10.0

@@ -6,6 +6,8 @@ import json
 import os
 from dataclasses import dataclass
 
+from dlmon.collect.cgroup import UsableCores
+
 TIMES = "\N{MULTIPLICATION SIGN}"
 
 
@@ -101,51 +103,13 @@ def parse_pin(text: str) -> tuple[bool | None, ...]:
     return choices[text]
 
 
-def _read_int(path: str) -> int | None:
-    try:
-        with open(path, encoding="ascii") as fh:
-            return int(fh.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def cpu_quota_cores(cgroup_root: str = "/sys/fs/cgroup") -> float | None:
-    """This process's CPU quota in cores (v2 cpu.max, v1 cfs quota/period), None when unlimited."""
-    try:
-        with open("/proc/self/cgroup", encoding="ascii") as fh:
-            lines = fh.read().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        if controllers == "":
-            try:
-                with open(f"{cgroup_root}{path}/cpu.max", encoding="ascii") as fh:
-                    quota, period = fh.read().split()
-            except (OSError, ValueError):
-                continue
-            if quota != "max" and int(period) > 0:
-                return int(quota) / int(period)
-        elif "cpu" in controllers.split(","):
-            for base in (f"{cgroup_root}/cpu,cpuacct", f"{cgroup_root}/cpu"):
-                quota_us = _read_int(f"{base}{path}/cpu.cfs_quota_us")
-                period_us = _read_int(f"{base}{path}/cpu.cfs_period_us")
-                if quota_us is not None and period_us:
-                    return quota_us / period_us if quota_us > 0 else None
-    return None
-
-
 def usable_cores() -> int:
     """The cores a launched training may use: this process's affinity (inherited), capped by the
-    CPU quota of its cgroup."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    quota = cpu_quota_cores()
-    if quota is not None:
-        cores = min(cores, max(1, int(quota)))
-    return max(1, cores)
+    CPU quota of its cgroup and its ancestors (collect's reading of the target's cores)."""
+    cores = UsableCores(os.getpid()).read_now()
+    if cores is None:
+        return max(1, os.cpu_count() or 1)
+    return max(1, int(cores))
 
 
 def default_workers(cores: int) -> tuple[int, ...]:
