@@ -74,7 +74,7 @@ def sweep(ticks: int, interval: float) -> bool:
 
 
 def record(seconds: float) -> bool | None:
-    from nvml_support import build, environment  # type: ignore[import-not-found,unused-ignore]
+    from support.nvml import build, environment  # type: ignore[import-not-found,unused-ignore]
 
     try:
         import pynvml  # noqa: F401

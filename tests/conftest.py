@@ -117,7 +117,7 @@ class Background:
 
 @pytest.fixture(scope="session")
 def deaths_early(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Background]:
-    from test_deaths import early_runs
+    from integration.deaths.test_real_trainings import early_runs
 
     with contextlib.ExitStack() as stack:
         runs = Background(lambda: stack.enter_context(early_runs(tmp_path_factory)))
@@ -127,7 +127,7 @@ def deaths_early(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backgroun
 
 @pytest.fixture(scope="session")
 def trainer_leak_run() -> Iterator[Background]:
-    from test_trainer_leak import LeakRun
+    from integration.analysis.test_leak_under_respawning_workers import LeakRun
 
     def begin() -> LeakRun:
         run = LeakRun()
@@ -146,7 +146,7 @@ def trainer_leak_run() -> Iterator[Background]:
 
 @pytest.fixture(scope="session")
 def report_recordings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Background]:
-    from test_export_report import Recordings
+    from integration.export.test_export_report import Recordings
 
     def begin() -> Recordings:
         made = Recordings(tmp_path_factory.mktemp("recordings"))
