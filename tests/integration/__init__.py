@@ -1,1 +1,1 @@
-"""integration"""
+"""Integration tests: real processes, real DataLoaders, frameworks, gdb, Prometheus, a cluster."""

@@ -1,6 +1,6 @@
-"""Helpers for the dashboard tests: realistic Snapshots at fixed times and a source with no thread.
-
-Not a test module (it defines no tests); the UI tests import it.
+"""The dashboard tests' job: a realistic Snapshot at a fixed time, built by
+:func:`support.snapshots.snap` (the one way a test snapshot is made) with a real machine's figures
+(a cgroup v2 limit, an NVMe disk, pinned memory, an alert); and a source with no thread.
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ from dlmon.model import (
     Snapshot,
     TargetInfo,
 )
+from support.snapshots import T0 as SNAP_T0
+from support.snapshots import snap
 
 GiB = 1024**3
 MiB = 1024**2
@@ -230,22 +232,12 @@ def make_snapshot(
                 since=T0 - 130.0,
             ),
         )
-    return Snapshot(
-        time=t,
-        interval_s=interval,
-        host="gpu-box-7",
-        target=TargetInfo(
-            pid=MAIN_PID,
-            start_time=procs[0].start_time,
-            cmdline=CMDLINE,
-            alive=alive,
-            exit_code=exit_code,
-        ),
-        processes=tuple(procs),
-        memory=memory,
-        shm=ShmSample(path="/dev/shm", total_bytes=32 * GiB, used_bytes=int(1.4 * GiB), available_bytes=None),
-        gpu=GpuStatus(available=bool(gpus), reason=None if gpus else NO_GPU_REASON, driver_version=None),
-        gpus=devices,
+    base = snap(
+        t - SNAP_T0,
+        procs,
+        pid=MAIN_PID,
+        alive=alive,
+        interval=interval,
         disks=(
             DiskSample(
                 name="nvme0n1",
@@ -260,10 +252,27 @@ def make_snapshot(
             ),
         ),
         pressure=Pressure(io_some_avg10=12.5, io_full_avg10=3.1, memory_some_avg10=0.0),
+        loaders=loader_list,
+        gpus=devices,
+    )
+    # the figures snap() leaves generic, as a real GPU box under a cgroup v2 limit gives them
+    return dataclasses.replace(
+        base,
+        time=t,
+        host="gpu-box-7",
+        target=TargetInfo(
+            pid=MAIN_PID,
+            start_time=procs[0].start_time,
+            cmdline=CMDLINE,
+            alive=alive,
+            exit_code=exit_code,
+        ),
+        memory=memory,
+        shm=ShmSample(path="/dev/shm", total_bytes=32 * GiB, used_bytes=int(1.4 * GiB), available_bytes=None),
+        gpu=GpuStatus(available=bool(gpus), reason=None if gpus else NO_GPU_REASON, driver_version=None),
         cgroup=CgroupMemory(
             version=2, path="/kubepods/pod1", limit_bytes=limit, current_bytes=current, oom_kill_count=0
         ),
-        loaders=loader_list,
         pinned=PinnedMemory(bytes=512 * MiB, source="torch.cuda.host_memory_stats") if gpus else None,
         alerts=alert_list,
     )

@@ -1,1 +1,1 @@
-"""integration/agent"""
+"""The in-process agent in real trainings: loaders, epochs, frameworks, containers, hostile peers."""

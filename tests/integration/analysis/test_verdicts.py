@@ -29,7 +29,7 @@ from integration.analysis.test_analysis_scenarios import (
     register_long_jobs,
     release_long_jobs,
 )
-from support.synth import GIB, MAIN_PID, MIB, T0, gpu, loader, proc, snap
+from support.snapshots import GIB, MAIN_PID, MIB, T0, gpu, loader, proc, snap
 
 pytest.importorskip("torch")
 

@@ -1,1 +1,1 @@
-"""integration/cluster"""
+"""dlmon cluster and ranks: real torchrun jobs, real exporters, a real Prometheus."""

@@ -609,7 +609,7 @@ def _pin_advice(
 
     from dlmon.analysis import advise
     from dlmon.collect.agent_client import AgentReading, TorchDeviceMemory, merge_torch_memory
-    from support.synth import MAIN_PID, loader, proc, snap
+    from support.snapshots import MAIN_PID, loader, proc, snap
 
     _, raw = _sample(fake_nvml, _config(tmp_path, SHARED_BOX.format(job=job_line.format(pid=MAIN_PID))))
     gpus = _gpu_devices(raw)
@@ -661,7 +661,7 @@ def test_a_job_on_a_mig_slice_whose_torch_names_the_card_is_not_told_to_stop_pin
 
     from dlmon.analysis import advise
     from dlmon.collect.agent_client import AgentReading, TorchDeviceMemory, merge_torch_memory
-    from support.synth import MAIN_PID, loader, proc, snap
+    from support.snapshots import MAIN_PID, loader, proc, snap
 
     _, raw = _sample(fake_nvml, _mig_config(tmp_path, 91234, 6 * GiB, 5 * GiB), "container")
     memory = TorchDeviceMemory(

@@ -1,6 +1,6 @@
 """Second reading of issue 9's verdict side: causes and stalls that must not be claimed.
 
-Synthetic histories (tests/scenarios/synth.py) through the real Analyzer; each test failed on the
+Synthetic histories (tests/support/snapshots.py) through the real Analyzer; each test failed on the
 code as merged at 808609c.
 """
 
@@ -13,7 +13,7 @@ from dlmon.analysis import Analyzer
 from dlmon.analysis.detectors.memory import MemoryState
 from dlmon.model import Alert, CgroupMemory, LoaderSample, ProcessSample, Snapshot, WorkerDeath
 from dlmon.model.snapshot import KernelEvent, ProcessStack, StackFrame
-from support.synth import MAIN_PID, MIB, T0, loader, proc, snap
+from support.snapshots import MAIN_PID, MIB, T0, loader, proc, snap
 
 
 def analyze(history: Sequence[Snapshot]) -> list[Snapshot]:

@@ -529,7 +529,7 @@ def test_journal_lines_that_are_not_exceptions_or_are_garbled_are_skipped() -> N
 
 
 def test_the_snapshot_field_reads_both_ways() -> None:
-    from support.synth import proc, snap
+    from support.snapshots import proc, snap
 
     s = snap(0, [proc(100, "main")])
     data = snapshot_to_dict(s)

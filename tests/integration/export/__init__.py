@@ -1,1 +1,1 @@
-"""integration/export"""
+"""Prometheus, records, report and diff on real recordings."""

@@ -1,1 +1,1 @@
-"""integration/inject"""
+"""The agent loaded into a running job (gdb, mid-epoch, stacks read from outside)."""

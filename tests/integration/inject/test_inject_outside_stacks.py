@@ -217,7 +217,7 @@ def lone_worker_history(stack_source: str, frames: tuple[str, ...]) -> list[obje
 
     from dlmon.analysis import Analyzer
     from dlmon.model.snapshot import ProcessStack, StackFrame
-    from support.synth import MAIN_PID, loader, proc, snap
+    from support.snapshots import MAIN_PID, loader, proc, snap
 
     workers = [proc(MAIN_PID + 1 + i, worker_id=i, cpu=50.0 if i == 0 else 0.0) for i in range(2)]
     stack = ProcessStack(

@@ -1,1 +1,1 @@
-"""integration/tune"""
+"""dlmon tune on real training scripts."""

@@ -1,1 +1,2 @@
-"""unit/analysis"""
+"""dlmon.analysis over synthetic histories (support.snapshots): every kind, the registry, the
+incremental index."""

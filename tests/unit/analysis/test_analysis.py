@@ -33,7 +33,7 @@ from dlmon.analysis.detectors.processes import REMEMBERED_DEATHS, ProcessState
 from dlmon.analysis.digest import Digest, DigestLimits, Series
 from dlmon.analysis.stats import median, theil_sen, trend, trend_score
 from dlmon.model import Alert, Pressure, Snapshot, WorkerDeath
-from support.synth import (
+from support.snapshots import (
     GIB,
     MAIN_PID,
     MIB,

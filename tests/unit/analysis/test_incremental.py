@@ -22,7 +22,7 @@ from dlmon.analysis.digest import Digest
 from dlmon.analysis.recent import RecentIndex
 from dlmon.model import Snapshot
 from dlmon.model.snapshot import ProcessStack, StackFrame
-from support.synth import (
+from support.snapshots import (
     MAIN_PID,
     MIB,
     copy_on_read_history,

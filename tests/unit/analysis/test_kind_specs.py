@@ -35,7 +35,7 @@ from dlmon.analysis.detectors.stall import StallNumbers, StallState
 from dlmon.analysis.kinds import KINDS
 from dlmon.model import Pressure, Snapshot
 from support.paths import ROOT
-from support.synth import GIB, MAIN_PID, MIB, disk, gpu, loader, proc, snap
+from support.snapshots import GIB, MAIN_PID, MIB, disk, gpu, loader, proc, snap
 
 DOC = ROOT / "docs" / "detectors.md"
 

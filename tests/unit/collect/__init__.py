@@ -1,1 +1,2 @@
-"""unit/collect"""
+"""Collectors over fixtures and this machine: disks, system, GPU (fake pynvml), per-process
+figures, the PSS budget."""

@@ -1,1 +1,1 @@
-"""unit/contracts"""
+"""The code base's own rules: layers, lint and types, the export layer's imports."""

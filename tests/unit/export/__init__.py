@@ -1,1 +1,1 @@
-"""unit/export"""
+"""dlmon.export over snapshots: the Prometheus exporter's series."""

@@ -1,1 +1,1 @@
-"""unit/model"""
+"""dlmon.model and the formats it defines: records, the wire protocol, parsers under fuzzing."""

@@ -1,1 +1,1 @@
-"""unit/tune"""
+"""dlmon tune's pure parts."""

@@ -1,1 +1,1 @@
-"""unit/ui"""
+"""The dashboard's state, text and columns, without a terminal."""
