@@ -55,13 +55,13 @@ def spawn() -> Iterator[Spawn]:
 
 
 # -- long runs started during the suite's first long window --------------------------------------
-# tests/test_analysis_scenarios.py's ``jobs`` starts these, each some seconds into its side-by-side
-# watch of the rate-limited long jobs (~2.8 min): they run in their own threads (asleep most of the
-# time too) instead of adding their minute or two each later in the suite. Each starts only once
-# the watched jobs whose verdicts are sensitive to load are decided (slow start-up 40 s, the
-# copy-on-read pair 62 s, the anonymous split 75 s; the light trainer-leak run alone starts at
-# once): started at once, they put the load average at ~12 and on CI the slow
-# start-up's data wait rose to 0.27 and copy-on-read was caught at 62 s instead of within 60 s.
+# tests/integration/analysis/test_analysis_scenarios.py's ``jobs`` starts these, each some seconds into its
+# side-by-side watch of the rate-limited long jobs (~2.8 min): they run in their own threads (asleep most of
+# the time too) instead of adding their minute or two each later in the suite. Each starts only once the
+# watched jobs whose verdicts are sensitive to load are decided (slow start-up 40 s, the copy-on-read pair
+# 62 s, the anonymous split 75 s; the light trainer-leak run alone starts at once): started at once, they
+# put the load average at ~12 and on CI the slow start-up's data wait rose to 0.27 and copy-on-read was
+# caught at 62 s instead of within 60 s.
 # Run without that window (a module alone), a test's ``get`` starts its run at once.
 
 

@@ -1,7 +1,7 @@
 """SVG snapshots of the dashboard (pytest-textual-snapshot) at 80x24 and 160x50, fixed data and time.
 
-Regenerate after a deliberate change with ``python -m pytest tests/test_ui_snapshots.py
---snapshot-update`` and look at the SVGs in tests/__snapshots__/ before committing them.
+Regenerate after a deliberate change with ``python -m pytest tests/ui/test_ui_snapshots.py
+--snapshot-update`` and look at the SVGs in tests/ui/__snapshots__/ before committing them.
 """
 
 from __future__ import annotations

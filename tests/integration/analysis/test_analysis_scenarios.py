@@ -272,8 +272,8 @@ def test_copy_on_read_leak_is_alerted_within_a_minute_and_a_tensor_store_is_not(
 def test_sigkilled_worker_is_a_zombie_while_its_iterator_lives(start: Start) -> None:
     # The kill lands while the trainer is in a long step. Landing while it waits on the loader's
     # queue instead, torch's handler polls the workers' liveness, which reaps the dead one at once
-    # (no zombie to see: the death is worker_died's, tests/test_deaths.py); on a loaded CI machine
-    # the trainer waited there often enough for this test to see no zombie.
+    # (no zombie to see: the death is worker_died's, integration/deaths/test_real_trainings.py); on a
+    # loaded CI machine the trainer waited there often enough for this test to see no zombie.
     proc = start(
         job("--store", "tensor", "--items", "100000", "--workers", "2", "--rate", "20", "--persistent",
             "--step-after-ready", "120")

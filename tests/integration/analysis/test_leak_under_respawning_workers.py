@@ -51,7 +51,7 @@ def _growth(w: Watch) -> list[Alert]:
 @dataclass
 class LeakRun:
     """Both jobs watched side by side, in a thread: started by the session (conftest) with the
-    suite's first long window (tests/test_analysis_scenarios.py's jobs), read by the test."""
+    suite's first long window (test_analysis_scenarios.py's jobs), read by the test."""
 
     found: float | None = None
     leak_from: float = 0.0

@@ -1,6 +1,6 @@
 """Verdicts a real job can trust (issue 8): healthy real jobs that must stay quiet, beside the
 failures that must still be caught. Real processes sampled by the real Sampler, through a strict
-Analyzer (tests/test_analysis_scenarios.py has the fixtures)."""
+Analyzer (tests/integration/analysis/test_analysis_scenarios.py has the fixtures)."""
 
 from __future__ import annotations
 

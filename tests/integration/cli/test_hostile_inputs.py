@@ -1,7 +1,7 @@
 """The second adversarial round (issue 26): hostile inputs that failed, each a real process.
 
-Rows that fit the command-line table live in tests/test_adversarial_cli.py; these need more set-up
-(an agent under a flood, a stopped training, a long TMPDIR, a FIFO, a record read back).
+Rows that fit the command-line table live in test_adversarial_cli.py beside this file; these need
+more set-up (an agent under a flood, a stopped training, a long TMPDIR, a FIFO, a record read back).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 ctypes structs and its two-call process lists run; and a hung NVML call never freezes sampling.
 
 Each test writes the stand-in's config, then runs dlmon in a child process whose
-LD_LIBRARY_PATH points at the stand-in (see tests/nvml_support.py)."""
+LD_LIBRARY_PATH points at the stand-in (see tests/support/nvml.py)."""
 
 from __future__ import annotations
 

@@ -401,7 +401,7 @@ def test_a_stall_still_in_the_verdict_when_the_interrupted_training_takes_second
     """Ctrl-C on a hung job: the trainer leaves the loader at once (the stall's condition is gone)
     but takes seconds to exit (torch waits 5 s for a hung worker; more under load). With a 3 s
     clear hold the stall was forgotten before the exit and the verdict said only 'ended by
-    SIGINT' (a real run of tests/test_deaths.py, on a loaded machine)."""
+    SIGINT' (a real run of tests/integration/deaths/test_real_trainings.py, on a loaded machine)."""
     from dlmon.analysis.verdict import exit_verdict
 
     history = _trainer_asleep_after_30_s()

@@ -440,7 +440,8 @@ def _live_lone_hang(run: Run, seen: dict[str, Any]) -> None:
 @pytest.fixture
 def early(deaths_early: Background) -> dict[str, Early]:
     """The module's long runs: begun by the session (conftest) during the suite's first long
-    window (tests/test_analysis_scenarios.py's jobs) when it runs, so they are over by now."""
+    window (integration/analysis/test_analysis_scenarios.py's jobs) when it runs, so they are over
+    by now."""
     found: dict[str, Early] = deaths_early.get()
     return found
 
