@@ -384,7 +384,7 @@ def test_disk_busy_percent_is_steady_when_other_reads_take_varying_time(
 NS_SCRIPT = """
 import sys
 sys.path[:0] = [{root!r}, {tests!r}]
-from unit.collect.test_gpu import FakeNVML, two_devices
+from support.fake_pynvml import FakeNVML, two_devices
 from dlmon.collect.gpu import GpuCollector
 status, devices = GpuCollector(FakeNVML(two_devices())).sample()
 print(sum(len(d.processes) for d in devices), status.process_memory_note)

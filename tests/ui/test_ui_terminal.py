@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from conftest import Spawn
+from support.terminal import Tmux
 
 pytestmark = [
     pytest.mark.slow,
@@ -44,29 +45,6 @@ LAUNCHER = (
     "from dlmon.ui import run_dashboard; from dlmon.flow.sources import LiveSource; "
     "run_dashboard(LiveSource({pid}))"
 )
-
-
-class Tmux:
-    def __init__(self, name: str) -> None:
-        self.socket = f"dlmon-test-{os.getpid()}-{name}"
-
-    def __call__(self, *args: str) -> str:
-        out = subprocess.run(["tmux", "-L", self.socket, *args], capture_output=True, text=True, timeout=10)
-        return out.stdout
-
-    def screen(self) -> str:
-        return self("capture-pane", "-p", "-t", "t")
-
-    def wait_for(self, predicate: str | re.Pattern[str], timeout: float = 30.0) -> str:
-        deadline = time.monotonic() + timeout
-        screen = ""
-        while time.monotonic() < deadline:
-            screen = self.screen()
-            found = predicate in screen if isinstance(predicate, str) else predicate.search(screen)
-            if found:
-                return screen
-            time.sleep(0.1)
-        raise AssertionError(f"never saw {predicate!r} on the screen:\n{screen}")
 
 
 _SESSIONS = itertools.count()

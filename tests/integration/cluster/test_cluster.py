@@ -518,7 +518,7 @@ def test_the_screen_folds_each_node_s_ranks_under_it(two_nodes: TwoNodes) -> Non
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
 @pytest.mark.parametrize("source", ["direct", "prometheus"])
 def test_the_screen_in_a_real_terminal(two_nodes: TwoNodes, source: str) -> None:
-    from ui.test_ui_terminal import Tmux
+    from support.terminal import Tmux
 
     tmux = Tmux(f"cluster-{source}")
     env = {**os.environ, "TERM": "xterm-256color"}

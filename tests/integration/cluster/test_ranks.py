@@ -34,7 +34,7 @@ from support.export import (
     wait_for,
 )
 from support.paths import ROOT, TESTS
-from ui.test_ui_terminal import Tmux
+from support.terminal import Tmux
 
 SCRIPT = TESTS / "agent_scripts" / "ddp_straggler.py"
 SITE = "ddp_straggler.py:" + str(

@@ -20,7 +20,7 @@ from conftest import Spawn
 from integration.inject.test_inject_midflight import clean_env, flat, terminal
 from support.agent import private_agent_env
 from support.paths import ROOT
-from ui.test_ui_terminal import Tmux
+from support.terminal import Tmux
 
 __all__ = ["clean_env", "terminal"]  # fixtures, used by name
 

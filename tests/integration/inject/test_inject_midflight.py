@@ -19,7 +19,7 @@ import pytest
 
 from conftest import Spawn
 from support.paths import ROOT
-from ui.test_ui_terminal import Tmux
+from support.terminal import Tmux
 
 pytestmark = [
     pytest.mark.skipif(shutil.which("gdb") is None, reason="gdb is not installed"),
