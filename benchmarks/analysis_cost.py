@@ -50,9 +50,8 @@ def _setup_path(code: str | None) -> None:
 
 def snapshots(workers: int, rate: float, seconds: float, wait: float) -> Iterator[Snapshot]:
     """The synthetic job, one snapshot per tick (made lazily: building them is not timed)."""
-    from scenarios.synth import MAIN_PID, disk, snap
-
     from dlmon.model import LoaderSample, Pressure, ProcessSample
+    from support.snapshots import MAIN_PID, disk, snap
 
     interval = 1.0 / rate
     n = workers + 1

@@ -407,8 +407,8 @@ def synthetic_hour() -> tuple[float, float, float, float, int]:
     1 + 32 processes."""
     import gc
 
-    from scenarios.synth import MIB as S_MIB
-    from scenarios.synth import memory_snapshots
+    from support.snapshots import MIB as S_MIB
+    from support.snapshots import memory_snapshots
 
     costs = []
     a = Analyzer(cores=2)

@@ -27,10 +27,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from faults.support import Job, dlmon_record, env_with_dlmon, record_lines, wait_until  # noqa: E402
-
 from dlmon.collect.agent_client import REQUEST, AgentClient  # noqa: E402
 from dlmon.flow.sources import read_record  # noqa: E402
+from faults.support import Job, dlmon_record, env_with_dlmon, record_lines, wait_until  # noqa: E402
 
 Fault = Callable[[Job, Path], "contextlib.AbstractContextManager[dict[str, str]]"]
 

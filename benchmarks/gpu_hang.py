@@ -1,7 +1,7 @@
 """What a hung NVML costs the sampler: the speed targets the tests must not time.
 
-Two measurements (tests/test_fake_nvml.py checks the behaviour on a fake clock; the targets
-in wall-clock seconds live here, by the project's rule):
+Two measurements (tests/integration/collect/test_fake_nvml.py checks the behaviour on a fake
+clock; the targets in wall-clock seconds live here, by the project's rule):
 
 - sweep: ``GpuSweep.sample()`` against a collector whose every sweep hangs (a GPU off the bus),
   ``--ticks`` times: the wait per tick. Target: the first tick at most its first deadline, every
@@ -34,7 +34,8 @@ from dlmon.collect.gpu import GpuCollector  # noqa: E402
 from dlmon.collect.gpu_sweep import DEFAULT_DEADLINE_S, FIRST_DEADLINE_S, GpuSweep  # noqa: E402
 from dlmon.model.snapshot import GpuDevice, GpuStatus  # noqa: E402
 
-HUNG = (  # as tests/test_fake_nvml.py's: both devices answer 1.5 s, then every call blocks 8 s
+# as tests/integration/collect/test_fake_nvml.py's: both devices answer 1.5 s, then every call blocks 8 s
+HUNG = (
     "device\ncompute {pid} 2147483648\ndelay_ms 8000\nhang_after_ms 1500\n"
     "device\ndelay_ms 8000\nhang_after_ms 1500\n"
 )
@@ -74,7 +75,7 @@ def sweep(ticks: int, interval: float) -> bool:
 
 
 def record(seconds: float) -> bool | None:
-    from nvml_support import build, environment  # type: ignore[import-not-found,unused-ignore]
+    from support.nvml import build, environment  # type: ignore[import-not-found,unused-ignore]
 
     try:
         import pynvml  # noqa: F401

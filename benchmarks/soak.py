@@ -26,9 +26,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from faults.support import Job, cpu_seconds, env_with_dlmon, fd_count, rss_bytes  # noqa: E402
-
 from dlmon.flow.sources import read_record  # noqa: E402
+from faults.support import Job, cpu_seconds, env_with_dlmon, fd_count, rss_bytes  # noqa: E402
 
 
 def slope(points: list[tuple[float, float]]) -> float:

@@ -4,7 +4,7 @@ Not a timestamp and not the pixels: the panels (key, id, title, which sit at the
 workers table's columns (key, title), the main screen's widget tree (its ``compose``, read as a
 syntax tree so comments and formatting do not count) and the stylesheet's rules (without
 comments and blank space). ``regenerate.py`` writes it to ``layout.json`` beside the set it
-made; tests/test_screenshots.py fails when the code's layout is no longer the one stored.
+made; tests/ui/test_screenshots.py fails when the code's layout is no longer the one stored.
 """
 
 from __future__ import annotations

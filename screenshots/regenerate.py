@@ -19,7 +19,7 @@ The runs, each in its own tmux server:
 
 Whatever happens, every training a run started is killed (its process group, by the pid the
 dashboard's header shows) before the next run starts. With the whole set done, the layout it was
-made from is stored in ``layout.json`` (see layout.py): tests/test_screenshots.py fails when the
+made from is stored in ``layout.json`` (see layout.py): tests/ui/test_screenshots.py fails when the
 dashboard's layout moves on without the screenshots.
 """
 

@@ -55,13 +55,13 @@ def spawn() -> Iterator[Spawn]:
 
 
 # -- long runs started during the suite's first long window --------------------------------------
-# tests/test_analysis_scenarios.py's ``jobs`` starts these, each some seconds into its side-by-side
-# watch of the rate-limited long jobs (~2.8 min): they run in their own threads (asleep most of the
-# time too) instead of adding their minute or two each later in the suite. Each starts only once
-# the watched jobs whose verdicts are sensitive to load are decided (slow start-up 40 s, the
-# copy-on-read pair 62 s, the anonymous split 75 s; the light trainer-leak run alone starts at
-# once): started at once, they put the load average at ~12 and on CI the slow
-# start-up's data wait rose to 0.27 and copy-on-read was caught at 62 s instead of within 60 s.
+# tests/integration/analysis/test_analysis_scenarios.py's ``jobs`` starts these, each some seconds into its
+# side-by-side watch of the rate-limited long jobs (~2.8 min): they run in their own threads (asleep most of
+# the time too) instead of adding their minute or two each later in the suite. Each starts only once the
+# watched jobs whose verdicts are sensitive to load are decided (slow start-up 40 s, the copy-on-read pair
+# 62 s, the anonymous split 75 s; the light trainer-leak run alone starts at once): started at once, they
+# put the load average at ~12 and on CI the slow start-up's data wait rose to 0.27 and copy-on-read was
+# caught at 62 s instead of within 60 s.
 # Run without that window (a module alone), a test's ``get`` starts its run at once.
 
 
@@ -117,7 +117,7 @@ class Background:
 
 @pytest.fixture(scope="session")
 def deaths_early(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Background]:
-    from test_deaths import early_runs
+    from integration.deaths.test_real_trainings import early_runs
 
     with contextlib.ExitStack() as stack:
         runs = Background(lambda: stack.enter_context(early_runs(tmp_path_factory)))
@@ -127,7 +127,7 @@ def deaths_early(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backgroun
 
 @pytest.fixture(scope="session")
 def trainer_leak_run() -> Iterator[Background]:
-    from test_trainer_leak import LeakRun
+    from integration.analysis.test_leak_under_respawning_workers import LeakRun
 
     def begin() -> LeakRun:
         run = LeakRun()
@@ -146,7 +146,7 @@ def trainer_leak_run() -> Iterator[Background]:
 
 @pytest.fixture(scope="session")
 def report_recordings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Background]:
-    from test_export_report import Recordings
+    from integration.export.test_export_report import Recordings
 
     def begin() -> Recordings:
         made = Recordings(tmp_path_factory.mktemp("recordings"))

@@ -15,7 +15,7 @@ matching ``*_total`` when it returns, measured up to ``time_ns``: a client adds 
 stall while it lasts. ``in_call_ns`` is how long the iterator's current call has been running.
 
 Each shape is a TypedDict and each message has one builder here: the agent builds every message
-with them, and tests/test_wire_contract.py checks that the client decodes every key a builder
+with them, and tests/unit/model/test_wire_contract.py checks that the client decodes every key a builder
 writes (or is listed there as not for the dashboard). Standard library only: the agent imports it.
 """
 

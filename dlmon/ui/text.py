@@ -12,7 +12,7 @@ which line of ``width`` cells — with :func:`flow`:
 
 Two cutters below them differ only in what they cut: :func:`truncate` cuts spans, :func:`clip`
 a plain string. :func:`wrap` breaks running text (a message, a hint) at spaces.
-No UI imports: pure functions, unit-tested in ``tests/test_ui_text.py``.
+No UI imports: pure functions, unit-tested in ``tests/unit/ui/test_ui_text.py``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A training job for tests/test_agent_container.py, run inside new pid and mount namespaces.
+"""A training job for tests/integration/agent/test_agent_container.py, in new pid and mount namespaces.
 
 It starts the agent itself, iterates a DataLoader with two persistent workers forever, and
 reports ``@@ {json}`` lines on stdout: ``started`` with its own pid and its workers' pids as it

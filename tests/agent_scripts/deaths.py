@@ -1,4 +1,4 @@
-"""Trainings that die or hang in one chosen way, for tests/test_deaths.py.
+"""Trainings that die or hang in one chosen way, for tests/integration/deaths/test_real_trainings.py.
 
 Argument: JSON ``{"mode": ..., ...}``. Every mode prints ``@@ {json}`` lines (``ready`` with its
 pid, ``pids`` with its workers' pids once they deliver) and then does what its name says:

@@ -1,4 +1,4 @@
-"""Runs out of file descriptors with the agent serving, for tests/test_agent_safety.py.
+"""Runs out of file descriptors with the agent serving, for tests/integration/agent/test_agent_safety.py.
 
 It lowers its own RLIMIT_NOFILE, opens /dev/null until open() fails, and reports its agent's
 socket and serving thread. Commands on stdin: ``free`` (close those fds again), ``exit``.

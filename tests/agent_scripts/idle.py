@@ -1,4 +1,4 @@
-"""A process that never imports torch, for the transport tests in tests/test_agent.py.
+"""A process that never imports torch, for the transport tests in tests/integration/agent/test_agent.py.
 
 Commands on stdin: ``fork`` (fork a child that reports whether it serves, then exits through
 sys.exit so that its atexit handlers run), ``modules`` (report whether torch is imported),

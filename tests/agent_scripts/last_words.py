@@ -1,4 +1,4 @@
-"""Trainings that die of an exception (or survive one), for tests/test_last_words.py.
+"""Trainings that die of an exception (or survive one), for tests/integration/deaths/test_last_words.py.
 
 Argument: JSON ``{"mode": ..., ...}``. Prints ``@@ {json}`` lines (``ready`` with its pid,
 ``pids`` once the workers deliver, ``done`` at a clean end), then:

@@ -1,4 +1,4 @@
-"""A training whose workers idle, for tests/test_deaths_agent.py.
+"""A training whose workers idle, for tests/integration/deaths/test_stack_dumps_and_kernel_log.py.
 
 Argument: JSON ``{"mode": ...}``:
 - ``user_handler``: the program handles the stack signal itself (SIGRTMIN+7 here): its handler

@@ -1,4 +1,4 @@
-"""A training whose loader hangs on one batch, for tests/test_agent_safety.py.
+"""A training whose loader hangs on one batch, for tests/integration/agent/test_agent_safety.py.
 
 Argument: JSON ``{"num_workers": N, "stall_at": I, "stall_s": S}``: sample I sleeps S seconds
 (and says so on stdout first); the others are instant, and each step sleeps 2 ms.

@@ -1,4 +1,4 @@
-"""A small training-like job for tests/test_agent.py, configured by one JSON argument.
+"""A small training-like job for tests/integration/agent/test_agent.py, configured by one JSON argument.
 
 It reports what it knows about itself (its own batch counts and timestamps, its iterators'
 worker pids) as lines ``@@ {json}`` on stdout, and waits for commands on stdin at the points

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from agent_support import private_agent_env
 from dlmon.collect.agent_client import REQUEST, AgentClient
+from support.agent import private_agent_env
 
 from .support import Job, rss_bytes, wait_until
 

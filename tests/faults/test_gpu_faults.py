@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from test_gpu import Dev, FakeNVML, NVMLError_GpuIsLost, NVMLError_Unknown
 from textual.pilot import Pilot
 
 from conftest import Spawn
@@ -15,6 +14,7 @@ from dlmon.flow.sources import LiveSource
 from dlmon.model import Snapshot
 from dlmon.ui import DashboardResult
 from dlmon.ui.app import DlmonApp
+from support.fake_pynvml import Dev, FakeNVML, NVMLError_GpuIsLost, NVMLError_Unknown
 
 from .screen import run_dashboard, screen_text, wait_for_text
 from .support import tree_of_sleepers

@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from agent_support import private_agent_env
 from dlmon.analysis.analyzer import Analyzer
 from dlmon.analysis.digest import DigestLimits
 from dlmon.analysis.recent import RecentIndex
@@ -18,6 +17,7 @@ from dlmon.flow.sources import LiveSource
 from dlmon.model import Snapshot
 from dlmon.ui.series import Series
 from dlmon.ui.state import DashboardState
+from support.agent import private_agent_env
 
 from .support import Job
 

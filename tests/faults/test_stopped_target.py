@@ -9,13 +9,13 @@ import time
 from pathlib import Path
 
 import pytest
-from test_ui_support import FakeSource
 
 from dlmon.flow.sources import read_record
 from dlmon.model import Snapshot
 from dlmon.model.format import one_line
 from dlmon.ui import create_app
 from dlmon.ui.widgets import LinesView, WorkerTable
+from support.ui import FakeSource
 
 from .support import Job, dlmon_record, wait_until
 

@@ -1,1 +1,2 @@
-"""Helpers for the analysis tests: synthetic snapshots and scripts for real scenarios."""
+"""The jobs the tests and benchmarks run as real processes (a DataLoader trainer, one whose worker
+dies); the synthetic snapshots are in support/snapshots.py."""

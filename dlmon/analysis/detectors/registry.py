@@ -3,7 +3,7 @@
 The analyzer, the exit verdict and the report's diff read :data:`SPECS` (or a mapping derived
 from it); none of them names a kind. A new kind is its detector module (its name, its detector,
 its numbers) and one :class:`KindSpec` line here; ``dlmon.analysis.kinds.KINDS`` is this order
-(tests/test_kind_specs.py checks that every detector and every numbers class of the package is
+(tests/unit/analysis/test_kind_specs.py checks that every detector and every numbers class of the package is
 in a line here, and that every kind has a section in docs/detectors.md).
 """
 

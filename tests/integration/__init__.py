@@ -1,0 +1,1 @@
+"""Integration tests: real processes, real DataLoaders, frameworks, gdb, Prometheus, a cluster."""

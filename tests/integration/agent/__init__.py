@@ -1,0 +1,1 @@
+"""The in-process agent in real trainings: loaders, epochs, frameworks, containers, hostile peers."""

@@ -1,0 +1,1 @@
+"""dlmon cluster and ranks: real torchrun jobs, real exporters, a real Prometheus."""

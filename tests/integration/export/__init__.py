@@ -1,0 +1,1 @@
+"""Prometheus, records, report and diff on real recordings."""

@@ -1,0 +1,1 @@
+"""dlmon tune on real training scripts."""

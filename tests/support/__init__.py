@@ -1,0 +1,1 @@
+"""What the tests share (not tests): snapshot factories, agent/export/NVML helpers, paths."""

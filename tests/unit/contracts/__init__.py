@@ -1,0 +1,1 @@
+"""The code base's own rules: layers, lint and types, the export layer's imports."""

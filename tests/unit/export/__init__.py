@@ -1,0 +1,1 @@
+"""dlmon.export over snapshots: the Prometheus exporter's series."""

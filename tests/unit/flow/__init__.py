@@ -1,0 +1,1 @@
+"""dlmon.flow: how watches are assembled and how a dashboard's end decides the training's."""

@@ -1,0 +1,1 @@
+"""dlmon tune's pure parts."""

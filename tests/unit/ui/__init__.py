@@ -1,0 +1,1 @@
+"""The dashboard's state, text and columns, without a terminal."""
