@@ -365,7 +365,7 @@ def test_a_gdb_killed_at_its_bound_mid_attach_leaves_the_worker_running(
 def test_a_reader_thread_that_could_not_start_is_started_at_the_next_ask(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """"can't start new thread" (a process at its thread limit) left the reader marked as running:
+    """ "can't start new thread" (a process at its thread limit) left the reader marked as running:
     no read was ever made again for that sampler."""
     import threading
 
