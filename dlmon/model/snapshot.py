@@ -417,9 +417,7 @@ class ProcessStack:
 class Alert:
     """A verdict from dlmon.analysis, with the numbers behind it."""
 
-    kind: str  # memory_growth, zombie_worker, orphan_worker, worker_died, leaked_workers, io_saturation,
-    # input_bound, shm_exhaustion, oversubscription, vram_pressure, swap_activity, trainer_died, stall,
-    # fd_exhaustion, straggler, exception_death, cuda_in_worker
+    kind: str  # one of dlmon.analysis.kinds.KINDS (the detectors' registry), e.g. "input_bound"
     severity: str  # "info" | "warning" | "critical"
     subject: str  # which process / loader / disk, e.g. "worker 3 (pid 1234)", "disk vda"
     message: str  # one plain sentence with the numbers
