@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import test_gdb_inject as gdb_tests
-from test_gdb_inject import TRAINER, _code_of, _save_thread_in, finish, no_stage_left, spawn_py
+from test_gdb_inject import TRAINER, _code_of, _save_thread_in, finish, no_stage_left, other_python, spawn_py
 
 from conftest import Spawn
 from dlmon.collect.agent_client import AgentClient
@@ -59,11 +60,15 @@ def test_loads_into_a_plain_loop_and_a_second_load_is_a_no_op(
         env={"STOP": os.path.join(runtime_dir, "stop")},
     )
     assert offer_for(proc.pid) is not None and "(lldb; " in offer_for(proc.pid).offer  # type: ignore[union-attr]
+    before = time.time()
     path = inject(proc.pid)
     assert path.startswith(runtime_dir) and os.path.exists(path)
-    assert proc.pid in AgentClient().read_raw([proc.pid])  # the agent answers
+    reply = AgentClient().read_raw([proc.pid]).get(proc.pid, {})  # the agent answers
+    loaded = reply.get("injected_unix_time")
+    assert reply.get("pid") == proc.pid and isinstance(loaded, float) and before <= loaded <= time.time()
     assert process_state(proc.pid) in (("S", 0), ("R", 0))  # running, untraced
     assert inject(proc.pid) == path  # the agent already serves: a no-op
+    assert AgentClient().read_raw([proc.pid]).get(proc.pid, {}).get("injected_unix_time") == loaded
     Path(runtime_dir, "stop").touch()
     assert finish(proc).split() == ["agent"]
     assert no_stage_left() == []
@@ -165,8 +170,8 @@ def test_lldb_killed_while_waiting_leaves_no_breakpoint(
         assert fh.read().startswith("lldb")
     os.kill(lldb_pid, signal.SIGKILL)
     loader.join(60)
-    assert _code_of(proc.pid, func, 32) == clean
     assert len(errors) == 1 and isinstance(errors[0], InjectError), errors
+    assert _code_of(proc.pid, func, 32) == clean, errors[0]
     assert "lldb died of signal 9" in str(errors[0])
     assert "its breakpoint was taken out of the target's code" in str(errors[0])
     deadline = time.monotonic() + 10
@@ -184,6 +189,42 @@ def test_a_target_exiting_during_the_load_is_reported(spawn: Spawn, runtime_dir:
         inject(proc.pid, timeout=10)
     proc.wait(10)
     assert proc.returncode == 0
+    assert no_stage_left() == []
+
+
+def test_a_deadline_before_lldb_attached_still_ends_the_wait(
+    spawn: Spawn, runtime_dir: str, lldb_only: str
+) -> None:
+    """The deadline passes while lldb is still starting: SIGURG goes out once lldb-server (lldb's
+    child) traces the target, again every 0.5 s, and lldb's wait ends on one of them."""
+    proc = spawn(
+        "import signal\nsignal.signal(signal.SIGUSR1, lambda *a: None)\n"
+        'print("READY", flush=True)\nsignal.pause()\nprint("woke", flush=True)'
+    )
+    with pytest.raises(InjectError, match=f"process {proc.pid} ran no Python within 0 s"):
+        inject(proc.pid, timeout=0.01)
+    assert process_state(proc.pid) == ("S", 0)
+    os.kill(proc.pid, signal.SIGUSR1)
+    assert "woke" in finish(proc)
+    assert no_stage_left() == []
+
+
+@pytest.mark.parametrize("minor", [9, 10, 12, 13])
+def test_loads_into_every_other_python(minor: int, runtime_dir: str, lldb_only: str) -> None:
+    python = other_python(minor)
+    if python is None:
+        pytest.skip(f"no Python 3.{minor} here")
+    code = "import time\nprint('READY', flush=True)\nwhile True:\n    time.sleep(0.01)\n"
+    proc = subprocess.Popen([python, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "READY"
+        path = inject(proc.pid)
+        assert AgentClient().read_raw([proc.pid]).get(proc.pid, {}).get("pid") == proc.pid
+        assert inject(proc.pid) == path
+        assert process_state(proc.pid) in (("S", 0), ("R", 0))
+    finally:
+        proc.kill()
+        proc.wait()
     assert no_stage_left() == []
 
 

@@ -21,7 +21,7 @@ from dlmon.launch.gdb_inject import GDB_KILLED, Debugger, GdbRun, run_script
 MISSED_VALUE = "-2"  # PyRun_SimpleString returns 0 or -1
 LLDB = Debugger(
     "lldb",
-    r"^Breakpoint 1: where = .*, address = 0x([0-9a-f]+)",
+    r'Symbol: id = \{0x[0-9a-f]+\}, range = \[0x([0-9a-f]+)-0x[0-9a-f]+\), name="PyEval_SaveThread"',
     r"stop reason = breakpoint 1\.",
 )
 PASSED = (
@@ -38,6 +38,11 @@ def find_lldb() -> str | None:
 def script(code: str) -> str:
     """lldb's commands: wait for PyEval_SaveThread, run ``code`` there (only there), detach.
 
+    lldb writes the int3 while it makes the breakpoint, before it prints the breakpoint's line
+    (even for a ``--disable``d one): the watchdog takes the address from ``image lookup``, printed
+    by the command before. ``--skip-prologue false``: the entry itself, where the call's guard
+    looks for the pc (lldb puts it after the prologue where libpython has debug info, +28 bytes
+    in 3.13, where the guard then never ran the call).
     Before the hit lldb stops on a fault signal so that a target crashing on its own is reported;
     from the call on every signal passes without a stop (a stop would abandon the call).
     """
@@ -49,7 +54,8 @@ settings set interpreter.stop-command-source-on-error false
 process handle -s false -n false -p true {PASSED}
 process handle -s true -n true -p true {FAULTS}
 process handle -s true -n true -p false SIGURG
-breakpoint set -n PyEval_SaveThread
+image lookup -v -s PyEval_SaveThread
+breakpoint set --skip-prologue false -n PyEval_SaveThread
 continue
 breakpoint delete -f
 process handle -s false -n false -p true {PASSED} {FAULTS}
