@@ -20,7 +20,9 @@ from dlmon.model.format import DEAD_STATES
 # docs/performance.md: the target's longest pause while gdb loads the agent, on an idle machine
 # (median 55 ms, max 68; 83 to 121 ms median on a busy one)
 GDB_PAUSE = "~60 ms pause"
-LLDB_PAUSE = "~1 s pause"  # lldb, where gdb is missing: it reads every library's symbols
+# lldb, where gdb is missing: it reads every library's symbols and compiles the call with clang
+# (docs/performance.md: median 3.0 s, 5.9 s on a busy machine)
+LLDB_PAUSE = "~3 s pause"
 
 
 @dataclass(frozen=True)
