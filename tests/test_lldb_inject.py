@@ -192,6 +192,18 @@ def test_a_target_exiting_during_the_load_is_reported(spawn: Spawn, runtime_dir:
     assert no_stage_left() == []
 
 
+def test_a_target_crashing_on_its_own_during_the_load_is_reported_and_gets_its_signal(
+    spawn: Spawn, runtime_dir: str, lldb_only: str
+) -> None:
+    """os.abort() right after its sleep, with no PyEval_SaveThread between: lldb stops on the
+    SIGABRT, the call's guard does not run, and the detach passes the signal on as it was."""
+    proc = spawn('print("READY", flush=True)\nimport os, time\ntime.sleep(1)\nos.abort()')
+    with pytest.raises(InjectError, match=f"process {proc.pid} got SIGABRT of its own"):
+        inject(proc.pid, timeout=10)
+    assert proc.wait(10) == -signal.SIGABRT
+    assert no_stage_left() == []
+
+
 def test_a_deadline_before_lldb_attached_still_ends_the_wait(
     spawn: Spawn, runtime_dir: str, lldb_only: str
 ) -> None:
