@@ -268,3 +268,53 @@ def test_the_call_is_guarded_and_every_signal_passes_during_it() -> None:
     assert '(void *)$pc == (void *)&PyEval_SaveThread ? (int)PyRun_SimpleString("x = 1")' in after
     with pytest.raises(ValueError):
         lldb_inject.script('print("x")')
+
+
+def test_lldb_server_killed_while_waiting_leaves_no_breakpoint(
+    spawn: Spawn, runtime_dir: str, lldb_only: str
+) -> None:
+    """lldb-server (the tracer) SIGKILLed while lldb waits: the kernel lets the target go with the
+    int3 in its code and lldb itself exits normally (its process is "lost"), not by a signal; the
+    watchdog must still write the original byte back, or the target dies of SIGTRAP at its next
+    PyEval_SaveThread."""
+    proc = spawn(
+        "import signal, time\nsignal.signal(signal.SIGUSR1, lambda *a: None)\n"
+        'print("READY", flush=True)\nsignal.pause()\n'
+        "for i in range(100):\n    time.sleep(0.001)\n"
+        'print("alive", flush=True)\n'
+    )
+    errors: list[BaseException] = []
+
+    def load() -> None:
+        try:
+            inject(proc.pid, timeout=20)
+        except BaseException as exc:
+            errors.append(exc)
+
+    ours, func = _save_thread_in(proc.pid)
+    clean = _code_of(os.getpid(), ours, 32)
+    loader = threading.Thread(target=load)
+    loader.start()
+    deadline = time.monotonic() + 20
+    code = clean
+    while time.monotonic() < deadline and b"\xcc" not in bytes(
+        c for c, d in zip(code, clean, strict=True) if c != d
+    ):
+        time.sleep(0.005)
+        code = _code_of(proc.pid, func, 32)
+    assert code != clean, "lldb never put its breakpoint in"
+    server = process_state(proc.pid)[1]
+    with open(f"/proc/{server}/comm") as fh:
+        assert fh.read().startswith("lldb-server")
+    os.kill(server, signal.SIGKILL)
+    loader.join(60)
+    assert len(errors) == 1 and isinstance(errors[0], InjectError), errors
+    assert _code_of(proc.pid, func, 32) == clean, errors[0]
+    assert "lldb lost the target before the breakpoint was hit" in str(errors[0])
+    assert "its breakpoint was taken out of the target's code" in str(errors[0])
+    deadline = time.monotonic() + 10
+    while process_state(proc.pid)[0] not in ("S", "R") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.kill(proc.pid, signal.SIGUSR1)
+    assert "alive" in finish(proc)
+    assert no_stage_left() == []

@@ -258,6 +258,13 @@ def take_out():
             return "; its breakpoint was taken out of the target's code"
     except OSError as exc:
         return "; its breakpoint could not be taken out: %s" % exc
+def live_int3():
+    try:
+        with open("/proc/%d/mem" % pid, "rb", buffering=0) as mem:
+            mem.seek(brk[0][0])
+            return mem.read(1) == b"\xcc" and brk[0][1] not in (b"", b"\xcc")
+    except OSError:
+        return False
 say(("%s %d\n" % (PIDLINE, gdb.pid)).encode())
 reader = threading.Thread(target=read, daemon=True)
 reader.start()
@@ -283,6 +290,17 @@ if gdb.returncode < 0 and not hit.is_set():
             os.kill(pid, signal.SIGCONT)  # gdb's SIGSTOP of the attach, left behind by its death
         except OSError:
             pass
+elif not hit.is_set():
+    # lldb exits 0 when its lldb-server, the real tracer, is killed: the kernel let the target go
+    # with the int3 still in its code. (gdb, its own tracer, takes its breakpoint out as it exits.)
+    reader.join(1.0)
+    if brk and live_int3():
+        what = "%s lost the target before the breakpoint was hit" % NAME + take_out()
+        if not stopped_before and state() in ("t", "T"):
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except OSError:
+                pass
 reader.join(2.0)
 if what is not None and not hit.is_set():  # a hit read only now: gdb died in the call, not before
     say(("%s %s\n" % (KILLED, what)).encode())
