@@ -21,8 +21,8 @@ from dlmon.model.format import DEAD_STATES
 # (median 55 ms, max 68; 83 to 121 ms median on a busy one)
 GDB_PAUSE = "~60 ms pause"
 # lldb, where gdb is missing: it reads every library's symbols and compiles the call with clang
-# (docs/performance.md: median 3.0 s, 5.9 s on a busy machine)
-LLDB_PAUSE = "~3 s pause"
+# (docs/performance.md: median 3.4 s at load 2.5, 5.9 s at load 5.7)
+LLDB_PAUSE = "~3.5 s pause"
 
 
 @dataclass(frozen=True)
