@@ -318,3 +318,42 @@ def test_lldb_server_killed_while_waiting_leaves_no_breakpoint(
     os.kill(proc.pid, signal.SIGUSR1)
     assert "alive" in finish(proc)
     assert no_stage_left() == []
+
+
+def test_children_forked_during_the_load_keep_no_breakpoint(
+    spawn: Spawn, runtime_dir: str, lldb_only: str
+) -> None:
+    """A target forking while lldb's int3 is in its code: each child runs Python (time.sleep, so
+    PyEval_SaveThread) untraced; one inheriting the int3 would die of SIGTRAP."""
+    proc = spawn(
+        "import os, sys, time\n"
+        'print("READY", flush=True)\n'
+        "bad = []\n"
+        "end = time.monotonic() + 60\n"
+        "while not os.path.exists(os.environ['STOP']) and time.monotonic() < end:\n"
+        "    child = os.fork()\n"
+        "    if child == 0:\n"
+        "        time.sleep(0.001)\n"
+        "        os._exit(7)\n"
+        "    _, status = os.waitpid(child, 0)\n"
+        "    if status != 7 << 8:\n"
+        "        bad.append(status)\n"
+        'print("bad", bad, flush=True)\n',
+        env={"STOP": os.path.join(runtime_dir, "stop")},
+    )
+    assert os.path.exists(inject(proc.pid, timeout=20))
+    Path(runtime_dir, "stop").touch()
+    assert "bad []" in finish(proc)
+
+
+def test_the_offer_states_the_measured_pause() -> None:
+    """The offer is the user's only warning before lldb stops the training: it must state the
+    median docs/performance.md measured for the script dlmon runs (3.4 s), not an older 3.0 s."""
+    from dlmon.launch.agent_offer import AgentOffer
+
+    docs = (Path(__file__).parent.parent / "docs" / "performance.md").read_text()
+    row = next(ln for ln in docs.splitlines() if ln.startswith("| lldb `--batch`"))
+    median_s = int(row.split("**")[1].split(" / ")[0].replace(",", "")) / 1000
+    shown = f"~{round(median_s * 2) / 2:g} s pause"
+    assert AgentOffer(4242, "lldb").offer.endswith(f"(lldb; {shown})")
+    assert f'"(lldb; {shown})"' in docs
