@@ -253,6 +253,7 @@ def test_loads_into_every_other_python(minor: int, runtime_dir: str, lldb_only: 
             "crashed",
         ),
         ("error: unknown command", "failed"),
+        ("* thread #1, name = 'python', stop reason = exec\nerror: expression failed to parse:", "execd"),
     ],
 )
 def test_lldb_outcomes(output: str, kind: str) -> None:
@@ -357,3 +358,20 @@ def test_the_offer_states_the_measured_pause() -> None:
     shown = f"~{round(median_s * 2) / 2:g} s pause"
     assert AgentOffer(4242, "lldb").offer.endswith(f"(lldb; {shown})")
     assert f'"(lldb; {shown})"' in docs
+
+
+def test_a_target_exec_ing_during_the_load_is_told_plainly_and_keeps_running(
+    spawn: Spawn, runtime_dir: str, lldb_only: str
+) -> None:
+    """A pure-Python loop (no PyEval_SaveThread) then execv: lldb stops at the exec, the new
+    program has no Python symbols yet, and the call's parse fails. The user must read why, not
+    lldb's caret line under the failed expression."""
+    proc = spawn(
+        'print("READY", flush=True)\nimport os, sys\nx = 0\nfor i in range(20_000_000):\n    x += i\n'
+        "os.execv(sys.executable, [sys.executable, '-c', "
+        "'import time\\nfor i in range(100): time.sleep(0.01)\\nprint(\"after exec\", flush=True)'])\n"
+    )
+    with pytest.raises(InjectError, match=f"process {proc.pid} replaced its program .exec. while dlmon"):
+        inject(proc.pid, timeout=20)
+    assert "after exec" in finish(proc)
+    assert no_stage_left() == []

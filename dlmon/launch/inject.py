@@ -287,6 +287,11 @@ def _by_gdb(pid: int, target: TargetPython, staged: Stage, gdb: str, timeout: fl
                 f"cannot inject into process {pid}: process {tracer} (a debugger?) is tracing it"
             )
         raise InjectError(ptrace_refused(pid, target.uid))
+    if kind == "execd":
+        raise InjectError(
+            f"process {pid} replaced its program (exec) while dlmon was loading the agent; nothing "
+            "was loaded and it runs on untouched. Try again"
+        )
     if kind == "missed":
         raise InjectError(
             f"process {pid} ran no Python within {timeout:.0f} s (every thread waited with the GIL "

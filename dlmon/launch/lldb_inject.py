@@ -79,6 +79,7 @@ def run_code(pid: int, code: str, timeout: float, lldb: str) -> GdbRun:
 RESULT = re.compile(r"^\(int\) \$\d+ = (-?\d+)")
 EXITED = re.compile(r"^Process \d+ exited with status")
 STOPPED_BY = re.compile(r"stop reason = signal (SIG\w+)")
+EXECED = re.compile(r"stop reason = exec$")
 
 
 def outcome(text: str) -> tuple[str, str]:
@@ -101,8 +102,11 @@ def outcome(text: str) -> tuple[str, str]:
         return "exited", crash[0] if crash else ""
     if crash:
         return "crashed", crash[0]
+    if any(EXECED.search(ln) for ln in lines):  # the breakpoint's stop never came: nothing ran
+        return "execd", ""
     if any((m := RESULT.match(ln)) and m.group(1) == MISSED_VALUE for ln in lines):
         return "missed", ""
     noise = ("(lldb)", "Traceback", "  File", "ModuleNotFoundError")  # lldb's own Python, broken
     rest = [ln for ln in lines if ln.strip() and not ln.startswith(noise)]
-    return "failed", (rest[-1] if rest else "lldb printed nothing")
+    errors = [ln for ln in rest if ln.startswith("error: ")]  # not the echoed source and caret after
+    return "failed", (errors[0] if errors else rest[-1] if rest else "lldb printed nothing")
