@@ -1,4 +1,5 @@
-"""How long ``attach --inject`` (gdb, Python 3.9-3.13) pauses a process that imported torch.
+"""How long ``attach --inject`` (gdb, or lldb where gdb is missing; Python 3.9-3.13) pauses a
+process that imported torch.
 
 Each run starts a fresh target that imports torch, then writes time.monotonic() to a pipe every
 1 ms from its main thread and from a second thread. The largest gap in each stream around the load
@@ -6,7 +7,7 @@ is the pause that thread saw: the main thread's includes the time gdb held it (t
 starts the loader's thread; the agent's import then runs beside the training), the other thread's
 only the time gdb had every thread stopped.
 
-    python benchmarks/inject_pause.py --runs 10 [--all-symbols]
+    python benchmarks/inject_pause.py --runs 10 [--all-symbols | --debugger lldb]
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import argparse
 import itertools
 import os
 import select
+import shutil
 import statistics
 import struct
 import subprocess
@@ -26,6 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dlmon.launch import gdb_inject
+from dlmon.launch import inject as inject_module
 from dlmon.launch.inject import inject
 
 TARGET = """
@@ -93,7 +96,15 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--all-symbols", action="store_true", help="let gdb read every library's symbols")
+    parser.add_argument(
+        "--debugger", choices=("gdb", "lldb"), default="gdb", help="lldb: as where gdb is missing"
+    )
     args = parser.parse_args()
+    if args.debugger == "lldb":
+        lldb = shutil.which("lldb")
+        if lldb is None:
+            raise SystemExit("lldb is not installed (apt-get install lldb)")
+        inject_module.find_debugger = lambda: lldb
     if args.all_symbols:
         gdb_inject.command = all_symbols  # type: ignore[assignment]
     rows = [one_run() for _ in range(args.runs)]

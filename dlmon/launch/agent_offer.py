@@ -8,31 +8,34 @@ The offer is made here, where loading is allowed, and handed to the UI through t
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from dlmon.collect.agent_client import AgentClient
 from dlmon.collect.target_python import ProcAccessError, process_state, read_target
-from dlmon.launch import gdb_inject
 from dlmon.launch.console import Failed, echo
-from dlmon.launch.inject import InjectError, inject, unsupported_reason
+from dlmon.launch.inject import InjectError, find_debugger, inject, unsupported_reason
 from dlmon.model.format import DEAD_STATES
 
 # docs/performance.md: the target's longest pause while gdb loads the agent, on an idle machine
 # (median 55 ms, max 68; 83 to 121 ms median on a busy one)
 GDB_PAUSE = "~60 ms pause"
+# lldb, where gdb is missing: it reads every library's symbols and compiles the call with clang
+# (docs/performance.md: median 3.4 s at load 2.5, 5.9 s at load 5.7)
+LLDB_PAUSE = "~3.5 s pause"
 
 
 @dataclass(frozen=True)
 class AgentOffer:
     pid: int
-    how: str  # "gdb" or "sys.remote_exec"
+    how: str  # "gdb", "lldb" or "sys.remote_exec"
     failed: str | None = None  # why --inject's load failed, before the dashboard opened
 
     @property
     def offer(self) -> str:
         if self.failed:
             return f"{self.failed} (press i to try again)"
-        how = f"gdb; {GDB_PAUSE}" if self.how == "gdb" else self.how
+        how = {"gdb": f"gdb; {GDB_PAUSE}", "lldb": f"lldb; {LLDB_PAUSE}"}.get(self.how, self.how)
         return f"no agent in this job: press i to load the agent into pid {self.pid} ({how})"
 
     def load(self) -> str | None:
@@ -54,9 +57,12 @@ def offer_for(pid: int, failed: str | None = None) -> AgentOffer | None:
         target = read_target(pid)
     except (ProcessLookupError, ProcAccessError, OSError):
         return None
-    if unsupported_reason(target, pid, gdb=gdb_inject.find_gdb()) is not None or target.version is None:
+    debugger = find_debugger()
+    if unsupported_reason(target, pid, gdb=debugger) is not None or target.version is None:
         return None
-    return AgentOffer(pid, "sys.remote_exec" if target.version >= (3, 14) else "gdb", failed)
+    if target.version >= (3, 14):
+        return AgentOffer(pid, "sys.remote_exec", failed)
+    return AgentOffer(pid, "lldb" if debugger and "lldb" in os.path.basename(debugger) else "gdb", failed)
 
 
 def load_first(pid: int) -> str | None:

@@ -33,6 +33,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 HIT = "DLMON-HIT"
@@ -126,8 +127,9 @@ def command(gdb: str, pid: int, script_path: str, libpython: str | None, readnev
 WATCHDOG = r"""
 import os, re, select, signal, stat, subprocess, sys, threading, time
 pid, timeout, resend = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
-HIT, PIDLINE, KILLED = sys.argv[4:7]
-cmd = sys.argv[7:]
+HIT, PIDLINE, KILLED, BREAK, NAME = sys.argv[4:9]
+hit_re, break_re = re.compile(HIT.encode()), re.compile(BREAK.encode())
+cmd = sys.argv[9:]
 if os.geteuid() == 0:
     try:
         with open("/proc/self/oom_score_adj", "w") as fh:
@@ -176,6 +178,19 @@ def tracer():
     except (OSError, ValueError):
         return -1
     return -1
+def ppid(p):
+    try:
+        with open("/proc/%d/stat" % p) as fh:
+            return int(fh.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1
+ours = set()  # the tracers seen that were the debugger or its child (lldb's lldb-server)
+def traced_by_us():
+    t = tracer()
+    if t > 0 and (t == gdb.pid or ppid(t) == gdb.pid):
+        ours.add(t)
+        return True
+    return False
 def byte_of(path, offset, inode):
     # the mapped file itself (map_files, root), else its path as the target sees it: a regular
     # file with the mapping's inode, opened without following a link or blocking on a FIFO
@@ -211,9 +226,9 @@ def original(addr):
     return b""
 def read():
     for raw in gdb.stdout:
-        if raw.strip() == HIT.encode():
+        if hit_re.search(raw):
             hit.set()
-        m = re.match(rb"Breakpoint 1 at 0x([0-9a-f]+)", raw)
+        m = break_re.search(raw)
         if m and not brk:
             addr = int(m.group(1), 16)
             brk.append((addr, original(addr)))
@@ -224,7 +239,11 @@ def take_out():
     if not brk or len(brk[0][1]) != 1 or brk[0][1] == b"\xcc":
         return "; its breakpoint's original byte could not be read"
     addr, byte = brk[0]
+    gone_by = time.monotonic() + 2.0  # lldb-server, the debugger's child, lets go once it sees lldb gone
     traced = tracer()
+    while traced in ours and time.monotonic() < gone_by:
+        time.sleep(0.01)
+        traced = tracer()
     if traced < 0:
         return ""  # the target is gone
     if traced:
@@ -239,12 +258,20 @@ def take_out():
             return "; its breakpoint was taken out of the target's code"
     except OSError as exc:
         return "; its breakpoint could not be taken out: %s" % exc
+def live_int3():
+    try:
+        with open("/proc/%d/mem" % pid, "rb", buffering=0) as mem:
+            mem.seek(brk[0][0])
+            return mem.read(1) == b"\xcc" and brk[0][1] not in (b"", b"\xcc")
+    except OSError:
+        return False
 say(("%s %d\n" % (PIDLINE, gdb.pid)).encode())
 reader = threading.Thread(target=read, daemon=True)
 reader.start()
 deadline = time.monotonic() + timeout
 while True:
-    if not hit.is_set() and time.monotonic() >= deadline and tracer() == gdb.pid:
+    attached = traced_by_us()
+    if not hit.is_set() and time.monotonic() >= deadline and attached:
         try:
             os.kill(pid, signal.SIGURG)
         except ProcessLookupError:
@@ -255,7 +282,7 @@ while True:
         break
 what = None
 if gdb.returncode < 0 and not hit.is_set():
-    what = "gdb died of signal %d before the breakpoint was hit" % -gdb.returncode
+    what = "%s died of signal %d before the breakpoint was hit" % (NAME, -gdb.returncode)
     reader.join(1.0)  # gdb's last lines (its "Breakpoint 1 at") may still be in the pipe
     what += take_out()
     if not stopped_before and state() in ("t", "T"):
@@ -263,13 +290,37 @@ if gdb.returncode < 0 and not hit.is_set():
             os.kill(pid, signal.SIGCONT)  # gdb's SIGSTOP of the attach, left behind by its death
         except OSError:
             pass
+elif not hit.is_set():
+    # lldb exits 0 when its lldb-server, the real tracer, is killed: the kernel let the target go
+    # with the int3 still in its code. (gdb, its own tracer, takes its breakpoint out as it exits.)
+    reader.join(1.0)
+    if brk and live_int3():
+        what = "%s lost the target before the breakpoint was hit" % NAME + take_out()
+        if not stopped_before and state() in ("t", "T"):
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except OSError:
+                pass
 reader.join(2.0)
 if what is not None and not hit.is_set():  # a hit read only now: gdb died in the call, not before
     say(("%s %s\n" % (KILLED, what)).encode())
 """
 
 
-def _read(proc: subprocess.Popen[bytes], run: GdbRun, gdb_pid: list[int]) -> None:
+@dataclass(frozen=True)
+class Debugger:
+    """What the watchdog and run_script need of a debugger: its name, and how its output says
+    where the breakpoint is (group 1: the hex address) and that it was hit."""
+
+    name: str
+    breakpoint_line: str
+    hit_line: str
+
+
+GDB = Debugger("gdb", r"^Breakpoint 1 at 0x([0-9a-f]+)", rf"^{HIT}\s*$")
+
+
+def _read(proc: subprocess.Popen[bytes], run: GdbRun, gdb_pid: list[int], hit_line: re.Pattern[str]) -> None:
     assert proc.stdout is not None
     for raw in proc.stdout:
         line = raw.decode("utf-8", errors="replace").rstrip("\n")
@@ -277,8 +328,14 @@ def _read(proc: subprocess.Popen[bytes], run: GdbRun, gdb_pid: list[int]) -> Non
             gdb_pid.append(int(line.split()[1]))
             continue
         run.output.append(line)
-        if line.strip() == HIT:
+        if hit_line.search(line):
             run.hit.set()
+
+
+def watchdog_command(pid: int, timeout: float, debugger: Debugger, argv: list[str]) -> list[str]:
+    cmd = [sys.executable, "-I", "-S", "-c", WATCHDOG, str(pid), repr(timeout), repr(RESEND_S)]
+    cmd += [debugger.hit_line, GDB_PID, GDB_KILLED, debugger.breakpoint_line, debugger.name]
+    return [*cmd, *argv]
 
 
 def run_code(
@@ -289,33 +346,46 @@ def run_code(
     Raises GdbError when gdb had to be left running. gdb is never signalled: a gdb killed in the
     middle of the call leaves the target's thread in a dummy frame (it dies of SIGSEGV).
     """
-    fd, script_path = tempfile.mkstemp(prefix="dlmon-inject-", suffix=".gdb")
+    return run_script(
+        pid, script(code), ".gdb", timeout, GDB, lambda path: command(gdb, pid, path, libpython, readnever)
+    )
+
+
+def run_script(
+    pid: int,
+    text: str,
+    suffix: str,
+    timeout: float,
+    debugger: Debugger,
+    argv: Callable[[str], list[str]],
+) -> GdbRun:
+    """Run the debugger ``argv(script path)`` under the watchdog, ``text`` its script; its output."""
+    fd, script_path = tempfile.mkstemp(prefix="dlmon-inject-", suffix=suffix)
     with os.fdopen(fd, "w") as fh:
-        fh.write(script(code))
+        fh.write(text)
     run = GdbRun()
     gdb_pid: list[int] = []
-    watchdog = [sys.executable, "-I", "-S", "-c", WATCHDOG, str(pid), repr(timeout), repr(RESEND_S)]
-    watchdog += [HIT, GDB_PID, GDB_KILLED, *command(gdb, pid, script_path, libpython, readnever)]
     try:
         proc = subprocess.Popen(
-            watchdog,
+            watchdog_command(pid, timeout, debugger, argv(script_path)),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # the user's Ctrl-C to dlmon must not interrupt gdb mid-call
         )
-        reader = threading.Thread(target=_read, args=(proc, run, gdb_pid), daemon=True)
+        hit_line = re.compile(debugger.hit_line)
+        reader = threading.Thread(target=_read, args=(proc, run, gdb_pid, hit_line), daemon=True)
         reader.start()
-        _wait(proc, pid, run, timeout)
+        _wait(proc, pid, run, timeout, debugger.name)
         reader.join(2.0)
     finally:
-        os.unlink(script_path)  # gdb read it at its start
+        os.unlink(script_path)  # the debugger read it at its start
     return run
 
 
-def _wait(proc: subprocess.Popen[bytes], pid: int, run: GdbRun, timeout: float) -> None:
-    """Wait for the watchdog, which bounds gdb's wait before the hit; never signal anything."""
-    bound = timeout + EXIT_GRACE_S + 10.0  # gdb's start and attach, then SIGURG's effect
+def _wait(proc: subprocess.Popen[bytes], pid: int, run: GdbRun, timeout: float, name: str = "gdb") -> None:
+    """Wait for the watchdog, which bounds the debugger's wait before the hit; never signal anything."""
+    bound = timeout + EXIT_GRACE_S + 10.0  # the debugger's start and attach, then SIGURG's effect
     deadline = time.monotonic() + bound
     while proc.poll() is None:
         if run.hit.is_set():
@@ -324,14 +394,14 @@ def _wait(proc: subprocess.Popen[bytes], pid: int, run: GdbRun, timeout: float) 
             except subprocess.TimeoutExpired:
                 raise GdbError(
                     f"the load is still running in process {pid} after {CALL_TIMEOUT_S:.0f} s; "
-                    f"gdb (watchdog pid {proc.pid}) is left to finish it: do not kill gdb, "
+                    f"{name} (watchdog pid {proc.pid}) is left to finish it: do not kill {name}, "
                     "that would kill the training"
                 ) from None
             return
         if time.monotonic() >= deadline:
             raise GdbError(
-                f"gdb (watchdog pid {proc.pid}) did not detach from process {pid} within {bound:.0f} s; "
-                "it is left running and will detach at the next SIGURG or breakpoint: do not kill gdb, "
+                f"{name} (watchdog pid {proc.pid}) did not detach from process {pid} within {bound:.0f} s; "
+                f"it is left running and will detach at the next SIGURG or breakpoint: do not kill {name}, "
                 "that could leave a breakpoint in the training"
             )
         run.hit.wait(0.05)

@@ -1,7 +1,8 @@
 """``dlmon attach PID --inject``: load the agent into a running CPython.
 
 Python 3.14+ targets: ``sys.remote_exec`` (PEP 768), which needs dlmon itself on the same 3.14+.
-Python 3.9 to 3.13 targets: gdb (dlmon.launch.gdb_inject). Either way the target imports the agent
+Python 3.9 to 3.13 targets: gdb (dlmon.launch.gdb_inject), or lldb where gdb is missing
+(dlmon.launch.lldb_inject, the same protocol and watchdog). Either way the target imports the agent
 from a private staged copy (dlmon.launch.agent_stage), and the caller must be allowed to ptrace it.
 """
 
@@ -20,7 +21,7 @@ from dlmon.collect.target_python import (
     read_target,
     replaced_library,
 )
-from dlmon.launch import gdb_inject
+from dlmon.launch import gdb_inject, lldb_inject
 from dlmon.launch.agent_stage import Stage, stage
 from dlmon.model.format import DEAD_STATES
 
@@ -61,8 +62,16 @@ def unsupported_reason(
     if target.version < GDB_VERSIONS[0]:
         return f"process {pid} runs Python {running}; --inject needs 3.9 or newer. {HOW_ELSE}"
     if gdb is None:
-        return f"--inject into Python {running} (process {pid}) needs gdb: install gdb (apt-get install gdb)"
+        return (
+            f"--inject into Python {running} (process {pid}) needs a debugger: "
+            "install gdb (apt-get install gdb (or lldb))"
+        )
     return None
+
+
+def find_debugger() -> str | None:
+    """gdb, else lldb: the debugger that loads into Python 3.9 to 3.13."""
+    return gdb_inject.find_gdb() or lldb_inject.find_lldb()
 
 
 def ptrace_refused(pid: int, uid: int) -> str:
@@ -102,7 +111,7 @@ def inject(pid: int, timeout: float = INJECT_TIMEOUT_S) -> str:
         raise InjectError(f"cannot inject into process {pid}: no such process") from None
     except ProcAccessError:
         raise InjectError(ptrace_refused(pid, _owner(pid))) from None
-    gdb = gdb_inject.find_gdb()
+    gdb = find_debugger()
     reason = unsupported_reason(target, pid, gdb=gdb)
     if reason:
         raise InjectError(reason)
@@ -241,14 +250,19 @@ def _owner(pid: int) -> int:
 
 def _by_gdb(pid: int, target: TargetPython, staged: Stage, gdb: str, timeout: float) -> str:
     code = staged.exec_line()
+    lldb = os.path.basename(gdb).startswith("lldb")
+    name = "lldb" if lldb else "gdb"
     try:
-        run = gdb_inject.run_code(pid, code, timeout, target.libpython, gdb)
-        if gdb_inject.too_old_for_readnever(run.text()):
-            run = gdb_inject.run_code(pid, code, timeout, target.libpython, gdb, readnever=False)
-    except gdb_inject.GdbError as exc:  # gdb left running: the files stay for the load it finishes
+        if lldb:
+            run = lldb_inject.run_code(pid, code, timeout, gdb)
+        else:
+            run = gdb_inject.run_code(pid, code, timeout, target.libpython, gdb)
+            if gdb_inject.too_old_for_readnever(run.text()):
+                run = gdb_inject.run_code(pid, code, timeout, target.libpython, gdb, readnever=False)
+    except gdb_inject.GdbError as exc:  # the debugger left running: the files stay for the load it finishes
         raise InjectError(f"cannot inject into process {pid}: {exc}") from None
     try:
-        kind, detail = gdb_inject.outcome(run.text())
+        kind, detail = (lldb_inject.outcome if lldb else gdb_inject.outcome)(run.text())
         status = _await_status(pid, staged, timeout) if kind in ("ok", "raised") else staged.read_status()
     finally:
         staged.remove()
@@ -264,7 +278,7 @@ def _by_gdb(pid: int, target: TargetPython, staged: Stage, gdb: str, timeout: fl
     if kind == "crashed":
         raise InjectError(
             f"process {pid} got {detail} of its own while dlmon was loading the agent; "
-            "gdb passed it on as if it had not been there"
+            f"{name} passed it on as if it had not been there"
         )
     if kind == "refused":
         tracer = process_state(pid)[1]  # another dlmon or debugger got there first
@@ -273,13 +287,18 @@ def _by_gdb(pid: int, target: TargetPython, staged: Stage, gdb: str, timeout: fl
                 f"cannot inject into process {pid}: process {tracer} (a debugger?) is tracing it"
             )
         raise InjectError(ptrace_refused(pid, target.uid))
+    if kind == "execd":
+        raise InjectError(
+            f"process {pid} replaced its program (exec) while dlmon was loading the agent; nothing "
+            "was loaded and it runs on untouched. Try again"
+        )
     if kind == "missed":
         raise InjectError(
             f"process {pid} ran no Python within {timeout:.0f} s (every thread waited with the GIL "
             "released: a long sleep, signal.pause(), a blocking read); it was left running untouched. "
             "Try again while it is busy"
         )
-    raise InjectError(f"cannot inject into process {pid}: gdb said: {detail}")
+    raise InjectError(f"cannot inject into process {pid}: {name} said: {detail}")
 
 
 def _await_status(pid: int, staged: Stage, timeout: float) -> str | None:

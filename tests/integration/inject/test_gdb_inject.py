@@ -258,7 +258,7 @@ def test_attach_inject_without_gdb_says_to_install_it(spawn: Spawn, tmp_path: Pa
     assert result.returncode == 0, result.stderr  # the watch goes on with the outside figures
     (line,) = result.stderr.strip().splitlines()
     assert (
-        line.startswith("dlmon: the agent was not loaded: ") and "install gdb (apt-get install gdb)" in line
+        line.startswith("dlmon: the agent was not loaded: ") and "apt-get install gdb (or lldb)" in line
     )
     assert line.endswith("watching with the outside figures") and str(proc.pid) in result.stdout
 
@@ -282,7 +282,7 @@ def test_supported_targets_need_only_gdb() -> None:
     for minor in range(9, 14):
         assert unsupported_reason(TargetPython((3, minor), False, None), 42, gdb="/usr/bin/gdb") is None
     reason = unsupported_reason(TargetPython((3, 12), False, None), 42, gdb=None)
-    assert reason is not None and "install gdb (apt-get install gdb)" in reason
+    assert reason is not None and "apt-get install gdb (or lldb)" in reason
 
 
 @pytest.mark.parametrize(
@@ -519,8 +519,7 @@ def _watchdog_of_a_gdb_killed(pid: int, addr: int, linger: float = 0.3, chatter:
     ``addr`` and died of SIGKILL ``linger`` seconds later."""
     fake = f'yes "Reading symbols" | head -n {chatter}; echo "Breakpoint 1 at {addr:#x}"; '
     fake += f"sleep {linger}; kill -9 $$"
-    cmd = [sys.executable, "-I", "-S", "-c", gdb_inject.WATCHDOG, str(pid), "30", "0.5"]
-    cmd += [gdb_inject.HIT, gdb_inject.GDB_PID, gdb_inject.GDB_KILLED, "sh", "-c", fake]
+    cmd = gdb_inject.watchdog_command(pid, 30, gdb_inject.GDB, ["sh", "-c", fake])
     return subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout
 
 
