@@ -15,15 +15,24 @@ import time
 from pathlib import Path
 
 import pytest
-import test_gdb_inject as gdb_tests
-from test_gdb_inject import TRAINER, _code_of, _save_thread_in, finish, no_stage_left, other_python, spawn_py
 
+import integration.inject.test_gdb_inject as gdb_tests
 from conftest import Spawn
 from dlmon.collect.agent_client import AgentClient
 from dlmon.collect.target_python import process_state
 from dlmon.launch import lldb_inject
 from dlmon.launch.agent_offer import offer_for
 from dlmon.launch.inject import InjectError, find_debugger, inject
+from integration.inject.test_gdb_inject import (
+    TRAINER,
+    _code_of,
+    _save_thread_in,
+    finish,
+    no_stage_left,
+    other_python,
+    spawn_py,
+)
+from support.paths import ROOT
 
 runtime_dir = gdb_tests.runtime_dir  # the fixture: the agent's socket directory, and a TMPDIR
 
@@ -352,7 +361,7 @@ def test_the_offer_states_the_measured_pause() -> None:
     median docs/performance.md measured for the script dlmon runs (3.4 s), not an older 3.0 s."""
     from dlmon.launch.agent_offer import AgentOffer
 
-    docs = (Path(__file__).parent.parent / "docs" / "performance.md").read_text()
+    docs = (ROOT / "docs" / "performance.md").read_text()
     row = next(ln for ln in docs.splitlines() if ln.startswith("| lldb `--batch`"))
     median_s = int(row.split("**")[1].split(" / ")[0].replace(",", "")) / 1000
     shown = f"~{round(median_s * 2) / 2:g} s pause"
