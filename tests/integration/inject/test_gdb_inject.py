@@ -257,9 +257,7 @@ def test_attach_inject_without_gdb_says_to_install_it(spawn: Spawn, tmp_path: Pa
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env, cwd=ROOT)
     assert result.returncode == 0, result.stderr  # the watch goes on with the outside figures
     (line,) = result.stderr.strip().splitlines()
-    assert (
-        line.startswith("dlmon: the agent was not loaded: ") and "apt-get install gdb (or lldb)" in line
-    )
+    assert line.startswith("dlmon: the agent was not loaded: ") and "apt-get install gdb (or lldb)" in line
     assert line.endswith("watching with the outside figures") and str(proc.pid) in result.stdout
 
 
