@@ -5,14 +5,17 @@ before torch raises."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -413,13 +416,34 @@ def test_attach_inject_into_a_job_that_is_not_python_still_prints_its_sample(cle
         job.wait()
 
 
-def test_record_inject_while_the_trainer_sleeps_30_s_records_on_and_the_training_wakes_unharmed(
-    spawn: Spawn, clean_env: str, tmp_path: Path
-) -> None:
-    """Its only Python thread sleeps in time.sleep(30) with the GIL released: gdb's breakpoint is
-    never reached within the load's 10 s. It is left running untouched, the recording goes on with
-    the outside figures (its workers included), and the training wakes and finishes."""
-    pytest.importorskip("torch")
+@dataclass(frozen=True)
+class SleepRun:
+    """What the sleeping-trainer scenario left for its test to check."""
+
+    pid: int
+    workers: list[int]
+    returncode: int
+    stderr: str
+    recorded_pids: set[int]
+    traced_after: str  # the TracerPid line after the recording
+    done: list[str]  # the trainer's line once it woke
+    exit_code: int | None
+
+
+RECORD = (sys.executable, "-m", "dlmon", "record")
+
+
+def run_sleeping_trainer(base: Path) -> SleepRun:
+    """A trainer whose only Python thread sleeps in time.sleep(30), recorded with --inject, in an
+    environment of its own (as ``clean_env``); mostly asleep, so the package's conftest starts it
+    early, beside other tests."""
+    d = tempfile.mkdtemp(prefix="dlmon-midflight-", dir="/tmp")
+    os.chmod(d, 0o755)
+    tmp = os.path.join(d, "tmp")
+    os.mkdir(tmp, 0o755)
+    env = {**os.environ, "XDG_RUNTIME_DIR": d, "TMPDIR": tmp}
+    env.pop("PYTHONPATH", None)
+    env.pop("DLMON_AGENT_DISABLE", None)
     code = (
         "import time\nimport torch\nfrom torch.utils.data import DataLoader\n"
         "it = iter(DataLoader(list(range(64)), batch_size=4, num_workers=2))\n"
@@ -427,21 +451,61 @@ def test_record_inject_while_the_trainer_sleeps_30_s_records_on_and_the_training
         "print('READY', flush=True)\ntime.sleep(30)\n"
         "print('DONE', 1 + sum(1 for _ in it), flush=True)\n"
     )
-    wrapper = f"print('READY', flush=True)\nexec(compile({code!r}, '<trainer>', 'exec'))"
-    proc = spawn(wrapper)
-    assert proc.stdout is not None
-    workers = [int(w) for w in proc.stdout.readline().split()[1:]]
-    assert proc.stdout.readline().strip() == "READY"
-    out = tmp_path / "r.jsonl"
-    got = dlmon("record", str(proc.pid), "--inject", "-o", str(out), "--duration", "2", "--interval", "0.5")
-    assert got.returncode == 0, got.stderr
-    refused_line(got.stderr, proc.pid, "ran no Python within 10 s")
-    pids = {p["pid"] for s in snapshots(out) for p in s["processes"]}  # type: ignore[attr-defined]
-    assert set(workers) <= pids
-    with open(f"/proc/{proc.pid}/status") as fh:
-        assert "TracerPid:\t0" in fh.read()
-    assert proc.stdout.readline().split() == ["DONE", "16"]
-    assert proc.wait(timeout=30) == 0
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        stdin=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=env,
+        cwd=ROOT,
+    )
+    try:
+        assert proc.stdout is not None
+        workers = [int(w) for w in proc.stdout.readline().split()[1:]]
+        assert proc.stdout.readline().strip() == "READY"
+        out = base / "r.jsonl"
+        got = subprocess.run(
+            [*RECORD, str(proc.pid), "--inject", "-o", str(out), "--duration", "2", "--interval", "0.5"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=ROOT,
+            env=env,
+        )
+        pids = {p["pid"] for s in snapshots(out) for p in s["processes"]}  # type: ignore[attr-defined]
+        with open(f"/proc/{proc.pid}/status") as fh:
+            traced = next((x for x in fh.read().splitlines() if x.startswith("TracerPid:")), "")
+        done = proc.stdout.readline().split()
+        try:
+            code_ = proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            code_ = None
+        return SleepRun(proc.pid, workers, got.returncode, got.stderr, pids, traced, done, code_)
+    finally:
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_record_inject_while_the_trainer_sleeps_30_s_records_on_and_the_training_wakes_unharmed(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Its only Python thread sleeps in time.sleep(30) with the GIL released: gdb's breakpoint is
+    never reached within the load's 10 s. It is left running untouched, the recording goes on with
+    the outside figures (its workers included), and the training wakes and finishes."""
+    pytest.importorskip("torch")
+    from integration.inject.conftest import sleeping_trainer
+
+    run = sleeping_trainer(tmp_path_factory).result(timeout=300)
+    assert isinstance(run, SleepRun)
+    assert run.returncode == 0, run.stderr
+    refused_line(run.stderr, run.pid, "ran no Python within 10 s")
+    assert set(run.workers) <= run.recorded_pids
+    assert run.traced_after == "TracerPid:\t0"
+    assert run.done == ["DONE", "16"]
+    assert run.exit_code == 0
 
 
 def test_attach_inject_that_cannot_load_opens_the_dashboard_with_the_reason(

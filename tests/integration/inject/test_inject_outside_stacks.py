@@ -5,17 +5,22 @@ verdict show it with the way it was taken."""
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import json
 import os
+import select
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from conftest import Spawn
 from dlmon.collect.outside_stacks import (
     SOURCE_GDB,
     SOURCE_NONE,
@@ -78,27 +83,86 @@ def wait_hung(log: Path) -> int:
     raise AssertionError(f"the trainer never hung ({last} batches)")
 
 
+@dataclass(frozen=True)
+class HungRun:
+    """What the hung-before-the-load scenario left for its test to check."""
+
+    hung_after: int  # batches before the hang
+    returncode: int  # of `dlmon record --inject`
+    stderr: str
+    alive_after: bool  # the training after the recording: never signalled
+    out: Path  # the record
+
+
+def can_run_hung_before_load() -> bool:
+    return (
+        shutil.which("gdb") is not None
+        and shutil.which("py-spy") is not None
+        and sys.version_info < (3, 14)
+        and importlib.util.find_spec("torch") is not None
+    )
+
+
+def run_hung_before_load(base: Path) -> HungRun:
+    """A training started without dlmon, in an environment of its own (as ``clean_env``), whose
+    worker hangs before the load; then 75 s of `dlmon record --inject` (the loader's first stall
+    reading comes at 60 s of the call, timed from the load). Mostly asleep: the package's
+    conftest starts it early, beside other tests, so the suite does not wait the 75 s alone."""
+    d = tempfile.mkdtemp(prefix="dlmon-midflight-", dir="/tmp")
+    os.chmod(d, 0o755)
+    tmp = os.path.join(d, "tmp")
+    os.mkdir(tmp, 0o755)
+    env = {**os.environ, "XDG_RUNTIME_DIR": d, "TMPDIR": tmp}
+    env.pop("PYTHONPATH", None)
+    env.pop("DLMON_AGENT_DISABLE", None)
+    log = base / "log"
+    wrapper = f"import sys; sys.argv = ['-c', {str(log)!r}]; exec(compile({TRAINER!r}, '<trainer>', 'exec'))"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", wrapper],
+        stdout=subprocess.PIPE,
+        stdin=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=env,
+        cwd=ROOT,
+    )
+    try:
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], 60)
+        assert ready and proc.stdout.readline().strip() == "READY"
+        hung_after = wait_hung(log)
+        out = base / "rec.jsonl"
+        cmd = [sys.executable, "-m", "dlmon", "record", str(proc.pid), "--inject", "-o", str(out)]
+        got = subprocess.run(
+            [*cmd, "--duration", "75", "--interval", "1"],
+            capture_output=True,
+            text=True,
+            timeout=200,
+            cwd=ROOT,
+            env=env,
+        )
+        return HungRun(hung_after, got.returncode, got.stderr, proc.poll() is None, out)
+    finally:
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        shutil.rmtree(d, ignore_errors=True)
+
+
 @needs_gdb
 @gdb_python
 @pytest.mark.skipif(shutil.which("py-spy") is None, reason="py-spy is not installed (pip install py-spy)")
 def test_a_worker_hung_before_the_load_has_its_stack_read_from_outside(
-    spawn: Spawn, clean_env: str, tmp_path: Path
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     pytest.importorskip("torch")
-    log = tmp_path / "log"
-    wrapper = f"import sys; sys.argv = ['-c', {str(log)!r}]; exec(compile({TRAINER!r}, '<trainer>', 'exec'))"
-    proc = spawn(wrapper)
-    hung_after = wait_hung(log)
-    assert hung_after < 40 // 4 + 1  # batch 10 (items 40..43) never came: hung before the load
+    from integration.inject.conftest import hung_before_load
 
-    out = tmp_path / "rec.jsonl"
-    # the loader's first stall reading comes at 60 s of the call (timed from the load)
-    cmd = [sys.executable, "-m", "dlmon", "record", str(proc.pid), "--inject", "-o", str(out)]
-    got = subprocess.run(
-        [*cmd, "--duration", "75", "--interval", "1"], capture_output=True, text=True, timeout=200, cwd=ROOT
-    )
-    assert got.returncode == 0, got.stderr
-    assert proc.poll() is None  # never signalled: the handler-less worker would have died of it
+    run = hung_before_load(tmp_path_factory).result(timeout=400)
+    assert run.hung_after < 40 // 4 + 1  # batch 10 (items 40..43) never came: hung before the load
+    assert run.returncode == 0, run.stderr
+    assert run.alive_after  # never signalled: the handler-less worker would have died of it
+    out = run.out
     snaps = [x for x in map(json.loads, out.read_text().splitlines()) if x.get("type") == "snapshot"]
     workers = set(snaps[-1]["loaders"][0]["worker_pids"])
     stacks = [st for s in snaps for st in s["stacks"] if st["pid"] in workers]
