@@ -59,17 +59,28 @@ print("DONE", batches, flush=True)
 """
 
 
-@pytest.fixture
-def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The agent's socket directory and a TMPDIR of this test's own; targets start without dlmon."""
-    tmp_path_factory.getbasetemp()
+def clean_environment() -> tuple[str, dict[str, str]]:
+    """A directory for the agent's socket and a TMPDIR of its own, and the environment that uses
+    them, without dlmon on the path: a target started in it starts without dlmon. The caller
+    removes the directory."""
     d = tempfile.mkdtemp(prefix="dlmon-midflight-", dir="/tmp")
     os.chmod(d, 0o755)
     tmp = os.path.join(d, "tmp")
     os.mkdir(tmp, 0o755)
-    monkeypatch.setenv("XDG_RUNTIME_DIR", d)
-    monkeypatch.setenv("TMPDIR", tmp)
-    monkeypatch.setattr(tempfile, "tempdir", tmp)
+    env = {**os.environ, "XDG_RUNTIME_DIR": d, "TMPDIR": tmp}
+    env.pop("PYTHONPATH", None)
+    env.pop("DLMON_AGENT_DISABLE", None)
+    return d, env
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``clean_environment()`` for this test's own process and the targets it starts."""
+    tmp_path_factory.getbasetemp()
+    d, env = clean_environment()
+    monkeypatch.setenv("XDG_RUNTIME_DIR", env["XDG_RUNTIME_DIR"])
+    monkeypatch.setenv("TMPDIR", env["TMPDIR"])
+    monkeypatch.setattr(tempfile, "tempdir", env["TMPDIR"])
     monkeypatch.delenv("PYTHONPATH", raising=False)
     monkeypatch.delenv("DLMON_AGENT_DISABLE", raising=False)
     yield d
@@ -437,13 +448,7 @@ def run_sleeping_trainer(base: Path) -> SleepRun:
     """A trainer whose only Python thread sleeps in time.sleep(30), recorded with --inject, in an
     environment of its own (as ``clean_env``); mostly asleep, so the package's conftest starts it
     early, beside other tests."""
-    d = tempfile.mkdtemp(prefix="dlmon-midflight-", dir="/tmp")
-    os.chmod(d, 0o755)
-    tmp = os.path.join(d, "tmp")
-    os.mkdir(tmp, 0o755)
-    env = {**os.environ, "XDG_RUNTIME_DIR": d, "TMPDIR": tmp}
-    env.pop("PYTHONPATH", None)
-    env.pop("DLMON_AGENT_DISABLE", None)
+    d, env = clean_environment()
     code = (
         "import time\nimport torch\nfrom torch.utils.data import DataLoader\n"
         "it = iter(DataLoader(list(range(64)), batch_size=4, num_workers=2))\n"

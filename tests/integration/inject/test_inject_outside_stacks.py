@@ -14,7 +14,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +30,7 @@ from dlmon.collect.outside_stacks import (
     read_stack,
 )
 from dlmon.model.format import STACK_TAKEN
-from integration.inject.test_inject_midflight import clean_env
+from integration.inject.test_inject_midflight import clean_env, clean_environment
 from support.paths import ROOT
 
 __all__ = ["clean_env"]  # a fixture, used by name
@@ -108,13 +107,7 @@ def run_hung_before_load(base: Path) -> HungRun:
     worker hangs before the load; then 75 s of `dlmon record --inject` (the loader's first stall
     reading comes at 60 s of the call, timed from the load). Mostly asleep: the package's
     conftest starts it early, beside other tests, so the suite does not wait the 75 s alone."""
-    d = tempfile.mkdtemp(prefix="dlmon-midflight-", dir="/tmp")
-    os.chmod(d, 0o755)
-    tmp = os.path.join(d, "tmp")
-    os.mkdir(tmp, 0o755)
-    env = {**os.environ, "XDG_RUNTIME_DIR": d, "TMPDIR": tmp}
-    env.pop("PYTHONPATH", None)
-    env.pop("DLMON_AGENT_DISABLE", None)
+    d, env = clean_environment()
     log = base / "log"
     wrapper = f"import sys; sys.argv = ['-c', {str(log)!r}]; exec(compile({TRAINER!r}, '<trainer>', 'exec'))"
     proc = subprocess.Popen(
